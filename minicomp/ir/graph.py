@@ -1,0 +1,194 @@
+"""The graph IR: values with shapes, operators over them, fused groups, and graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from minicomp.ir.compute import Compute
+from minicomp.ir.expr import Dim, Expr, Var, prod
+from minicomp.ir.node import Node, node
+from minicomp.ir.types import DataType
+
+
+@node
+class TensorType(Node):
+    """Shape (ints or symbolic expressions), dtype, device and strides of a tensor value."""
+
+    shape: tuple
+    dtype: DataType
+    device: str = "cpu"
+    strides: tuple | None = None
+
+    @property
+    def numel(self) -> Dim:
+        return prod(self.shape)
+
+
+@node
+class Value(Node):
+    """A tensor flowing along the graph's edges."""
+
+    name: str
+    type: TensorType
+
+    @property
+    def shape(self) -> tuple:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DataType:
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        return f"%{self.name}"
+
+
+class Op(Node):
+    """An operator node of the graph."""
+
+    name: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+
+
+@node
+class ComputeOp(Op):
+    """An operator given by a compute definition over TensorInputs named like its inputs."""
+
+    name: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    definition: Compute
+
+    @property
+    def is_injective(self) -> bool:
+        return self.definition.is_injective
+
+
+@node
+class ArgRef(Node):
+    """Marks where input tensor `index` goes in an extern call's arguments."""
+
+    index: int
+
+
+@node
+class ExternOp(Op):
+    """A call of an ATen operator inside the plan, for ops minicomp does not lower.
+
+    `args`/`kwargs` hold the call's arguments with tensors replaced by ArgRef and
+    symbolic sizes by expressions; `result_paths` says where each output sits in the
+    returned structure (() for a lone tensor, (k,) for element k of a tuple).
+    """
+
+    name: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    target: Any
+    args: tuple
+    kwargs: tuple[tuple[str, Any], ...]
+    result_paths: tuple[tuple[int, ...], ...]
+    reason: str = ""
+
+    @property
+    def has_effects(self) -> bool:
+        """Whether the call matters beyond its results (it mutates, or returns nothing)."""
+        schema = getattr(self.target, "_schema", None)
+        return not self.outputs or (schema is not None and schema.is_mutable)
+
+
+@node
+class ReduceStage(Node):
+    """Within a fused row kernel: `var` = reduction `kind` of `body` over the inner loops."""
+
+    var: Var
+    kind: str
+    body: Expr
+
+
+@node
+class StoreStage(Node):
+    """Within a fused kernel: output `output` at `indices` = `body`.
+
+    With `inner` the store runs inside the inner (reduced) loops, else once per outer index.
+    """
+
+    output: int
+    indices: tuple[Expr, ...]
+    body: Expr
+    inner: bool = False
+
+
+@node
+class FusedOp(Op):
+    """A group of operators compiled into one kernel, in loop-nest form.
+
+    The kernel iterates `outer_vars` over `outer_extents`; for reduction groups,
+    each outer point runs the stages in order, reduce stages looping over the
+    `inner_vars`. Bodies read group inputs as elements of TensorInputs named like
+    the input values, and earlier reduce stages through their variables.
+    """
+
+    name: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    members: tuple[str, ...]
+    outer_vars: tuple[Var, ...]
+    outer_extents: tuple
+    inner_vars: tuple[Var, ...]
+    inner_extents: tuple
+    stages: tuple[Node, ...]
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(isinstance(s, ReduceStage) for s in self.stages)
+
+
+GraphInput = Value | Var
+GraphOutput = Value | Expr | None
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A dataflow graph: inputs (tensor values and size symbols), operators, outputs.
+
+    `constants` binds values that hold fixed tensors (folded or lifted constants).
+    """
+
+    inputs: tuple[GraphInput, ...]
+    nodes: tuple[Op, ...]
+    outputs: tuple[GraphOutput, ...]
+    constants: Mapping[str, Any] = field(default_factory=dict)
+
+    def producers(self) -> dict[Value, Op]:
+        """The operator producing each value."""
+        return {v: n for n in self.nodes for v in n.outputs}
+
+    def users(self) -> dict[Value, list[Op]]:
+        """The operators reading each value, in graph order."""
+        out: dict[Value, list[Op]] = {}
+        for n in self.nodes:
+            for v in dict.fromkeys(n.inputs):
+                out.setdefault(v, []).append(n)
+        return out
+
+    def output_values(self) -> set[Value]:
+        """The tensor values the graph returns."""
+        return {o for o in self.outputs if isinstance(o, Value)}
+
+    def symbols(self) -> tuple[Var, ...]:
+        """The size symbols the graph takes."""
+        return tuple(i for i in self.inputs if isinstance(i, Var))
+
+    def replace(self, **changes) -> Graph:
+        """A copy with some fields changed."""
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+    def __str__(self) -> str:
+        from minicomp.ir.printer import graph_str
+
+        return graph_str(self)

@@ -1,0 +1,118 @@
+"""Data types of the IRs: scalar types, pointer types and tensor types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DataType:
+    """A scalar type; `name` is PyTorch's name for it (float32, bfloat16, bool...)."""
+
+    name: str
+    short: str
+    nbytes: int
+    kind: str  # "float", "int", "uint" or "bool"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind in ("int", "uint")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    def __repr__(self) -> str:
+        return self.short
+
+
+@dataclass(frozen=True)
+class PointerType:
+    """A pointer to elements of `elem`, living in global, shared or local memory."""
+
+    elem: DataType
+    space: str = "global"
+
+    @property
+    def short(self) -> str:
+        return f"{self.elem.short}*"
+
+    def __repr__(self) -> str:
+        return self.short
+
+
+f16 = DataType("float16", "f16", 2, "float")
+bf16 = DataType("bfloat16", "bf16", 2, "float")
+f32 = DataType("float32", "f32", 4, "float")
+f64 = DataType("float64", "f64", 8, "float")
+i8 = DataType("int8", "i8", 1, "int")
+i16 = DataType("int16", "i16", 2, "int")
+i32 = DataType("int32", "i32", 4, "int")
+i64 = DataType("int64", "i64", 8, "int")
+u8 = DataType("uint8", "u8", 1, "uint")
+u16 = DataType("uint16", "u16", 2, "uint")
+u32 = DataType("uint32", "u32", 4, "uint")
+u64 = DataType("uint64", "u64", 8, "uint")
+boolean = DataType("bool", "bool", 1, "bool")
+
+ALL_TYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
+_BY_NAME = {t.name: t for t in ALL_TYPES} | {t.short: t for t in ALL_TYPES}
+
+Type = DataType | PointerType
+
+
+def dtype(name: str | DataType) -> DataType:
+    """The data type called `name` (PyTorch's name or the short one)."""
+    if isinstance(name, DataType):
+        return name
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown data type {name!r}") from None
+
+
+def from_torch(torch_dtype) -> DataType:
+    """The data type of a torch.dtype; ones minicomp cannot compute with are "opaque"."""
+    name = str(torch_dtype).removeprefix("torch.")
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    # Complex, float8, quantized...: values of these types only flow between ATen calls.
+    return DataType(name, name, torch_dtype.itemsize, "opaque")
+
+
+def to_torch(dt: DataType):
+    """The torch.dtype of a data type."""
+    import torch
+
+    return getattr(torch, dt.name)
+
+
+_FLOAT_ORDER = (f16, bf16, f32, f64)
+_INT_ORDER = (u8, i8, i16, i32, i64)
+
+
+def promote(a: DataType, b: DataType) -> DataType:
+    """The common type of two scalar types, following PyTorch's promotion lattice."""
+    if a == b:
+        return a
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.is_float and b.is_float:
+        if {a, b} == {f16, bf16}:
+            return f32
+        return max(a, b, key=_FLOAT_ORDER.index)
+    if a.is_float:
+        return a
+    if b.is_float:
+        return b
+    if {a, b} == {u8, i8}:
+        return i16
+    if a in _INT_ORDER and b in _INT_ORDER:
+        return max(a, b, key=_INT_ORDER.index)
+    return a if a.nbytes >= b.nbytes else b
