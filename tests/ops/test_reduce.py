@@ -1,0 +1,120 @@
+"""Reduction lowerings evaluated by the reference evaluator against PyTorch eager."""
+
+import pytest
+import torch
+from helpers_lowering import FLOATS, INTS, SPECIALS, check_lowering, make_tensor
+
+aten = torch.ops.aten
+SHAPE = (3, 4, 5)
+NO_INF = tuple(v for v in SPECIALS if abs(v) != float("inf"))
+DIMS = [[1], [0, 2], [-1], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, *INTS, torch.bool])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dims", DIMS, ids=str)
+def test_sum_amax_amin(dims, keepdim, dtype):
+    x = make_tensor(SHAPE, dtype)
+    check_lowering(aten.sum.dim_IntList, x, dims, keepdim)
+    check_lowering(aten.amax.default, x, dims, keepdim)
+    check_lowering(aten.amin.default, x, dims, keepdim)
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, *INTS, torch.bool])
+def test_full_reductions(dtype):
+    x = make_tensor(SHAPE, dtype)
+    check_lowering(aten.sum.default, x)
+    check_lowering(aten.max.default, x)
+    check_lowering(aten.min.default, x)
+    check_lowering(aten.amax.default, x)
+    if dtype != torch.bool:
+        check_lowering(aten.argmax.default, x)
+        check_lowering(aten.argmin.default, x, None, True)
+
+
+def test_sum_dtype_and_empty_dims():
+    h = make_tensor(SHAPE, torch.float16, special=False)
+    check_lowering(aten.sum.dim_IntList, h, [2], dtype=torch.float32)
+    check_lowering(aten.sum.dim_IntList, make_tensor(SHAPE, torch.int32), [0], dtype=torch.float64)
+    check_lowering(aten.sum.dim_IntList, make_tensor(SHAPE, torch.int8), [], True)
+    check_lowering(aten.sum.dim_IntList, make_tensor((), torch.float32), [])
+    check_lowering(aten.mean.dim, h, [1], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dims", DIMS, ids=str)
+def test_mean(dims, dtype):
+    x = make_tensor(SHAPE, dtype)
+    check_lowering(aten.mean.dim, x, dims)
+    check_lowering(aten.mean.dim, x, dims, True)
+    check_lowering(aten.mean.default, x)
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, *INTS])
+def test_prod(dtype):
+    x = make_tensor(SHAPE, dtype, low=-2, high=3)
+    check_lowering(aten.prod.dim_int, x, 1)
+    check_lowering(aten.prod.dim_int, x, -1, True)
+    check_lowering(aten.prod.default, make_tensor((2, 3), dtype, low=-2, high=3))
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, *INTS, torch.bool])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_min_dim_and_arg(keepdim, dtype):
+    # Few distinct values, so ties (first index wins) are common.
+    x = make_tensor(SHAPE, dtype, low=-2, high=2)
+    for dim in (0, 2, -2):
+        check_lowering(aten.max.dim, x, dim, keepdim)
+        check_lowering(aten.min.dim, x, dim, keepdim)
+        if dtype != torch.bool:
+            check_lowering(aten.argmax.default, x, dim, keepdim)
+            check_lowering(aten.argmin.default, x, dim, keepdim)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("correction", [0, 1, 4, 7])
+@pytest.mark.parametrize("dims", [[1], [0, 2], None], ids=str)
+def test_var_std(dims, correction, dtype):
+    # With an infinity in a row, eager's Welford mean is inf or nan by position; use NaNs only.
+    x = make_tensor(SHAPE, dtype, special=NO_INF)
+    kw = {"correction": correction}
+    check_lowering(aten.var.correction, x, dims, **kw)
+    check_lowering(aten.std.correction, x, dims, keepdim=True, **kw)
+    check_lowering(aten.var_mean.correction, x, dims, **kw)
+    check_lowering(aten.std_mean.correction, x, dims, keepdim=True, **kw)
+
+
+def test_var_default_correction_finite_data():
+    x = make_tensor(SHAPE, torch.float64, special=False)
+    check_lowering(aten.var.correction, x, [2])
+    check_lowering(aten.var_mean.correction, x, [0, 1], keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("name", ["any", "all"])
+def test_any_all(name, dtype):
+    x = make_tensor(SHAPE, dtype, low=0, high=2)
+    op = getattr(aten, name)
+    check_lowering(op.dim, x, 1)
+    check_lowering(op.dim, x, -1, True)
+    check_lowering(op.dims, x, [0, 2])
+    check_lowering(op.dims, x, None, True)
+    check_lowering(op.default, x)
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.int32])
+def test_logsumexp(dtype):
+    x = make_tensor(SHAPE, dtype, low=-30, high=30)
+    if dtype.is_floating_point:
+        x[0, 1] = float("-inf")
+        x[1, 2, :] = float("-inf")
+        x[2, 0, 1] = float("inf")
+    check_lowering(aten.logsumexp.default, x, [2])
+    check_lowering(aten.logsumexp.default, x, [0, 2], True)
+
+
+def test_symbolic_mean_and_var():
+    x = make_tensor((6, 5), torch.float32, special=NO_INF)
+    check_lowering(aten.mean.dim, x, [0], sym={6: "s0"})
+    check_lowering(aten.var_mean.correction, x, [0], correction=1, sym={6: "s0", 5: "s1"})
+    check_lowering(aten.argmax.default, x, None, sym={6: "s0"})
