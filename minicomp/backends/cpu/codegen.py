@@ -1,0 +1,123 @@
+"""C code generation for the cpu target: kernel IR to C with OpenMP pragmas.
+
+Loop kinds map onto pragmas: `parallel` opens `#pragma omp parallel for` (with `collapse(n)`
+over directly nested parallel loops whose extents do not depend on the outer ones; a parallel
+loop inside a parallel region runs serially in its thread), `vectorize` gives `#pragma omp
+simd`, `unroll` gives `#pragma GCC unroll 8`. A loop's `reductions` become OpenMP reduction
+clauses: `+`, `*`, and for max/min the built-in `max`/`min` on integers but, on floats, the
+user-defined reductions `mc_max_f32`... of the runtime header, because OpenMP's own float
+max/min drop NaNs while PyTorch propagates them. A loop reducing into a float16/bfloat16
+accumulator (uint16_t bits, which OpenMP would add as integers) gets no pragma and runs
+serially.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+
+from minicomp.backends.c_like import CLikeRenderer, is_half, uses_any
+from minicomp.ir import stmt as S
+from minicomp.ir.func import Module
+from minicomp.ir.types import DataType, f32
+
+HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.h")
+UNROLL_FACTOR = 8
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_header() -> str:
+    """The text of runtime.h, which every generated source carries inline."""
+    with open(HEADER_PATH, encoding="utf-8") as f:
+        return f.read()
+
+
+class CRenderer(CLikeRenderer):
+    """Renders kernel IR as C99 with OpenMP for GCC or Clang."""
+
+    def __init__(self):
+        super().__init__()
+        self._parallel_depth = 0
+
+    def header(self) -> str:
+        return runtime_header()
+
+    def math_function_name(self, name: str, dt: DataType) -> str:
+        if name == "exp" and dt == f32:
+            return "mc_exp_f32"
+        if name == "lgamma":
+            return f"mc_lgamma_{dt.short}"
+        return super().math_function_name(name, dt)
+
+    def array_decl(self, s: S.DeclareArray) -> str:
+        # Aligned so that vector loads of the array's first elements need no peeling.
+        return (
+            f"{self.type_name(s.dtype)} {self.name_of(s.var)}[{s.size}] "
+            "__attribute__((aligned(64)));"
+        )
+
+    def collapse_loops(self, loop: S.For) -> list[S.For]:
+        loops = [loop]
+        if loop.kind != "parallel" or self._parallel_depth:
+            return loops
+        outer = {loop.var}
+        inner = loop.body
+        # OpenMP collapses only rectangular nests: no statement between the loops and no
+        # inner extent computed from an outer index.
+        while isinstance(inner, S.For) and inner.kind == "parallel":
+            if uses_any(inner.extent, outer):
+                break
+            loops.append(inner)
+            outer.add(inner.var)
+            inner = inner.body
+        return loops
+
+    @contextlib.contextmanager
+    def loop_scope(self, loops: list[S.For]) -> Iterator[None]:
+        opened = loops[0].kind == "parallel"
+        self._parallel_depth += opened
+        try:
+            yield
+        finally:
+            self._parallel_depth -= opened
+
+    def loop_pragmas(self, loops: list[S.For]) -> list[str]:
+        kind = loops[0].kind
+        if kind == "unroll":
+            return [f"#pragma GCC unroll {UNROLL_FACTOR}"]
+        if kind == "serial" or kind == "parallel" and self._parallel_depth:
+            return []
+        clauses = self._reduction_clauses(loops)
+        if clauses is None:
+            return ["// serial: a float16/bfloat16 accumulator cannot be an OpenMP reduction"]
+        if kind == "parallel":
+            words = ["#pragma omp parallel for"]
+            if len(loops) > 1:
+                words.append(f"collapse({len(loops)})")
+        else:
+            words = ["#pragma omp simd"]
+        return [" ".join(words + clauses)]
+
+    def _reduction_clauses(self, loops: list[S.For]) -> list[str] | None:
+        by_op: dict[str, list[str]] = {}
+        for loop in loops:
+            for op, acc in loop.reductions:
+                dt = acc.dtype
+                if is_half(dt):
+                    return None
+                if op in ("add", "mul"):
+                    identifier = "+" if op == "add" else "*"
+                elif op in ("max", "min"):
+                    identifier = self.helper_name(op, dt) if dt.is_float else op
+                else:
+                    raise ValueError(f"unknown reduction {op!r} on {acc.name}")
+                by_op.setdefault(identifier, []).append(self.name_of(acc))
+        return [f"reduction({op}:{', '.join(names)})" for op, names in by_op.items()]
+
+
+def render_module(module: Module) -> str:
+    """The complete C source of a module: the runtime header, device functions (static
+    inline), then kernels (exported), in module order. The same module gives the same text."""
+    return CRenderer().render_module(module)

@@ -1,0 +1,273 @@
+"""The C compiler driver: C source to a cached shared library, loaded with ctypes."""
+
+import ctypes
+import hashlib
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from minicomp.backends.errors import CompileError
+
+CODEGEN_VERSION = "1"
+"""Part of every cache key: bump it when a build changes in a way the other key parts miss."""
+
+_SOURCE_NAME = "source.c"
+_LIBRARY_NAME = "lib.so"
+_CONTEXT_LINES = 2
+_MAX_LOCATIONS = 8
+_MAX_LOG_LINES = 200
+_LOCATION = re.compile(r"^(?P<file>[^\s:]+):(?P<line>\d+):", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of the kernel cache since the process started (or the last reset)."""
+
+    memory_hits: int
+    disk_hits: int
+    misses: int
+    compile_seconds: float
+
+    @property
+    def hits(self) -> int:
+        return self.memory_hits + self.disk_hits
+
+
+_lock = threading.Lock()
+# (source, cc, cflags, cache_dir) -> library path; lets a repeated compile skip hashing and disk.
+_built: dict[tuple[str, str, str, str], str] = {}
+_compiler_ids: dict[str, str] = {}
+_libraries: dict[str, ctypes.CDLL] = {}
+_host_cpu_text: str | None = None
+_counters: dict[str, float] = {}
+
+
+def _count(name: str, amount: float = 1) -> None:
+    with _lock:
+        _counters[name] = _counters.get(name, 0) + amount
+
+
+def cache_stats() -> CacheStats:
+    """Return a snapshot of the cache hit, miss and compile-time counters."""
+    with _lock:
+        return CacheStats(
+            memory_hits=int(_counters.get("memory_hits", 0)),
+            disk_hits=int(_counters.get("disk_hits", 0)),
+            misses=int(_counters.get("misses", 0)),
+            compile_seconds=float(_counters.get("compile_seconds", 0.0)),
+        )
+
+
+def reset_cache_stats() -> None:
+    """Set every counter of :func:`cache_stats` back to zero."""
+    with _lock:
+        _counters.clear()
+
+
+def clear_memory_cache() -> None:
+    """Forget which sources were built in this process, so the next compile looks on disk.
+
+    Libraries already loaded stay loaded: unloading one whose functions may still be referenced
+    is never safe.
+    """
+    with _lock:
+        _built.clear()
+
+
+def _run(command: list[str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    # The C locale keeps the compiler's messages in English with ASCII quotes, as we parse them.
+    env = dict(os.environ, LC_ALL="C")
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+
+
+def _find_compiler(cc: str, source: str) -> str:
+    path = shutil.which(cc)
+    if path is None:
+        raise CompileError(
+            f"C compiler {cc!r} not found; set the cc option (MINICOMP_CC) to an installed one",
+            source=source,
+            log="",
+        )
+    return path
+
+
+def _compiler_id(path: str) -> str:
+    """The first line of ``path --version``, run once per compiler per process."""
+    with _lock:
+        known = _compiler_ids.get(path)
+    if known is not None:
+        return known
+    try:
+        proc = _run([path, "--version"])
+        text = (proc.stdout or proc.stderr).strip()
+        ident = text.splitlines()[0] if text else f"exit status {proc.returncode}"
+    except OSError as err:
+        ident = f"unrunnable: {err}"
+    with _lock:
+        _compiler_ids[path] = ident
+    return ident
+
+
+def _host_cpu() -> str:
+    """Text naming the host CPU and its features, which decide what -march=native emits."""
+    global _host_cpu_text
+    if _host_cpu_text is None:
+        wanted = ("model name", "flags", "features", "cpu part")
+        found: dict[str, str] = {}
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    key = key.strip().lower()
+                    if key in wanted and key not in found:
+                        found[key] = value.strip()
+        except OSError:
+            pass
+        if not found:
+            found["platform"] = f"{platform.machine()} {platform.processor()}"
+        _host_cpu_text = "\n".join(f"{k}: {v}" for k, v in sorted(found.items()))
+    return _host_cpu_text
+
+
+def _key(source: str, compiler: str, flags: list[str]) -> str:
+    parts = [CODEGEN_VERSION, compiler, _compiler_id(compiler), "\0".join(flags), source]
+    if any(flag.endswith("=native") for flag in flags):
+        parts.append(_host_cpu())
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode()
+        # Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def cache_key(source: str, *, cc: str, cflags: str) -> str:
+    """Return the content hash under which ``compile_c`` stores this build."""
+    return _key(source, _find_compiler(cc, source), shlex.split(cflags))
+
+
+def compile_c(source: str, *, cc: str, cflags: str, cache_dir: str, name: str = "kernels") -> str:
+    """Compile C ``source`` into a shared library and return the library's path.
+
+    Builds are cached under ``<cache_dir>/kernels/<key[:2]>/<key>/`` (``lib.so`` and the
+    ``source.c`` it came from), keyed by :func:`cache_key`, and shared safely between concurrent
+    processes. ``name`` only labels the build in temporary files and error messages. Raises
+    :class:`CompileError` when the compiler fails.
+    """
+    cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
+    memo_key = (source, cc, cflags, cache_dir)
+    with _lock:
+        path = _built.get(memo_key)
+        if path is not None:
+            _counters["memory_hits"] = _counters.get("memory_hits", 0) + 1
+            return path
+    compiler = _find_compiler(cc, source)
+    flags = shlex.split(cflags)
+    key = _key(source, compiler, flags)
+    final_dir = os.path.join(cache_dir, "kernels", key[:2], key)
+    path = os.path.join(final_dir, _LIBRARY_NAME)
+    if os.path.isfile(path):
+        _count("disk_hits")
+    else:
+        _build(source, compiler, flags, final_dir, name)
+    with _lock:
+        _built[memo_key] = path
+    return path
+
+
+def _build(source: str, compiler: str, flags: list[str], final_dir: str, name: str) -> None:
+    parent = os.path.dirname(final_dir)
+    os.makedirs(parent, exist_ok=True)
+    label = re.sub(r"[^\w.-]", "_", name)
+    tmp_dir = tempfile.mkdtemp(prefix=f".tmp-{label}-", dir=parent)
+    try:
+        with open(os.path.join(tmp_dir, _SOURCE_NAME), "w", encoding="utf-8") as f:
+            f.write(source)
+        command = [compiler, _SOURCE_NAME, "-o", _LIBRARY_NAME, *flags]
+        if any(flag.startswith("-g") for flag in flags):
+            # Debug info should name the directory the source ends up in, not the temporary one.
+            command.append(f"-fdebug-prefix-map={tmp_dir}={final_dir}")
+        start = time.perf_counter()
+        proc = _run(command, cwd=tmp_dir)
+        _count("misses")
+        _count("compile_seconds", time.perf_counter() - start)
+        log = (proc.stderr + proc.stdout).strip()
+        if proc.returncode != 0 or not os.path.isfile(os.path.join(tmp_dir, _LIBRARY_NAME)):
+            message = _failure_message(name, command, proc.returncode, log, source)
+            raise CompileError(message, source=source, log=log)
+        os.chmod(tmp_dir, 0o755)
+        _publish(tmp_dir, final_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _publish(tmp_dir: str, final_dir: str) -> None:
+    """Move a finished build into place atomically; a build already there wins."""
+    for _ in range(3):
+        try:
+            os.rename(tmp_dir, final_dir)
+            return
+        except OSError:
+            if os.path.isfile(os.path.join(final_dir, _LIBRARY_NAME)):
+                return  # another process published the same build first
+            # A directory without a library (an interrupted clean-up): take its place.
+            shutil.rmtree(final_dir, ignore_errors=True)
+    os.rename(tmp_dir, final_dir)
+
+
+def _failure_message(name: str, command: list[str], status: int, log: str, source: str) -> str:
+    log_lines = log.splitlines()
+    if len(log_lines) > _MAX_LOG_LINES:
+        omitted = len(log_lines) - _MAX_LOG_LINES
+        log_lines = log_lines[:_MAX_LOG_LINES] + [f"... ({omitted} more lines)"]
+    parts = [
+        f"C compilation of {name!r} failed (exit status {status})",
+        f"command: {shlex.join(command)}",
+        "compiler log:",
+        *("  " + line for line in log_lines),
+    ]
+    excerpts = _source_excerpts(log, source)
+    if excerpts:
+        parts += ["source around the reported lines:", excerpts]
+    return "\n".join(parts)
+
+
+def _source_excerpts(log: str, source: str) -> str:
+    """Numbered source lines around each ``source.c:LINE:`` of the log, ``>`` marking LINE."""
+    lines = source.splitlines()
+    numbers: list[int] = []
+    for match in _LOCATION.finditer(log):
+        number = int(match["line"])
+        seen = number in numbers
+        if os.path.basename(match["file"]) == _SOURCE_NAME and not seen and 0 < number:
+            numbers.append(number)
+    width = len(str(len(lines)))
+    blocks = []
+    for number in numbers[:_MAX_LOCATIONS]:
+        first = max(1, number - _CONTEXT_LINES)
+        last = min(len(lines), number + _CONTEXT_LINES)
+        block = [f"{_SOURCE_NAME}:{number}:"]
+        for n in range(first, last + 1):
+            marker = ">" if n == number else " "
+            block.append(f"{marker} {n:>{width}} | {lines[n - 1]}".rstrip())
+        blocks.append("\n".join(block))
+    return "\n".join(blocks)
+
+
+def load_library(path: str) -> ctypes.CDLL:
+    """Load a shared library with ctypes, once per path per process."""
+    path = os.path.abspath(path)
+    with _lock:
+        library = _libraries.get(path)
+        if library is None:
+            library = ctypes.CDLL(path)
+            _libraries[path] = library
+    return library

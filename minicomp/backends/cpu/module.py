@@ -1,0 +1,102 @@
+"""Building a kernel-IR module for the cpu target and calling its kernels through ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+from minicomp import config
+from minicomp.backends.cpu import compiler
+from minicomp.backends.cpu.codegen import render_module
+from minicomp.ir.func import Function, Module
+from minicomp.ir.types import PointerType
+
+# Half-precision scalars travel as their uint16 bit patterns, as the C code stores them.
+_SCALAR_CTYPES = {
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+    "float16": ctypes.c_uint16,
+    "bfloat16": ctypes.c_uint16,
+    "bool": ctypes.c_bool,
+    "int8": ctypes.c_int8,
+    "int16": ctypes.c_int16,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "uint8": ctypes.c_uint8,
+    "uint16": ctypes.c_uint16,
+    "uint32": ctypes.c_uint32,
+    "uint64": ctypes.c_uint64,
+}
+
+
+def param_ctype(param) -> Any:
+    """The ctypes type of a kernel parameter: c_void_p (an integer address) for pointers."""
+    if isinstance(param.type, PointerType):
+        return ctypes.c_void_p
+    return _SCALAR_CTYPES[param.type.name]
+
+
+def _checked(cfunc: Callable, f: Function) -> Callable:
+    n = len(f.params)
+    signature = f"{f.name}({', '.join(p.name for p in f.params)})"
+
+    # ctypes accepts surplus arguments silently: count them here, and nothing else.
+    def call(*args):
+        if len(args) != n:
+            raise TypeError(f"kernel {signature} takes {n} arguments, {len(args)} given")
+        cfunc(*args)
+
+    call.__name__ = call.__qualname__ = f.name
+    call.__doc__ = f"Kernel {signature}; pointers are integer addresses."
+    call.cfunc = cfunc  # type: ignore[attr-defined]
+    return call
+
+
+class CpuModule:
+    """A compiled module: its C `source`, the shared library's `path`, and its kernels."""
+
+    def __init__(self, module: Module, source: str, path: str, library: ctypes.CDLL):
+        self.module = module
+        self.source = source
+        self.path = path
+        self.library = library
+        self._kernels: dict[str, Callable] = {}
+
+    def kernel(self, name: str) -> Callable:
+        """The kernel (or host function) `name` as a Python callable taking its arguments
+        positionally: integer addresses (`tensor.data_ptr()`) for pointers, numbers else."""
+        fn = self._kernels.get(name)
+        if fn is None:
+            f = self.module.function(name)
+            if f.kind == "device":
+                raise ValueError(f"{name} is a device function, not callable from Python")
+            cfunc = getattr(self.library, name)
+            cfunc.argtypes = [param_ctype(p) for p in f.params]
+            cfunc.restype = None if f.ret is None else _SCALAR_CTYPES[f.ret.name]
+            fn = self._kernels[name] = _checked(cfunc, f)
+        return fn
+
+    def __repr__(self) -> str:
+        return f"CpuModule({self.module.name!r}, path={self.path!r})"
+
+
+def build(
+    module: Module,
+    *,
+    cc: str | None = None,
+    cflags: str | None = None,
+    cache_dir: str | None = None,
+) -> CpuModule:
+    """Render `module` to C, compile it (cached) and load it; options default to config's."""
+    source = render_module(module)
+    if cflags is None:
+        cflags = config.get("cflags") + (" -g" if config.get("debug") else "")
+    path = compiler.compile_c(
+        source,
+        cc=cc if cc is not None else config.get("cc"),
+        cflags=cflags,
+        cache_dir=cache_dir if cache_dir is not None else config.get("cache_dir"),
+        name=module.name,
+    )
+    return CpuModule(module, source, path, compiler.load_library(path))

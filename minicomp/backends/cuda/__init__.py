@@ -1,0 +1,1 @@
+"""The CUDA backend (arrives with the CUDA target)."""
