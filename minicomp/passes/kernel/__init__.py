@@ -1,0 +1,1 @@
+"""Kernel IR passes and the index-expression simplifier, one per module."""

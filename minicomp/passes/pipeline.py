@@ -1,0 +1,39 @@
+"""The pass manager: run a flat list of graph passes in order, optionally tracing each one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from minicomp.ir.graph import Graph
+from minicomp.passes.graph.cse import eliminate_common_subexpressions
+from minicomp.passes.graph.dce import eliminate_dead_code
+from minicomp.passes.graph.fold_constants import fold_constants
+from minicomp.passes.graph.simplify_views import simplify_views
+
+GraphPass = Callable[[Graph], Graph]
+
+# Read top to bottom. Dead code goes first so later passes look at less; views collapse
+# before CSE, which then sees the canonical index maps; the last DCE drops what folding,
+# view collapsing and CSE left unread.
+DEFAULT_PASSES: list[GraphPass] = [
+    eliminate_dead_code,
+    simplify_views,
+    fold_constants,
+    eliminate_common_subexpressions,
+    eliminate_dead_code,
+]
+
+
+def run_passes(graph: Graph, passes: Sequence[GraphPass], *, trace: list | None = None) -> Graph:
+    """`graph` after each pass in turn.
+
+    When `trace` is a list, (pass name, seconds, text of the graph after the pass) is appended
+    to it for each pass; `minicomp.explain` and the verbose log print it.
+    """
+    for p in passes:
+        start = time.perf_counter()
+        graph = p(graph)
+        if trace is not None:
+            trace.append((p.__name__, time.perf_counter() - start, str(graph)))
+    return graph

@@ -1,0 +1,344 @@
+"""The fusion pass: which compute ops share a kernel, what each group stores, and that the
+fused graph (scheduled, built and run on the cpu target) computes what the unfused one does."""
+
+import networkx as nx
+import numpy as np
+import torch
+from graph_builder import GraphBuilder, evaluate_graph, random_inputs
+
+from minicomp import config
+from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.ir import expr as E
+from minicomp.ir.compute import reduce
+from minicomp.ir.graph import ExternOp, FusedOp, Graph, ReduceStage, StoreStage, Value
+from minicomp.passes.graph.fusion import fuse
+
+aten = torch.ops.aten
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def fused_ops(g: Graph) -> list[FusedOp]:
+    return [n for n in g.nodes if isinstance(n, FusedOp)]
+
+
+def group_of(g: Graph, member: str) -> FusedOp:
+    """The fused op a compute op (by name) ended up in."""
+    (op,) = [n for n in fused_ops(g) if member in n.members]
+    return op
+
+
+def assert_well_formed(g: Graph) -> None:
+    """Every op reads graph inputs, constants or values of earlier ops; every value is made
+    once; every graph output is made; the op graph is a DAG."""
+    known = {v.name for v in g.inputs if isinstance(v, Value)} | set(g.constants)
+    dag = nx.DiGraph()
+    producer: dict[str, int] = {}
+    for k, n in enumerate(g.nodes):
+        dag.add_node(k)
+        for v in n.inputs:
+            assert v.name in known, f"{n.name} reads %{v.name} before it is made"
+            if v.name in producer:
+                dag.add_edge(producer[v.name], k)
+        for v in n.outputs:
+            assert v.name not in known, f"%{v.name} made twice"
+            known.add(v.name)
+            producer[v.name] = k
+    for o in g.outputs:
+        assert not isinstance(o, Value) or o.name in known
+    assert nx.is_directed_acyclic_graph(dag)
+
+
+def run_compiled(g: Graph, inputs: dict, sizes: dict | None = None) -> list:
+    """The graph's outputs, compiled for the cpu target (passes, fusion, scheduling, C)."""
+    plan = compile_graph(g, config.resolve({"target": "cpu"}), CompileRecord())
+    args = [
+        sizes[v.name] if isinstance(v, E.Var) else torch.from_numpy(inputs[v.name].copy())
+        for v in g.inputs
+    ]
+    return [o.numpy() if isinstance(o, torch.Tensor) else o for o in plan(*args)]
+
+
+def assert_compiles_like_reference(g: Graph, seed: int = 0, **sizes) -> None:
+    inputs = random_inputs(g, seed, sizes)
+    expected = evaluate_graph(g, inputs, sizes)
+    actual = run_compiled(g, inputs, sizes)
+    assert len(actual) == len(expected)
+    for k, (x, e) in enumerate(zip(actual, expected)):
+        assert x.shape == e.shape and x.dtype == e.dtype, f"output {k}"
+        np.testing.assert_allclose(x, e, rtol=2e-5, atol=1e-5, err_msg=f"output {k}")
+
+
+# --- graphs --------------------------------------------------------------------------------
+
+
+def elementwise_chain() -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    y = b.input("y", (1, 8))
+    t1 = b.compute("t1", (4, 8), lambda i, j: x[i, j] * 2.0)
+    t2 = b.compute("t2", (4, 8), lambda i, j: E.call("exp", t1[i, j]))
+    t3 = b.compute("t3", (4, 8), lambda i, j: t2[i, j] + y[0, j])
+    b.output(t3)
+    return b.build()
+
+
+def masked_softmax(rows=4) -> Graph:
+    b = GraphBuilder()
+    n = rows if isinstance(rows, int) else b.symbol(rows)
+    x = b.input("x", (n, 16))
+    mask = b.input("mask", (1, 16))
+    s = b.compute("scale", (n, 16), lambda i, j: x[i, j] * 0.125)
+    t = b.compute("masked", (n, 16), lambda i, j: s[i, j] + mask[0, j])
+    mx = b.compute("rowmax", (n, 1), lambda i, j: reduce("max", (16,), lambda k: t[i, k]))
+    sm = b.compute(
+        "rowsum",
+        (n, 1),
+        lambda i, j: reduce("sum", (16,), lambda k: E.call("exp", t[i, k] - mx[i, 0])),
+    )
+    out = b.compute("softmax", (n, 16), lambda i, j: E.call("exp", t[i, j] - mx[i, 0]) / sm[i, 0])
+    b.output(out)
+    return b.build()
+
+
+def layer_norm(outputs=("y",)) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (4, 16))
+    w = b.input("w", (16,))
+    bias = b.input("bias", (16,))
+    mean = b.compute("mean", (4, 1), lambda i, j: reduce("sum", (16,), lambda k: x[i, k]) / 16.0)
+    xc = b.compute("xc", (4, 16), lambda i, j: x[i, j] - mean[i, 0])
+    var = b.compute(
+        "var", (4, 1), lambda i, j: reduce("sum", (16,), lambda k: xc[i, k] * xc[i, k]) / 16.0
+    )
+    rstd = b.compute("rstd", (4, 1), lambda i, j: E.call("rsqrt", var[i, 0] + 1e-5))
+    y = b.compute("y", (4, 16), lambda i, j: xc[i, j] * rstd[i, 0] * w[j] + bias[j])
+    named = {"y": y, "mean": mean, "rstd": rstd, "xc": xc}
+    b.output(*(named[o] for o in outputs))
+    return b.build()
+
+
+# --- structure -----------------------------------------------------------------------------
+
+
+def test_elementwise_chain_becomes_one_fused_op():
+    g = elementwise_chain()
+    f = fuse(g)
+    assert_well_formed(f)
+    (op,) = f.nodes
+    assert isinstance(op, FusedOp) and not op.is_reduction
+    assert op.members == ("t1", "t2", "t3")
+    assert [v.name for v in op.inputs] == ["x", "y"]
+    assert [v.name for v in op.outputs] == ["t3"]
+    (st,) = op.stages
+    assert isinstance(st, StoreStage) and st.indices == op.outer_vars
+    assert op.outer_extents == (4, 8)
+    o0, o1 = op.outer_vars
+    # The chain is inlined into one expression over the group inputs.
+    text = repr(st.body)
+    assert text == f"exp(x[{o0}, {o1}] * 2.0) + y[0, {o1}]"
+    assert_compiles_like_reference(g)
+
+
+def test_masked_softmax_is_one_kernel_with_two_reductions_and_one_inner_store():
+    g = masked_softmax()
+    f = fuse(g)
+    assert_well_formed(f)
+    (op,) = f.nodes
+    assert isinstance(op, FusedOp)
+    assert set(op.members) == {"scale", "masked", "rowmax", "rowsum", "softmax"}
+    assert [v.name for v in op.outputs] == ["softmax"]
+    assert {v.name for v in op.inputs} == {"x", "mask"}
+    reduces = [s for s in op.stages if isinstance(s, ReduceStage)]
+    stores = [s for s in op.stages if isinstance(s, StoreStage)]
+    assert [r.kind for r in reduces] == ["max", "sum"]
+    assert len(stores) == 1 and stores[0].inner
+    assert op.outer_extents == (4,) and op.inner_extents == (16,)
+    # The sum reads the max through its accumulator, not by recomputing the row.
+    assert reduces[0].var in _vars(reduces[1].body)
+    assert reduces[0].var in _vars(stores[0].body) and reduces[1].var in _vars(stores[0].body)
+    assert_compiles_like_reference(g)
+
+
+def _vars(e):
+    from minicomp.ir.functor import collect
+
+    return set(collect(e, E.Var))
+
+
+def test_masked_softmax_with_symbolic_rows_compiles_like_reference():
+    g = masked_softmax("n")
+    (op,) = fuse(g).nodes
+    assert op.outer_extents == (E.size_var("n"),)
+    assert_compiles_like_reference(g, n=5)
+    assert_compiles_like_reference(g, seed=1, n=1)
+
+
+def test_value_read_by_consumers_of_different_shapes_is_materialised():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    a = b.compute("a", (4, 8), lambda i, j: E.call("exp", x[i, j]))
+    c1 = b.compute("c1", (4, 8), lambda i, j: a[i, j] + 1.0)
+    c2 = b.compute("c2", (2, 8), lambda i, j: a[i + 2, j] * 3.0)
+    b.output(c1, c2)
+    g = b.build()
+    f = fuse(g)
+    assert_well_formed(f)
+    home = group_of(f, "a")
+    assert "a" in [v.name for v in home.outputs]
+    other = group_of(f, "c2")
+    assert other is not home
+    assert "a" in [v.name for v in other.inputs]
+    assert_compiles_like_reference(g)
+
+
+def test_value_read_by_a_row_reduction_and_a_shifted_consumer_is_materialised():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    a = b.compute("a", (4, 8), lambda i, j: E.call("exp", x[i, j]))
+    s = b.compute("s", (4, 1), lambda i, j: reduce("sum", (8,), lambda k: a[i, k]))
+    c = b.compute("c", (2, 8), lambda i, j: a[i + 2, j] * 3.0)
+    b.output(s, c)
+    g = b.build()
+    f = fuse(g)
+    assert_well_formed(f)
+    home = group_of(f, "a")
+    assert "s" in home.members and "c" not in home.members
+    assert [v.name for v in home.outputs] == ["a", "s"]
+    stores = {home.outputs[st.output].name: st for st in home.stages if isinstance(st, StoreStage)}
+    assert stores["a"].inner and not stores["s"].inner
+    assert "a" in [v.name for v in group_of(f, "c").inputs]
+    assert_compiles_like_reference(g)
+
+
+def test_transposed_consumer_of_a_reduced_row_is_stored_along_the_row():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    a = b.compute("a", (4, 8), lambda i, j: E.call("exp", x[i, j]))
+    s = b.compute("s", (4, 1), lambda i, j: reduce("sum", (8,), lambda k: a[i, k]))
+    t = b.compute("t", (8, 4), lambda i, j: a[j, i] * 2.0 + s[j, 0])
+    b.output(s, t)
+    g = b.build()
+    f = fuse(g)
+    assert_well_formed(f)
+    (op,) = f.nodes
+    assert [v.name for v in op.outputs] == ["s", "t"]
+    (store_t,) = [st for st in op.stages if isinstance(st, StoreStage) and st.output == 1]
+    assert store_t.inner
+    assert store_t.indices == (op.inner_vars[0], op.outer_vars[0])
+    assert_compiles_like_reference(g)
+
+
+def test_reductions_over_different_domains_stay_separate_kernels():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    rs = b.compute("rs", (4, 1), lambda i, j: reduce("sum", (8,), lambda k: x[i, k]))
+    cs = b.compute("cs", (1, 8), lambda i, j: reduce("sum", (4,), lambda k: x[k, j]))
+    total = b.compute("total", (1, 1), lambda i, j: reduce("sum", (4,), lambda k: rs[k, 0]))
+    out = b.compute("out", (4, 8), lambda i, j: x[i, j] - rs[i, 0] * cs[0, j] + total[0, 0])
+    b.output(out)
+    g = b.build()
+    f = fuse(g)
+    assert_well_formed(f)
+    assert group_of(f, "rs") is not group_of(f, "cs")
+    assert group_of(f, "rs") is not group_of(f, "total")
+    for op in fused_ops(f):
+        assert sum(isinstance(s, ReduceStage) for s in op.stages) <= 1
+    assert_compiles_like_reference(g)
+
+
+def diamond_through_extern() -> Graph:
+    """A → B → extern → C and A → C: merging A's group into C's would close a cycle."""
+    b = GraphBuilder()
+    x = b.input("x", (4, 4))
+    w = b.input("w", (4, 4))
+    a = b.compute("A", (4, 4), lambda i, j: x[i, j] * 2.0)
+    bb = b.compute("B", (4, 4), lambda i, j: a[i, j] + 1.0)
+    m = b.extern("M", aten.mm.default, [bb, w], (4, 4))
+    c = b.compute("C", (4, 4), lambda i, j: m[i, j] - a[i, j])
+    b.output(c)
+    return b.build()
+
+
+def test_diamond_through_an_extern_is_not_merged_into_a_cycle():
+    g = diamond_through_extern()
+    f = fuse(g)
+    assert_well_formed(f)
+    assert [type(n).__name__ for n in f.nodes] == ["FusedOp", "ExternOp", "FusedOp"]
+    first, ext, last = f.nodes
+    assert set(first.members) == {"A", "B"} and last.members == ("C",)
+    assert isinstance(ext, ExternOp)
+    # A is read by C, in another kernel: it has to be stored.
+    assert {v.name for v in first.outputs} == {"A", "B"}
+    assert {v.name for v in last.inputs} == {"M", "A"}
+
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((4, 4)).astype(np.float32)
+    ws = rng.standard_normal((4, 4)).astype(np.float32)
+    (out,) = run_compiled(g, {"x": xs, "w": ws})
+    a = torch.from_numpy(xs) * 2
+    expected = (a + 1) @ torch.from_numpy(ws) - a
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_fuses_into_one_kernel():
+    g = layer_norm()
+    f = fuse(g)
+    assert_well_formed(f)
+    (op,) = f.nodes
+    assert isinstance(op, FusedOp)
+    assert set(op.members) == {"mean", "xc", "var", "rstd", "y"}
+    assert [s.kind for s in op.stages if isinstance(s, ReduceStage)] == ["sum", "sum"]
+    assert [v.name for v in op.outputs] == ["y"]
+    assert_compiles_like_reference(g)
+
+
+def test_graph_outputs_inside_a_chain_are_stored():
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    t1 = b.compute("t1", (4, 8), lambda i, j: x[i, j] + 1.0)
+    t2 = b.compute("t2", (4, 8), lambda i, j: t1[i, j] * 2.0)
+    t3 = b.compute("t3", (4, 8), lambda i, j: E.call("exp", t2[i, j]))
+    b.output(t3, t1)
+    g = b.build()
+    f = fuse(g)
+    (op,) = f.nodes
+    assert {v.name for v in op.outputs} == {"t1", "t3"}
+    stored = {op.outputs[s.output].name for s in op.stages}
+    assert stored == {"t1", "t3"}
+    assert_compiles_like_reference(g)
+
+
+def test_row_statistics_returned_by_a_fused_reduction_are_stored():
+    g = layer_norm(outputs=("y", "mean", "rstd"))
+    f = fuse(g)
+    (op,) = f.nodes
+    assert {v.name for v in op.outputs} == {"y", "mean", "rstd"}
+    stores = {op.outputs[s.output].name: s for s in op.stages if isinstance(s, StoreStage)}
+    assert set(stores) == {"y", "mean", "rstd"}
+    assert stores["y"].inner and not stores["mean"].inner and not stores["rstd"].inner
+    assert_compiles_like_reference(g)
+
+
+def test_fusion_leaves_externs_and_keeps_graph_inputs_and_outputs():
+    g = diamond_through_extern()
+    f = fuse(g)
+    assert f.inputs == g.inputs and f.outputs == g.outputs
+    (ext,) = [n for n in f.nodes if isinstance(n, ExternOp)]
+    assert ext is g.nodes[2]
+
+
+def test_signed_zero_constants_survive_fusion():
+    b = GraphBuilder()
+    x = b.input("x", (3,))
+    pos = b.compute("pos", (3,), lambda i: x[i] * 0.0)
+    neg = b.compute("neg", (3,), lambda i: x[i] * -0.0)
+    out = b.compute("out", (3,), lambda i: E.select(x[i] > 0.0, pos[i], neg[i]))
+    b.output(out)
+    xs = np.array([1.0, -1.0, 2.0], np.float32)
+    (actual,) = run_compiled(b.build(), {"x": xs})
+    expected = torch.where(
+        torch.from_numpy(xs) > 0, torch.from_numpy(xs) * 0.0, torch.from_numpy(xs) * -0.0
+    )
+    np.testing.assert_array_equal(np.signbit(actual), torch.signbit(expected).numpy())
