@@ -1,0 +1,200 @@
+"""The execution plan of a compiled graph: steps over value slots, run once per call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minicomp.runtime.memory import Interval, plan_offsets
+from minicomp.runtime.symbols import compile_dims
+
+Env = dict
+
+
+@dataclass
+class SlotInfo:
+    """How a slot's tensor is laid out: shape and strides (functions of the binding), dtype."""
+
+    name: str
+    shape: Callable[[Env], tuple]
+    strides: Callable[[Env], tuple]
+    dtype: torch.dtype
+    device: str
+    workspace: bool = False  # an intermediate living in the workspace
+    as_tensor: bool = True  # some step needs it as a tensor (not just an address)
+
+
+class Step:
+    """One thing the plan does per call."""
+
+    name: str
+
+    def run(self, slots: list, env: Env) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class KernelStep(Step):
+    """A call of a compiled kernel: pointer arguments from slots, then size symbols."""
+
+    name: str
+    fn: Callable
+    buffers: Sequence[int]
+    outputs: Sequence[int]
+    symbols: Sequence[str]
+
+    def run(self, slots: list, env: Env) -> None:
+        args = [_address(slots[k]) for k in self.buffers]
+        args += [env[s] for s in self.symbols]
+        self.fn(*args)
+
+
+def _address(v: Any) -> int:
+    return v if isinstance(v, int) else v.data_ptr()
+
+
+@dataclass
+class ExternStep(Step):
+    """A call of an ATen operator; tensors come from slots, sizes from the binding."""
+
+    name: str
+    target: Any
+    build_args: Callable[[list, Env], tuple]
+    outputs: Sequence[int]
+    paths: Sequence[tuple]
+    expected_strides: Sequence[Callable[[Env], tuple] | None]
+    reads: Sequence[int] = ()
+    # Inputs a view-like op's outputs may share memory with; they must outlive the outputs.
+    aliases: Sequence[int] = ()
+
+    def run(self, slots: list, env: Env) -> None:
+        args, kwargs = self.build_args(slots, env)
+        result = self.target(*args, **kwargs)
+        for k, path, want in zip(self.outputs, self.paths, self.expected_strides):
+            t = result
+            for p in path:
+                t = t[p]
+            if want is not None and t.numel() > 1:
+                strides = want(env)
+                if tuple(t.stride()) != strides:
+                    t = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(
+                        t
+                    )
+            slots[k] = t
+
+
+@dataclass
+class Plan:
+    """A compiled graph, callable with the graph's inputs; returns the graph's outputs."""
+
+    slots: list[SlotInfo]
+    inputs: list[tuple[str, Any]]  # ("tensor", slot), ("symbol", name)
+    steps: list[Step]
+    outputs: list[tuple[str, Any]]  # ("slot", k), ("size", fn), ("none", None)
+    constants: dict[int, torch.Tensor]
+    fresh: list[int]  # slots allocated fresh per call (graph outputs written by kernels)
+    shape_binders: list[tuple[int, int, str]] = field(default_factory=list)
+    checked_inputs: list[int] = field(default_factory=list)
+    _layouts: dict = field(default_factory=dict)
+
+    def bind(self, args: Sequence[Any]) -> Env:
+        env: Env = {}
+        for (kind, ref), a in zip(self.inputs, args):
+            if kind == "symbol":
+                env[ref] = int(a)
+        for k, dim, name in self.shape_binders:
+            if name not in env:
+                env[name] = int(args[k].shape[dim])
+        return env
+
+    def layout(self, env: Env) -> tuple[list[int], int]:
+        """Workspace offsets for this binding (planned once per distinct binding)."""
+        key = tuple(sorted(env.items()))
+        hit = self._layouts.get(key)
+        if hit is None:
+            intervals, owners = [], []
+            for k, info in enumerate(self.slots):
+                if info.workspace:
+                    nbytes = _nbytes(info.shape(env), info.dtype)
+                    first, last = self._lifetime(k)
+                    intervals.append(Interval(nbytes, first, last))
+                    owners.append(k)
+            offsets, total = plan_offsets(intervals)
+            hit = (dict(zip(owners, offsets)), total)
+            self._layouts[key] = hit
+        return hit
+
+    def _lifetime(self, k: int) -> tuple[int, int]:
+        family = {k}
+        for step in self.steps:
+            if family & set(getattr(step, "aliases", ())):
+                family |= set(step.outputs)
+        first, last = len(self.steps), -1
+        for s, step in enumerate(self.steps):
+            touched = set(getattr(step, "buffers", ())) | set(getattr(step, "outputs", ()))
+            touched |= set(getattr(step, "reads", ()))
+            if touched & family:
+                first, last = min(first, s), max(last, s)
+        return first, last
+
+    def __call__(self, *args: Any) -> list:
+        env = self.bind(args)
+        slots: list[Any] = [None] * len(self.slots)
+        for k, t in self.constants.items():
+            slots[k] = t
+        for (kind, ref), a in zip(self.inputs, args):
+            if kind == "tensor":
+                slots[ref] = a
+        for k in self.checked_inputs:
+            slots[k] = self._conform(slots[k], self.slots[k], env)
+        offsets, total = self.layout(env)
+        if total:
+            info = self.slots[next(iter(offsets))]
+            ws = torch.empty(total, dtype=torch.uint8, device=info.device)
+            base = ws.data_ptr()
+            for k, off in offsets.items():
+                info = self.slots[k]
+                if info.as_tensor:
+                    nbytes = _nbytes(info.shape(env), info.dtype)
+                    slots[k] = ws[off : off + nbytes].view(info.dtype).view(info.shape(env))
+                else:
+                    slots[k] = base + off
+        for k in self.fresh:
+            info = self.slots[k]
+            slots[k] = torch.empty_strided(
+                info.shape(env), info.strides(env), dtype=info.dtype, device=info.device
+            )
+        for step in self.steps:
+            step.run(slots, env)
+        return [self._output(o, slots, env) for o in self.outputs]
+
+    @staticmethod
+    def _conform(t: torch.Tensor, info: SlotInfo, env: Env) -> torch.Tensor:
+        strides = info.strides(env)
+        if tuple(t.stride()) == strides or t.numel() <= 1:
+            return t
+        return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+    def _output(self, o: tuple[str, Any], slots: list, env: Env) -> Any:
+        kind, ref = o
+        if kind == "slot":
+            v = slots[ref]
+            return v.clone() if ref in self.constants else v
+        if kind == "size":
+            return ref(env)
+        return None
+
+
+def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def dims_fn(dims: Sequence[Any]) -> Callable[[Env], tuple]:
+    """A function of the binding giving concrete sizes."""
+    return compile_dims(list(dims))

@@ -1,0 +1,157 @@
+"""The CPU auto-scheduler: OpenMP-parallel outer loops, vectorised inner loops, row reductions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from minicomp.ir.expr import Expr, Var, cast, const, dim_expr, minimum
+from minicomp.ir.func import Function
+from minicomp.ir.functor import substitute
+from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
+from minicomp.ir.stmt import Assign, Declare, For, If, Stmt, Store, seq
+from minicomp.ir.types import i64
+from minicomp.schedule.common import (
+    KernelSignature,
+    Strides,
+    arg_better,
+    combine,
+    flat_index,
+    identity,
+    lower_accesses,
+    offset,
+    signature,
+)
+
+# Elements per chunk when a one-dimensional loop is split across threads.
+CHUNK = 4096
+# Reductions a parallel or vector loop may split into private accumulators (the backend
+# combines float max/min with NaN-propagating helpers).
+_CLAUSE = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}
+
+
+class CpuKernelBuilder:
+    """Lowers one fused group to a C kernel function."""
+
+    def __init__(self, op: FusedOp, layouts: Mapping[str, Strides]):
+        self.op = op
+        self.layouts = layouts
+        loop_vars = set(op.outer_vars) | set(op.inner_vars)
+        self.sig: KernelSignature = signature(op, layouts, loop_vars)
+        self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
+        self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
+
+    def expr(self, e: Expr) -> Expr:
+        return lower_accesses(e, self.buffers)
+
+    def store(self, st: StoreStage) -> Stmt:
+        buf, strides = self.out_bufs[st.output]
+        value = cast(self.expr(st.body), self.op.outputs[st.output].dtype)
+        return Store(buf, offset(st.indices, strides), value)
+
+    def build(self) -> Function:
+        op = self.op
+        if op.is_reduction:
+            body = self.reduction()
+        else:
+            body = self.nest(
+                list(zip(op.outer_vars, op.outer_extents)),
+                seq(*(self.store(s) for s in op.stages)),
+                parallel=True,
+            )
+        return Function(op.name, self.sig.params, body, "kernel")
+
+    def nest(
+        self,
+        loops: Sequence[tuple[Var, object]],
+        body: Stmt,
+        *,
+        parallel: bool,
+        reductions: tuple = (),
+        vector: bool = True,
+    ) -> Stmt:
+        """Loops around `body`: outer ones parallel (collapsed), the innermost vectorised."""
+        loops = [(v, x) for v, x in loops]
+        kept = []
+        for v, x in loops:
+            if isinstance(x, int) and x == 1:
+                body = substitute(body, {v: const(0)})
+            else:
+                kept.append((v, x))
+        if not kept:
+            return body
+        if len(kept) == 1 and parallel and vector:
+            return self.chunked(kept[0], body, reductions)
+        for k, (v, x) in enumerate(reversed(kept)):
+            innermost = k == 0 and vector
+            outermost = k == len(kept) - 1
+            kind = "vectorize" if innermost else ("parallel" if parallel else "serial")
+            # Threads and vector lanes keep private accumulators, combined at the end; the
+            # clause goes on the vector loop and on the outermost (collapsed) parallel loop.
+            shared = innermost or (outermost and kind == "parallel")
+            body = For(v, dim_expr(x), body, kind, reductions if shared else ())
+        return body
+
+    def chunked(self, loop, body: Stmt, reductions: tuple) -> Stmt:
+        """One loop split into parallel chunks of vectorised iterations."""
+        v, x = loop
+        if isinstance(x, int) and x <= CHUNK:
+            return For(v, dim_expr(x), body, "vectorize", reductions)
+        c, j = Var(f"{v.name}_c", i64), Var(f"{v.name}_j", i64)
+        n = dim_expr(x)
+        inner_extent = minimum(const(CHUNK), n - c * CHUNK)
+        inner = For(j, inner_extent, substitute(body, {v: c * CHUNK + j}), "vectorize", reductions)
+        return For(c, (n + (CHUNK - 1)) // CHUNK, inner, "parallel", reductions)
+
+    def reduction(self) -> Stmt:
+        op = self.op
+        inner = list(zip(op.inner_vars, op.inner_extents))
+        parallel_inner = not op.outer_vars
+        stmts: list[Stmt] = []
+        for st in op.stages:
+            if isinstance(st, ReduceStage):
+                stmts.extend(self.reduce_stage(st, inner, parallel_inner))
+        stmts.extend(self.store(s) for s in op.stages if isinstance(s, StoreStage) and not s.inner)
+        full = [self.store(s) for s in op.stages if isinstance(s, StoreStage) and s.inner]
+        if full:
+            stmts.append(self.nest(inner, seq(*full), parallel=parallel_inner))
+        return self.nest(
+            list(zip(op.outer_vars, op.outer_extents)), seq(*stmts), parallel=True, vector=False
+        )
+
+    def reduce_stage(self, st: ReduceStage, inner, parallel: bool) -> list[Stmt]:
+        value = self.expr(st.body)
+        if st.kind in ("argmax", "argmin"):
+            best = Var(f"{st.var.name}_v", value.dtype)
+            better = arg_better(st.kind, value, best)
+            flat = flat_index([v for v, _ in inner], [x for _, x in inner])
+            update = If(better, seq(Assign(best, value), Assign(st.var, flat)))
+            kind = "max" if st.kind == "argmax" else "min"
+            # The If carries two values between iterations: no vector or thread split.
+            return [
+                Declare(best, identity(kind, value.dtype)),
+                Declare(st.var, const(0)),
+                _serialize(self.nest(inner, update, parallel=False)),
+            ]
+        acc = st.var
+        acc_type = acc.dtype
+        update = Assign(acc, cast(combine(st.kind, acc, cast(value, acc_type)), acc_type))
+        clause = _CLAUSE.get(st.kind)
+        reductions = ((clause, acc),) if clause else ()
+        loop = self.nest(
+            inner, update, parallel=parallel and bool(reductions), reductions=reductions
+        )
+        if not reductions:
+            loop = _serialize(loop)
+        return [Declare(acc, identity(st.kind, acc_type)), loop]
+
+
+def _serialize(s: Stmt) -> Stmt:
+    """The same loops with no parallel or vector hints (for reductions without a safe clause)."""
+    if isinstance(s, For):
+        return s.replace(kind="serial", body=_serialize(s.body), reductions=())
+    return s
+
+
+def schedule_cpu(op: FusedOp, layouts: Mapping[str, Strides]) -> Function:
+    """The C kernel for a fused group, given the strides of every value it touches."""
+    return CpuKernelBuilder(op, layouts).build()

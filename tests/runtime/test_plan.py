@@ -1,0 +1,152 @@
+"""The execution plan: intermediates in a shared workspace, outputs with eager's strides,
+fresh output tensors on every call."""
+
+import numpy as np
+import pytest
+import torch
+from graph_builder import GraphBuilder, evaluate_graph, random_inputs
+from helpers import check_compiled, compile_minicomp
+
+import minicomp
+from minicomp import config
+from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.ir import expr as E
+from minicomp.ir.compute import reduce
+from minicomp.runtime.memory import ALIGN
+
+
+def six_ops(x):
+    a = torch.sin(x) * 2.0  # 1, 2
+    col = a.sum(dim=0, keepdim=True)  # 3: another domain than the row sum below
+    c = a / (col + 1.0)  # 4, 5
+    return torch.tanh(c.sum(dim=1)) * 0.5  # 6, 7, 8
+
+
+def test_chain_with_intermediates_in_the_workspace_matches_eager(target):
+    x = torch.randn(5, 7)
+    e = minicomp.explain(six_ops, x, options={"target": target})
+    assert e.aten_op_count >= 6
+    assert e.kernel_count >= 2, str(e)
+    assert e.fallbacks == {}
+    assert str(e).count("==== kernel IR:") == e.kernel_count
+    check_compiled(six_ops, x, target=target)
+    check_compiled(six_ops, torch.randn(5, 7), target=target)
+
+
+def _workspace_graph():
+    """Three kernels in a row; the two intermediates are read only by the next kernel."""
+    b = GraphBuilder()
+    n = b.symbol("n")
+    x = b.input("x", (n, 8))
+    a = b.compute("a", (n, 8), lambda i, j: E.call("sin", x[i, j]) * 2.0)
+    col = b.compute("col", (1, 8), lambda i, j: reduce("sum", (n,), lambda k: a[k, j]))
+    c = b.compute("c", (n, 8), lambda i, j: a[i, j] / (col[0, j] + 1.0))
+    row = b.compute("row", (n, 1), lambda i, j: reduce("max", (8,), lambda k: c[i, k]))
+    tot = b.compute("tot", (1, 1), lambda i, j: reduce("sum", (n,), lambda k: row[k, 0]))
+    out = b.compute("out", (n, 8), lambda i, j: c[i, j] - tot[0, 0])
+    b.output(out)
+    return b.build()
+
+
+def test_plan_places_intermediates_in_a_workspace_and_runs_right():
+    g = _workspace_graph()
+    plan = compile_graph(g, config.resolve({"target": "cpu"}), CompileRecord())
+    workspace = {info.name for info in plan.slots if info.workspace}
+    assert workspace and "out" not in workspace and "x" not in workspace
+    for rows in (3, 9):
+        env = {"n": rows}
+        offsets, total = plan.layout(env)
+        assert set(offsets) == {k for k, info in enumerate(plan.slots) if info.workspace}
+        assert all(off % ALIGN == 0 for off in offsets.values())
+        assert 0 < total
+        inputs = random_inputs(g, seed=rows, sizes=env)
+        (expected,) = evaluate_graph(g, inputs, env)
+        (actual,) = plan(rows, torch.from_numpy(inputs["x"]))
+        np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_workspace_memory_is_reused_between_disjoint_lifetimes():
+    # Kernels in a chain, alternating row and column sums (which cannot share a kernel),
+    # each reading only the previous kernel's result.
+    b = GraphBuilder()
+    v = b.input("x", (16, 16))
+    for k in range(6):
+        prev = v
+        if k % 2:
+            s = b.compute(
+                f"s{k}", (1, 16), lambda i, j, p=prev: reduce("sum", (16,), lambda r: p[r, j])
+            )
+            v = b.compute(f"v{k}", (16, 16), lambda i, j, p=prev, s=s: p[i, j] - s[0, j] * 0.01)
+        else:
+            s = b.compute(
+                f"s{k}", (16, 1), lambda i, j, p=prev: reduce("sum", (16,), lambda r: p[i, r])
+            )
+            v = b.compute(f"v{k}", (16, 16), lambda i, j, p=prev, s=s: p[i, j] - s[i, 0] * 0.01)
+    b.output(v)
+    g = b.build()
+    plan = compile_graph(g, config.resolve({"target": "cpu"}), CompileRecord())
+    sizes = [info.shape({})[0] * info.shape({})[1] * 4 for info in plan.slots if info.workspace]
+    assert len(sizes) >= 4
+    _, total = plan.layout({})
+    assert total < sum(sizes)
+    inputs = random_inputs(g)
+    (expected,) = evaluate_graph(g, inputs)
+    (actual,) = plan(torch.from_numpy(inputs["x"]))
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_output_has_eager_strides(target):
+    def f(x):
+        return x.t() * 2
+
+    x = torch.randn(4, 6)
+    out = check_compiled(f, x, target=target)
+    assert out.stride() == f(x).stride() == (1, 6)
+
+
+def test_permuted_3d_output_has_eager_strides(target):
+    def f(x):
+        return torch.relu(x.permute(2, 0, 1)) + 1
+
+    x = torch.randn(2, 3, 5)
+    out = check_compiled(f, x, target=target)
+    assert out.stride() == f(x).stride()
+
+
+def test_outputs_are_fresh_tensors_on_every_call(target):
+    def f(x):
+        return torch.exp(x) + 1
+
+    compiled = compile_minicomp(f, target)
+    x = torch.randn(8)
+    first = compiled(x)
+    kept = first.clone()
+    second = compiled(x * 3)
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(first, kept)
+    torch.testing.assert_close(second, f(x * 3))
+
+
+def test_constant_output_is_a_fresh_tensor_each_call(target):
+    def f(x):
+        return x + 1, torch.arange(4.0) * 2
+
+    compiled = compile_minicomp(f, target)
+    x = torch.randn(3)
+    _, c1 = compiled(x)
+    c1.add_(100.0)
+    _, c2 = compiled(x)
+    torch.testing.assert_close(c2, torch.arange(4.0) * 2)
+    assert c1.data_ptr() != c2.data_ptr()
+
+
+def test_dynamic_sizes_replan_the_workspace(target):
+    compiled = compile_minicomp(six_ops, target, dynamic=True)
+    for rows in (3, 6, 4):
+        x = torch.randn(rows, 7)
+        torch.testing.assert_close(compiled(x), six_ops(x))
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+def test_single_element_tensors(target, shape):
+    check_compiled(lambda x: torch.exp(x) * x.sum(), torch.randn(shape), target=target)

@@ -1,0 +1,290 @@
+"""The CPU scheduler: loop kinds and kernel parameters of the Function it makes for a fused
+group, then the kernels built with the cpu backend and run on torch tensors against eager."""
+
+import numpy as np
+import pytest
+import torch
+from graph_builder import GraphBuilder
+
+from minicomp.backends.cpu.module import build
+from minicomp.dynamo.lowering import layouts_for
+from minicomp.ir import expr as E
+from minicomp.ir.compute import reduce
+from minicomp.ir.func import Function, Module
+from minicomp.ir.functor import collect
+from minicomp.ir.graph import FusedOp, Graph
+from minicomp.ir.stmt import For, If, Store
+from minicomp.ir.types import PointerType, to_torch
+from minicomp.passes.graph.fusion import fuse
+from minicomp.schedule.cpu import CHUNK, schedule_cpu
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("schedule-cache"))
+
+
+def one_group(g: Graph) -> FusedOp:
+    (op,) = fuse(g).nodes
+    assert isinstance(op, FusedOp)
+    return op
+
+
+def schedule(g: Graph, **strides) -> Function:
+    """The kernel of a graph that fuses into one group; `strides` override value layouts."""
+    layouts = layouts_for(g)
+    layouts.update(strides)
+    return schedule_cpu(one_group(g), layouts)
+
+
+def loops(f: Function) -> list[For]:
+    return collect(f.body, For)
+
+
+def run_kernel(f: Function, cache_dir: str, tensors: dict, sizes: dict | None = None) -> None:
+    """Build `f` alone and call it; `tensors` binds buffer params by value name."""
+    lib = build(Module(f.name, (f,)), cache_dir=cache_dir)
+    args = []
+    for p in f.params:
+        if isinstance(p.type, PointerType):
+            t = tensors[p.name.split("_", 1)[1]]
+            assert t.dtype == to_torch(p.type.elem), p.name
+            args.append(t.data_ptr())
+        else:
+            args.append(sizes[p.name])
+    lib.kernel(f.name)(*args)
+
+
+def poisoned(shape, dtype=torch.float32) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype)
+    return torch.full(shape, -12345, dtype=dtype)
+
+
+# --- graphs --------------------------------------------------------------------------------
+
+
+def scale_graph(shape) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", shape)
+    y = b.compute("y", shape, lambda *i: x[i] * 2.0 + 1.0)
+    b.output(y)
+    return b.build()
+
+
+def broadcast_add(rows=4, cols=8) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (rows, cols))
+    y = b.input("y", (1, cols))
+    z = b.compute("z", (rows, cols), lambda i, j: x[i, j] + y[0, j])
+    b.output(z)
+    return b.build()
+
+
+def row_reduce(kind: str, rows=4, cols=16, dtype=None) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (rows, cols), *(() if dtype is None else (dtype,)))
+    s = b.compute("s", (rows, 1), lambda i, j: reduce(kind, (cols,), lambda k: x[i, k]))
+    b.output(s)
+    return b.build()
+
+
+# --- structure -----------------------------------------------------------------------------
+
+
+def test_injective_kernel_is_parallel_outside_and_vectorised_inside():
+    f = schedule(scale_graph((2, 3, 8)))
+    assert [(lp.kind, lp.reductions) for lp in loops(f)] == [
+        ("parallel", ()),
+        ("parallel", ()),
+        ("vectorize", ()),
+    ]
+    assert [lp.extent for lp in loops(f)] == [E.const(2), E.const(3), E.const(8)]
+    assert len(collect(f.body, Store)) == 1
+
+
+def test_short_one_dimensional_loop_is_one_vector_loop():
+    (lp,) = loops(schedule(scale_graph((100,))))
+    assert lp.kind == "vectorize" and lp.extent == E.const(100)
+
+
+def test_long_one_dimensional_loop_is_split_into_parallel_chunks():
+    n = 3 * CHUNK + 5
+    outer, inner = loops(schedule(scale_graph((n,))))
+    assert outer.kind == "parallel" and inner.kind == "vectorize"
+    assert outer.extent == E.const(4)
+
+
+def test_unit_dimensions_get_no_loop():
+    f = schedule(scale_graph((4, 1, 8)))
+    assert [lp.kind for lp in loops(f)] == ["parallel", "vectorize"]
+
+
+@pytest.mark.parametrize("kind, clause", [("sum", "add"), ("max", "max"), ("prod", "mul")])
+def test_row_reduction_has_parallel_rows_and_a_reduction_clause_on_the_inner_loop(kind, clause):
+    f = schedule(row_reduce(kind))
+    outer, inner = loops(f)
+    assert outer.kind == "parallel" and outer.reductions == ()
+    assert inner.kind == "vectorize"
+    ((op, acc),) = inner.reductions
+    assert op == clause and acc.name.startswith("acc")
+    assert outer.body.body[0].var == acc  # declared per row, inside the parallel loop
+
+
+def test_full_reduction_splits_into_parallel_chunks_with_reduction_clauses():
+    f = schedule(row_reduce("sum", rows=1, cols=100003))
+    outer, inner = loops(f)
+    assert outer.kind == "parallel" and inner.kind == "vectorize"
+    assert outer.reductions and outer.reductions == inner.reductions
+    assert outer.reductions[0][0] == "add"
+
+
+def full_2d_sum(rows, cols) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (rows, cols))
+    s = b.compute("s", (1, 1), lambda i, j: reduce("sum", (rows, cols), lambda r, c: x[r, c]))
+    b.output(s)
+    return b.build()
+
+
+def test_full_reduction_over_two_dims_puts_the_clause_on_the_parallel_loop():
+    outer, inner = loops(schedule(full_2d_sum(300, 337)))
+    assert outer.kind == "parallel" and inner.kind == "vectorize"
+    assert outer.reductions and outer.reductions == inner.reductions
+
+
+@pytest.mark.parametrize("kind", ["any", "all"])
+def test_reductions_without_an_openmp_clause_run_serially(kind):
+    from minicomp.ir.types import boolean
+
+    f = schedule(row_reduce(kind, dtype=boolean))
+    outer, inner = loops(f)
+    assert outer.kind == "parallel" and inner.kind == "serial" and inner.reductions == ()
+
+
+def test_argmax_updates_through_an_if():
+    f = schedule(row_reduce("argmax"))
+    outer, inner = loops(f)
+    assert outer.kind == "parallel"
+    assert inner.reductions == ()
+    assert isinstance(inner.body, If)
+    assert collect(inner.body, If)
+
+
+def test_params_are_inputs_then_outputs_then_sorted_symbols():
+    b = GraphBuilder()
+    n, a = b.symbol("n"), b.symbol("a")
+    x = b.input("x", (n, a))
+    y = b.input("y", (1, a))
+    z = b.compute("z", (n, a), lambda i, j: x[i, j] * y[0, j])
+    w = b.compute("w", (n, a), lambda i, j: z[i, j] + 1.0)
+    b.output(w, z)
+    f = schedule(b.build())
+    assert [p.name for p in f.params] == ["in_x", "in_y", "out_z", "out_w", "a", "n"]
+    assert all(isinstance(p.type, PointerType) for p in f.params[:4])
+    # Symbolic extents become loop bounds read from the size params.
+    assert [lp.extent for lp in loops(f)] == [E.size_var("n"), E.size_var("a")]
+
+
+def test_symbols_only_in_strides_are_params_too():
+    b = GraphBuilder()
+    n = b.symbol("n")
+    x = b.input("x", (4, 8))
+    y = b.compute("y", (4, 8), lambda i, j: x[i, j] * 2.0)
+    b.output(y)
+    f = schedule(b.build(), x=(n, 1))
+    assert [p.name for p in f.params] == ["in_x", "out_y", "n"]
+
+
+def test_strided_inputs_are_loaded_with_their_strides():
+    f = schedule(broadcast_add(), x=(1, 4))
+    o0, o1 = (lp.var for lp in loops(f))
+    loads = {ld.buf.name: ld.index for ld in collect(f.body, E.Load)}
+    assert loads["in_x"] == o0 + o1 * 4
+    assert loads["in_y"] == o1
+    (st,) = collect(f.body, Store)
+    assert st.index == o0 * 8 + o1
+
+
+# --- numerics ------------------------------------------------------------------------------
+
+
+def test_broadcast_add_over_a_permuted_input(cache_dir):
+    x = torch.randn(8, 4).t()  # (4, 8) with strides (1, 4)
+    y = torch.randn(1, 8)
+    assert x.stride() == (1, 4)
+    f = schedule(broadcast_add(), x=x.stride())
+    out = poisoned((4, 8))
+    run_kernel(f, cache_dir, {"x": x, "y": y, "z": out})
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+
+
+def test_full_reduction_of_100003_elements(cache_dir):
+    n = 100003
+    f = schedule(row_reduce("sum", rows=1, cols=n))
+    x = torch.rand(1, n) - 0.25
+    out = poisoned((1, 1))
+    run_kernel(f, cache_dir, {"x": x, "s": out})
+    expected = x.double().sum(dim=1, keepdim=True).float()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_full_reduction_over_two_dims(cache_dir):
+    f = schedule(full_2d_sum(300, 337))
+    x = torch.rand(300, 337)
+    out = poisoned((1, 1))
+    run_kernel(f, cache_dir, {"x": x, "s": out})
+    expected = x.double().sum().float().reshape(1, 1)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+def test_argmax_with_ties_and_nan(cache_dir, kind):
+    rows, cols = 5, 300
+    x = torch.randint(-3, 4, (rows, cols)).float()  # many ties
+    x[1, 17] = float("nan")
+    x[1, 200] = float("nan")
+    x[2, :] = 7.0
+    x[3, 0] = float("nan")
+    x[4, :] = float("-inf") if kind == "argmax" else float("inf")
+    x[4, 250] = 0.0
+    f = schedule(row_reduce(kind, rows=rows, cols=cols))
+    out = poisoned((rows,), torch.int64)
+    # The graph reduces to (rows, 1); the kernel stores through strides (1, ...).
+    out2 = out.view(rows, 1)
+    run_kernel(f, cache_dir, {"x": x, "s": out2})
+    expected = getattr(torch, kind)(x, dim=1)
+    assert out.tolist() == expected.tolist()
+
+
+def test_row_reduction_with_symbolic_sizes_bound_at_run_time(cache_dir):
+    b = GraphBuilder()
+    n, m = b.symbol("n"), b.symbol("m")
+    x = b.input("x", (n, m))
+    s = b.compute("s", (n, 1), lambda i, j: reduce("max", (m,), lambda k: x[i, k] * 2.0))
+    b.output(s)
+    f = schedule(b.build())
+    assert [p.name for p in f.params] == ["in_x", "out_s", "m", "n"]
+    for rows, cols in ((3, 37), (5, 1000), (1, 1)):
+        x = torch.randn(rows, cols)
+        out = poisoned((rows, 1))
+        run_kernel(f, cache_dir, {"x": x, "s": out}, {"n": rows, "m": cols})
+        expected = (x * 2).amax(dim=1, keepdim=True)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_softmax_kernel_matches_eager(cache_dir):
+    b = GraphBuilder()
+    x = b.input("x", (6, 33))
+    mx = b.compute("mx", (6, 1), lambda i, j: reduce("max", (33,), lambda k: x[i, k]))
+    sm = b.compute(
+        "sm", (6, 1), lambda i, j: reduce("sum", (33,), lambda k: E.call("exp", x[i, k] - mx[i, 0]))
+    )
+    out = b.compute("out", (6, 33), lambda i, j: E.call("exp", x[i, j] - mx[i, 0]) / sm[i, 0])
+    b.output(out)
+    f = schedule(b.build())
+    xs = torch.randn(6, 33) * 4
+    res = poisoned((6, 33))
+    run_kernel(f, cache_dir, {"x": xs, "out": res})
+    torch.testing.assert_close(res, torch.softmax(xs, dim=1))
+    assert not np.isnan(res.numpy()).any()
