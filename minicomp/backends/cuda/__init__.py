@@ -1,1 +1,0 @@
-"""The CUDA backend (arrives with the CUDA target)."""

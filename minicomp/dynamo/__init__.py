@@ -1,0 +1,1 @@
+"""The torch.compile front door: AOTAutograd glue, decompositions, the ATen importer."""

@@ -1,0 +1,374 @@
+"""The ATen FX graph → graph IR importer: one lowering per node, or an ATen extern call."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from minicomp.dynamo.symbolic import from_sympy, shape_of
+from minicomp.ir import types as T
+from minicomp.ir.compute import Compute, TensorElement, TensorInput, TensorNode, inputs_of
+from minicomp.ir.expr import Expr, Var
+from minicomp.ir.functor import Mutator, collect
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
+from minicomp.ops.registry import LoweringContext, NotLowerable, lowering_for
+
+
+def tensor_type(t: torch.Tensor) -> TensorType:
+    """The IR type of a (fake) tensor."""
+    return TensorType(shape_of(t.shape), T.from_torch(t.dtype), t.device.type, shape_of(t.stride()))
+
+
+def _is_symint(v: Any) -> bool:
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+class Importer:
+    """Walks an ATen-level GraphModule once and builds the graph IR."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.inputs: list[Value | Var] = []
+        self.nodes: list[Op] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.names: set[str] = set()
+        self.values: dict[str, Value] = {}
+
+    def fresh(self, base: str) -> str:
+        """A value name not used yet, derived from `base`."""
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in base) or "v"
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def _new_value(self, base: str, ttype: TensorType) -> Value:
+        v = Value(self.fresh(base), ttype)
+        self.values[v.name] = v
+        return v
+
+    def run(self) -> Graph:
+        outputs: tuple = ()
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                self.placeholder(n)
+            elif n.op == "get_attr":
+                self.get_attr(n)
+            elif n.op == "call_function":
+                self.call_function(n)
+            elif n.op == "output":
+                outputs = tuple(self.output_item(a) for a in _flatten(n.args[0]))
+            else:
+                raise NotImplementedError(f"FX node kind {n.op} ({n.name}) is not supported")
+        return Graph(tuple(self.inputs), tuple(self.nodes), outputs, dict(self.constants))
+
+    def placeholder(self, n: torch.fx.Node) -> None:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            v = self._new_value(n.name, tensor_type(val))
+            self.inputs.append(v)
+            self.env[n] = v
+        elif _is_symint(val):
+            e = from_sympy(val)
+            if isinstance(e, Var):
+                self.names.add(e.name)
+                self.inputs.append(e)
+            else:
+                # A placeholder whose value is an expression of other symbols: bind a
+                # fresh symbol so the runtime can still pass it positionally.
+                var = Var(self.fresh(n.name), T.i64)
+                self.inputs.append(var)
+            self.env[n] = e
+        else:
+            raise NotImplementedError(f"graph input {n.name} of type {type(val).__name__}")
+
+    def get_attr(self, n: torch.fx.Node) -> None:
+        t = getattr(self.gm, n.target)
+        if not isinstance(t, torch.Tensor):
+            self.env[n] = t
+            return
+        v = self._new_value(n.name, tensor_type(t))
+        self.constants[v.name] = t.detach()
+        self.env[n] = v
+
+    def output_item(self, a: Any) -> Any:
+        if a is None:
+            return None
+        if isinstance(a, torch.fx.Node):
+            return self.env[a]
+        if isinstance(a, (int, Expr)):
+            return a
+        raise NotImplementedError(f"graph output of type {type(a).__name__}")
+
+    def call_function(self, n: torch.fx.Node) -> None:
+        val = n.meta.get("val")
+        if n.target is operator.getitem:
+            self.env[n] = self.env[n.args[0]][n.args[1]]
+            return
+        if (
+            _is_symint(val)
+            or isinstance(val, (int, float, bool))
+            and not isinstance(n.target, torch._ops.OpOverload)
+        ):
+            self.env[n] = from_sympy(val) if _is_symint(val) else val
+            return
+        if n.target is torch.ops.higher_order.with_effects:
+            self.with_effects(n)
+            return
+        if not isinstance(n.target, torch._ops.OpOverload):
+            raise NotImplementedError(f"call of {n.target} ({n.name}) is not supported")
+        outs = _flatten_vals(val)
+        if not outs or not all(isinstance(t, torch.Tensor) for _, t in outs):
+            raise NotImplementedError(f"{n.target} returns non-tensors")
+        try:
+            self.lower(n, outs)
+        except NotLowerable as e:
+            self.extern(n, outs, str(e))
+
+    def arg(self, a: Any) -> Any:
+        """An FX argument as a lowering argument."""
+        if isinstance(a, torch.fx.Node):
+            v = self.env[a]
+            if isinstance(v, Value):
+                return TensorInput(v.name, v.shape, v.dtype)
+            return v
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.arg(x) for x in a)
+        if _is_symint(a):
+            return from_sympy(a)
+        return a
+
+    def lower(self, n: torch.fx.Node, outs: list) -> None:
+        fn = lowering_for(n.target)
+        if fn is None:
+            raise NotLowerable("no lowering")
+        ctx = LoweringContext(
+            name=n.name,
+            out_shapes=tuple(shape_of(t.shape) for _, t in outs),
+            out_dtypes=tuple(_dtype(t.dtype) for _, t in outs),
+        )
+        args = [self.arg(a) for a in n.args]
+        kwargs = {k: self.arg(v) for k, v in n.kwargs.items()}
+        for a in list(args) + list(kwargs.values()):
+            for t in _tensor_nodes(a):
+                if t.dtype not in _COMPUTABLE:
+                    raise NotLowerable(f"input dtype {t.dtype.name}")
+        try:
+            result = fn(ctx, *args, **kwargs)
+        except NotLowerable:
+            raise
+        except Exception as e:  # a lowering bug must never fail the model
+            raise NotLowerable(f"lowering failed: {type(e).__name__}: {e}") from e
+        results = list(result) if isinstance(result, (list, tuple)) else [result]
+        if len(results) != len(outs):
+            raise NotLowerable(f"lowering gave {len(results)} outputs, ATen {len(outs)}")
+        for r, (_, t) in zip(results, outs):
+            _check_result(r, t)
+        values = self.add_computes(n, results, outs)
+        self.env[n] = _rebuild(n.meta.get("val"), iter(values))
+
+    def add_computes(self, n: torch.fx.Node, results: list, outs: list) -> list[Value]:
+        """Graph nodes for every compute reachable from `results`; the values of `results`."""
+        order: list[Compute] = []
+        seen: set[Compute] = set()
+
+        def visit(t: TensorNode) -> None:
+            if isinstance(t, Compute) and t not in seen:
+                seen.add(t)
+                for u in inputs_of(t):
+                    visit(u)
+                order.append(t)
+
+        for r in results:
+            visit(r)
+        base, op_name = n.name, str(n.target).removeprefix("aten.")
+        value_of: dict[Compute, Value] = {}
+        strides = {r: tensor_type(t).strides for r, (_, t) in zip(results, outs)}
+        devices = {r: t.device.type for r, (_, t) in zip(results, outs)}
+        device = outs[0][1].device.type
+        for c in order:
+            name = self.fresh(base if c in strides else f"{base}_{c.name}")
+            ttype = TensorType(c.shape, c.dtype, devices.get(c, device), strides.get(c))
+            value = Value(name, ttype)
+            self.values[name] = value
+            definition = _bind_inputs(c, value_of).replace(name=name)
+            inputs = tuple(dict.fromkeys(self.value_named(t.name) for t in inputs_of(definition)))
+            self.nodes.append(ComputeOp(op_name, inputs, (value,), definition))
+            value_of[c] = value
+        return [
+            value_of[r] if isinstance(r, Compute) else self.value_named(r.name) for r in results
+        ]
+
+    def value_named(self, name: str) -> Value:
+        return self.values[name]
+
+    def with_effects(self, n: torch.fx.Node) -> None:
+        """An op AOTAutograd ordered with an effect token: an ATen call; the token passes on."""
+        token, op, *args = n.args
+        val = n.meta.get("val")
+        outs = _flatten_vals(val[1] if len(val) == 2 else tuple(val[1:]))
+        values = self.extern(n, outs, "runs with effects", op, tuple(args), n.kwargs)
+        self.env[n] = (self.env[token], *values)
+
+    def extern(
+        self,
+        n: torch.fx.Node,
+        outs: list,
+        reason: str,
+        target: Any = None,
+        fx_args: tuple | None = None,
+        fx_kwargs: dict | None = None,
+    ) -> tuple:
+        target = n.target if target is None else target
+        fx_args = n.args if fx_args is None else fx_args
+        fx_kwargs = n.kwargs if fx_kwargs is None else fx_kwargs
+        inputs: list[Value] = []
+
+        def spec(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                v = self.env[a]
+                if isinstance(v, Value):
+                    if v not in inputs:
+                        inputs.append(v)
+                    return ArgRef(inputs.index(v))
+                if isinstance(v, tuple):
+                    return tuple(spec_value(x) for x in v)
+                return v
+            if isinstance(a, (list, tuple)):
+                return (
+                    tuple(spec(x) for x in a) if isinstance(a, tuple) else list(spec(x) for x in a)
+                )
+            if _is_symint(a):
+                return from_sympy(a)
+            return a
+
+        def spec_value(v: Any) -> Any:
+            if isinstance(v, Value):
+                if v not in inputs:
+                    inputs.append(v)
+                return ArgRef(inputs.index(v))
+            return v
+
+        args = tuple(_freeze(spec(a)) for a in fx_args)
+        kwargs = tuple((k, _freeze(spec(v))) for k, v in fx_kwargs.items())
+        values = tuple(self._new_value(n.name, tensor_type(t)) for _, t in outs)
+        paths = tuple(p for p, _ in outs)
+        self.nodes.append(
+            ExternOp(
+                str(target).removeprefix("aten."),
+                tuple(inputs),
+                values,
+                target,
+                args,
+                kwargs,
+                paths,
+                reason,
+            )
+        )
+        if target is n.target:
+            self.env[n] = _rebuild(n.meta.get("val"), iter(values))
+        return values
+
+
+_COMPUTABLE = {T.f16, T.bf16, T.f32, T.f64, T.i8, T.i16, T.i32, T.i64, T.u8, T.boolean}
+
+
+def _dtype(d: torch.dtype):
+    dt = T.from_torch(d)
+    if dt not in _COMPUTABLE:
+        raise NotLowerable(f"dtype {d} is not computed by minicomp")
+    return dt
+
+
+def _tensor_nodes(a: Any) -> list[TensorNode]:
+    if isinstance(a, TensorNode):
+        return [a]
+    if isinstance(a, (list, tuple)):
+        return [t for x in a for t in _tensor_nodes(x)]
+    return []
+
+
+def _freeze(a: Any) -> Any:
+    if isinstance(a, list):
+        return tuple(_freeze(x) for x in a)
+    return a
+
+
+class _BindInputs(Mutator):
+    """Replaces references to computes by TensorInputs named like their graph values."""
+
+    def __init__(self, value_of: dict):
+        super().__init__()
+        self.value_of = value_of
+
+    def visit_TensorElement(self, e: TensorElement) -> Expr:
+        idx = self.visit(e.indices)
+        t = e.tensor
+        if isinstance(t, Compute):
+            v = self.value_of[t]
+            t = TensorInput(v.name, v.shape, v.dtype)
+        return TensorElement(t, idx)
+
+
+def _bind_inputs(c: Compute, value_of: dict) -> Compute:
+    return c.replace(body=_BindInputs(value_of).visit(c.body))
+
+
+def _check_result(r: Any, t: torch.Tensor) -> None:
+    if not isinstance(r, TensorNode):
+        raise NotLowerable(f"lowering returned {type(r).__name__}")
+    if r.dtype != _dtype(t.dtype):
+        raise NotLowerable(f"lowering gave dtype {r.dtype.name}, ATen {t.dtype}")
+    want = shape_of(t.shape)
+    if len(want) != len(r.shape) or any(not _same_dim(a, b) for a, b in zip(r.shape, want)):
+        raise NotLowerable(f"lowering gave shape {r.shape}, ATen {tuple(want)}")
+
+
+def _same_dim(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    # Symbolic: compare by value at a few assignments of the symbols.
+    from minicomp.runtime.symbols import evaluate_dim
+
+    names = {v.name for d in (a, b) if isinstance(d, Expr) for v in collect(d, Var)}
+    for seed in (7, 13, 101):
+        env = {n: seed + 3 * k for k, n in enumerate(sorted(names))}
+        if evaluate_dim(a, env) != evaluate_dim(b, env):
+            return False
+    return True
+
+
+def _flatten(a: Any) -> list:
+    return list(a) if isinstance(a, (list, tuple)) else [a]
+
+
+def _flatten_vals(val: Any) -> list[tuple[tuple[int, ...], Any]]:
+    if val is None:
+        return []
+    if isinstance(val, torch.Tensor):
+        return [((), val)]
+    if isinstance(val, (list, tuple)):
+        out = []
+        for k, v in enumerate(val):
+            if isinstance(v, torch.Tensor):
+                out.append(((k,), v))
+            elif v is not None:
+                return []
+        return out
+    return []
+
+
+def _rebuild(val: Any, values) -> Any:
+    if isinstance(val, torch.Tensor):
+        return next(values)
+    return tuple(next(values) if isinstance(v, torch.Tensor) else None for v in val)
+
+
+def import_graph(gm: torch.fx.GraphModule) -> Graph:
+    """The graph IR of an ATen-level FX graph (from AOTAutograd)."""
+    return Importer(gm).run()

@@ -1,0 +1,228 @@
+"""From graph IR to an execution plan: passes, fusion, scheduling, building, slot assignment."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minicomp.config import Options
+from minicomp.ir import types as T
+from minicomp.ir.expr import Expr, Var
+from minicomp.ir.func import Function, Module
+from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Value
+from minicomp.runtime.plan import ExternStep, KernelStep, Plan, SlotInfo, Step, dims_fn
+from minicomp.schedule.common import contiguous_strides
+
+
+@dataclass
+class CompileRecord:
+    """What happened while compiling one graph; `minicomp.explain` prints it."""
+
+    kind: str = "forward"
+    aten_graph: str = ""
+    aten_op_count: int = 0
+    passes: list = field(default_factory=list)  # (name, seconds, graph text)
+    graph: Graph | None = None
+    kernels: list[Function] = field(default_factory=list)
+    source: str = ""
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    times: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    trace: bool = False  # keep the graph text after every pass (explain, verbose)
+
+
+def layouts_for(graph: Graph) -> dict[str, tuple]:
+    """The strides every value lives with: PyTorch's for graph inputs, outputs, constants and
+    extern results; row-major for intermediates minicomp writes."""
+    outputs = graph.output_values()
+    out: dict[str, tuple] = {}
+    for v in graph.inputs:
+        if isinstance(v, Value):
+            out[v.name] = v.type.strides or contiguous_strides(v.shape)
+    for name, t in graph.constants.items():
+        out[name] = tuple(t.stride())
+    for n in graph.nodes:
+        for v in n.outputs:
+            keep = isinstance(n, ExternOp) or v in outputs
+            strides = v.type.strides if keep and v.type.strides is not None else None
+            out[v.name] = strides if strides is not None else contiguous_strides(v.shape)
+    return out
+
+
+def schedule_graph(graph: Graph, target: str, layouts: dict) -> list[Function]:
+    """One kernel function per fused group."""
+    if target != "cpu":
+        raise NotImplementedError(f"target {target!r} is not available yet")
+    from minicomp.schedule.cpu import schedule_cpu
+
+    return [schedule_cpu(n, layouts) for n in graph.nodes if isinstance(n, FusedOp)]
+
+
+def build_kernels(kernels: list[Function], options: Options) -> tuple[dict[str, Callable], str]:
+    """Compile the kernels into one binary; callables by kernel name, and the source."""
+    if not kernels:
+        return {}, ""
+    from minicomp.backends.cpu.module import build
+
+    cflags = options.cflags + (" -g" if options.debug else "")
+    lib = build(
+        Module("graph", tuple(kernels)), cc=options.cc, cflags=cflags, cache_dir=options.cache_dir
+    )
+    return {k.name: lib.kernel(k.name) for k in kernels}, lib.source
+
+
+class PlanBuilder:
+    """Assigns a slot to every value and turns operators into plan steps."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        layouts: dict,
+        kernels: dict[str, Callable],
+        symbols: dict[str, list[str]],
+    ):
+        self.graph = graph
+        self.layouts = layouts
+        self.kernels = kernels
+        self.symbols = symbols
+        self.slot: dict[str, int] = {}
+        self.slots: list[SlotInfo] = []
+
+    def add_slot(self, v: Value, workspace: bool = False) -> int:
+        k = len(self.slots)
+        self.slot[v.name] = k
+        self.slots.append(
+            SlotInfo(
+                v.name,
+                dims_fn(v.shape),
+                dims_fn(self.layouts[v.name]),
+                T.to_torch(v.dtype),
+                v.type.device,
+                workspace,
+            )
+        )
+        return k
+
+    def build(self) -> Plan:
+        g = self.graph
+        outputs = g.output_values()
+        inputs, binders, checked = [], [], []
+        kernel_reads = {v for n in g.nodes if isinstance(n, FusedOp) for v in n.inputs}
+        for pos, v in enumerate(g.inputs):
+            if isinstance(v, Var):
+                inputs.append(("symbol", v.name))
+                continue
+            k = self.add_slot(v)
+            inputs.append(("tensor", k))
+            if v in kernel_reads:
+                checked.append(k)
+            for d, size in enumerate(v.shape):
+                if isinstance(size, Var):
+                    binders.append((pos, d, size.name))
+        constants = {}
+        for name, t in g.constants.items():
+            v = Value(name, _constant_type(t))
+            constants[self.add_slot(v)] = t
+        steps: list[Step] = []
+        fresh = []
+        for n in g.nodes:
+            for v in n.outputs:
+                if v.name in self.slot:
+                    continue
+                internal = isinstance(n, FusedOp) and v not in outputs
+                k = self.add_slot(v, workspace=internal)
+                if isinstance(n, FusedOp) and not internal:
+                    fresh.append(k)
+            steps.append(self.kernel_step(n) if isinstance(n, FusedOp) else self.extern_step(n))
+        extern_reads = {k for s in steps if isinstance(s, ExternStep) for k in s.reads}
+        for k, info in enumerate(self.slots):
+            info.as_tensor = (
+                not info.workspace or k in extern_reads or info.name in {v.name for v in outputs}
+            )
+        outs = []
+        for o in g.outputs:
+            if o is None:
+                outs.append(("none", None))
+            elif isinstance(o, Value):
+                outs.append(("slot", self.slot[o.name]))
+            elif isinstance(o, Expr):
+                fn = dims_fn([o])
+                outs.append(("size", lambda env, fn=fn: fn(env)[0]))
+            else:
+                outs.append(("size", lambda env, o=o: o))
+        return Plan(self.slots, inputs, steps, outs, constants, fresh, binders, checked)
+
+    def kernel_step(self, n: FusedOp) -> KernelStep:
+        buffers = [self.slot[v.name] for v in n.inputs + n.outputs]
+        outputs = [self.slot[v.name] for v in n.outputs]
+        return KernelStep(n.name, self.kernels[n.name], buffers, outputs, self.symbols[n.name])
+
+    def extern_step(self, n: ExternOp) -> ExternStep:
+        reads = [self.slot[v.name] for v in n.inputs]
+        args_fn = _args_builder(n, reads)
+        expected = [
+            dims_fn(v.type.strides) if v.type.strides is not None else None for v in n.outputs
+        ]
+        view_like = any(r.alias_info is not None for r in n.target._schema.returns)
+        return ExternStep(
+            n.name,
+            n.target,
+            args_fn,
+            [self.slot[v.name] for v in n.outputs],
+            n.result_paths,
+            expected,
+            reads,
+            reads if view_like else [],
+        )
+
+
+def _constant_type(t: torch.Tensor):
+    from minicomp.dynamo.importer import tensor_type
+
+    return tensor_type(t)
+
+
+def _args_builder(n: ExternOp, reads: list[int]) -> Callable:
+    def conv(a: Any, slots: list, env: dict) -> Any:
+        if isinstance(a, ArgRef):
+            return slots[reads[a.index]]
+        if isinstance(a, Expr):
+            return dims_fn([a])(env)[0]
+        if isinstance(a, tuple):
+            return [conv(x, slots, env) for x in a]
+        return a
+
+    def build(slots: list, env: dict) -> tuple:
+        args = tuple(conv(a, slots, env) for a in n.args)
+        kwargs = {k: conv(v, slots, env) for k, v in n.kwargs}
+        return args, kwargs
+
+    return build
+
+
+def compile_graph(graph: Graph, options: Options, record: CompileRecord) -> Plan:
+    """The plan running `graph`: passes and fusion, one kernel per group, built and linked."""
+    from minicomp.passes.graph.fusion import fuse
+    from minicomp.passes.pipeline import DEFAULT_PASSES, run_passes
+
+    t0 = time.perf_counter()
+    trace = record.passes if record.trace else None
+    graph = run_passes(graph, list(DEFAULT_PASSES) + [fuse], trace=trace)
+    record.graph = graph
+    target = "cpu" if options.target == "auto" else options.target
+    layouts = layouts_for(graph)
+    t1 = time.perf_counter()
+    kernels = schedule_graph(graph, target, layouts)
+    record.kernels = kernels
+    t2 = time.perf_counter()
+    fns, record.source = build_kernels(kernels, options)
+    t3 = time.perf_counter()
+    record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
+    symbols = {
+        k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)] for k in kernels
+    }
+    return PlanBuilder(graph, layouts, fns, symbols).build()

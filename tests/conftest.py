@@ -1,0 +1,82 @@
+"""Shared pytest setup: the `target` fixture, the import path and the OpInfo sweep summary."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+# Tests import `helpers` by name and must test this checkout's minicomp; with
+# --import-mode=importlib pytest leaves sys.path alone, so say both paths explicitly.
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+for _path in (os.path.dirname(_TESTS_DIR), _TESTS_DIR):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+
+def selected_targets() -> list[str]:
+    """The targets named by MINICOMP_TEST_TARGETS (comma list, default "cpu")."""
+    names = os.environ.get("MINICOMP_TEST_TARGETS", "cpu")
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
+def _target_param(name: str):
+    if name == "cuda" and not torch.cuda.is_available():
+        return pytest.param(name, marks=pytest.mark.skip(reason="no CUDA device"))
+    return pytest.param(name)
+
+
+@pytest.fixture(params=[_target_param(name) for name in selected_targets()])
+def target(request) -> str:
+    """The minicomp target a correctness test compiles for: cpu, cuda-emu or cuda."""
+    return request.param
+
+
+# The OpInfo sweep records each op's outcome as user properties, which also reach the
+# controller under pytest-xdist; tally them per target for one summary line.
+_opinfo_outcomes: dict[str, dict[str, str]] = {}
+_opinfo_fallbacks: dict[str, dict[str, str]] = {}
+
+
+def pytest_runtest_logreport(report):
+    properties = dict(report.user_properties)
+    if report.when != "call" or "opinfo_op" not in properties:
+        return
+    if report.failed:
+        status = "failed"
+    elif report.skipped:
+        status = "skipped"
+    else:
+        status = properties.get("opinfo_status", "compiled")
+    op, target = properties["opinfo_op"], properties["opinfo_target"]
+    _opinfo_outcomes.setdefault(target, {})[op] = status
+    if properties.get("opinfo_fallbacks"):
+        _opinfo_fallbacks.setdefault(target, {})[op] = properties["opinfo_fallbacks"]
+
+
+_STATUS_WORDING = {
+    "native": "native",
+    "fallback": "fell back to ATen",
+    "skipped": "skipped",
+    "not captured by dynamo": "not captured by dynamo",
+    "compiled": "compiled (minicomp.explain unavailable)",
+    "failed": "FAILED",
+}
+
+
+def pytest_terminal_summary(terminalreporter):
+    for target, outcomes in sorted(_opinfo_outcomes.items()):
+        counts: dict[str, int] = {}
+        for status in outcomes.values():
+            counts[status] = counts.get(status, 0) + 1
+        order = list(_STATUS_WORDING)
+        ranked = sorted(counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+        parts = [f"{n} ops {_STATUS_WORDING.get(s, s)}" for s, n in ranked]
+        terminalreporter.write_line(f"opinfo sweep [{target}]: " + ", ".join(parts))
+        fallbacks = _opinfo_fallbacks.get(target, {})
+        if fallbacks and terminalreporter.config.getoption("verbose") > 0:
+            for op, aten_ops in sorted(fallbacks.items()):
+                terminalreporter.write_line(f"  {op}: extern {aten_ops}")
+        not_captured = sorted(op for op, s in outcomes.items() if s == "not captured by dynamo")
+        if not_captured:
+            terminalreporter.write_line(f"  not captured by dynamo: {', '.join(not_captured)}")

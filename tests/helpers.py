@@ -1,0 +1,92 @@
+"""Compile a function with minicomp and compare what it returns with eager PyTorch."""
+
+import torch
+import torch._dynamo
+from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch.utils import _pytree as pytree
+
+import minicomp  # noqa: F401  (importing minicomp registers the "minicomp" backend)
+
+
+def clone_inputs(args):
+    """Fresh copies of every tensor in a nested structure, keeping strides and requires_grad."""
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
+    )
+
+
+def compile_minicomp(fn, target: str, dynamic: bool | None = False):
+    """`fn` compiled by minicomp for `target`, after forgetting every earlier compilation.
+
+    fallback="error": a graph minicomp cannot compile fails the test instead of quietly
+    running eagerly (single ops minicomp has no lowering for still run as ATen calls).
+    """
+    torch._dynamo.reset()
+    options = {"target": target, "fallback": "error"}
+    return torch.compile(fn, backend="minicomp", options=options, dynamic=dynamic)
+
+
+def assert_same(actual, expected, *, check_stride: bool = True, **kwargs) -> None:
+    """Compare two nested outputs leaf by leaf: tensors and numbers closely, anything else by ==.
+
+    dtype and shape always have to match; strides too when the expected tensor is dense and
+    non-overlapping and `check_stride` is true. kwargs go to torch.testing.assert_close.
+    """
+    actual_leaves, actual_spec = pytree.tree_flatten_with_path(actual)
+    expected_leaves, expected_spec = pytree.tree_flatten_with_path(expected)
+    assert actual_spec == expected_spec, f"output structure {actual_spec} != {expected_spec}"
+    for (path, a), (_, e) in zip(actual_leaves, expected_leaves, strict=True):
+        where = f"output{pytree.keystr(path)}"
+        if isinstance(e, torch.Tensor):
+            stride = check_stride and is_non_overlapping_and_dense_or_false(e)
+            torch.testing.assert_close(
+                a, e, check_stride=stride, msg=lambda m, w=where: f"{w}: {m}", **kwargs
+            )
+        elif isinstance(e, (int, float)) and not isinstance(e, bool):
+            torch.testing.assert_close(a, e, msg=lambda m, w=where: f"{w}: {m}", **kwargs)
+        else:
+            assert a == e, f"{where}: {a!r} != {e!r}"
+
+
+def _upcast(args, dtype: torch.dtype):
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, args
+    )
+
+
+def _cast_like(expected, actual):
+    def cast(e, a):
+        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and e.is_floating_point():
+            return e.to(a.dtype)
+        return e
+
+    return pytree.tree_map(cast, expected, actual)
+
+
+def check_compiled(
+    fn,
+    *args,
+    target: str,
+    rtol: float | None = None,
+    atol: float | None = None,
+    dynamic: bool = False,
+    reference_dtype: torch.dtype | None = None,
+    **kwargs,
+):
+    """Run `fn` eagerly and compiled by minicomp on copies of `args`, compare, return compiled.
+
+    With `reference_dtype=torch.float64` the reference is eager run on floating inputs upcast to
+    float64, rounded back to the compiled outputs' dtypes (for functions of their inputs only:
+    a module's float32 parameters would not be upcast). kwargs go to `assert_same`
+    (check_stride, equal_nan, ...).
+    """
+    reference_args = clone_inputs(args)
+    if reference_dtype is not None:
+        reference_args = _upcast(reference_args, reference_dtype)
+    expected = fn(*reference_args)
+    compiled = compile_minicomp(fn, target, dynamic=dynamic)
+    actual = compiled(*clone_inputs(args))
+    if reference_dtype is not None:
+        expected = _cast_like(expected, actual)
+    assert_same(actual, expected, rtol=rtol, atol=atol, **kwargs)
+    return actual

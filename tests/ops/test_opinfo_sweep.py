@@ -1,0 +1,205 @@
+"""OpInfo sweep: ops from PyTorch's op_db compiled by minicomp and compared with eager."""
+
+import pytest
+import torch
+import torch._dynamo
+from helpers import assert_same, clone_inputs, compile_minicomp
+from torch._dynamo.utils import counters
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils import _pytree as pytree
+
+import minicomp
+
+
+def _full_name(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+OPS = {_full_name(op): op for op in op_db}
+
+# The default run: a representative subset, one compile per sample, so keep it near 120 ops.
+SUBSET = [
+    # elementwise unary
+    *("abs", "neg", "exp", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh"),
+    *("sigmoid", "erf", "reciprocal", "floor", "round", "sign", "square", "logical_not"),
+    *("nan_to_num", "clamp", "to"),
+    *("nn.functional.relu", "nn.functional.gelu", "nn.functional.silu"),
+    *("nn.functional.leaky_relu", "nn.functional.hardtanh", "nn.functional.softplus"),
+    # elementwise binary and ternary
+    *("add", "sub", "mul", "div.no_rounding_mode", "div.trunc_rounding", "pow", "maximum"),
+    *("minimum", "remainder", "atan2", "logical_and", "xlogy"),
+    *("addcmul", "addcdiv", "lerp", "where", "masked_fill"),
+    # comparisons
+    *("eq", "ne", "lt", "le", "gt", "ge"),
+    # reductions
+    *("sum", "mean", "amax", "amin", "prod", "var", "std", "argmax", "argmin", "any", "all"),
+    *("logsumexp", "max.reduction_with_dim", "linalg.vector_norm", "cumsum"),
+    # softmax and normalization
+    *("softmax", "log_softmax", "nn.functional.layer_norm"),
+    *("nn.functional.group_norm", "nn.functional.batch_norm", "nn.functional.rms_norm"),
+    # views, shapes, indexing and factories
+    *("view", "reshape", "permute", "expand", "squeeze", "unsqueeze", "narrow", "select"),
+    *("cat", "stack", "index_select", "gather", "nn.functional.embedding", "constant_pad_nd"),
+    *("nn.functional.pad.constant", "nn.functional.pad.reflect", "arange", "full"),
+    *("transpose", "flatten", "flip", "roll", "chunk", "repeat", "tril"),
+    *("slice", "scatter_add", "index_put", "diagonal"),
+    # matmul, conv, attention, pooling, resize, losses
+    *("matmul", "mm", "bmm", "addmm", "mv", "nn.functional.linear", "einsum"),
+    *("nn.functional.scaled_dot_product_attention", "nn.functional.conv2d"),
+    *("nn.functional.conv1d", "nn.functional.conv_transpose2d", "nn.functional.max_pool2d"),
+    *("nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d"),
+    *("nn.functional.interpolate.bilinear", "nn.functional.cross_entropy"),
+    *("nn.functional.mse_loss",),
+    # exotic: expected to run as extern ATen calls, and must do so cleanly
+    *("sort", "topk", "kthvalue", "searchsorted", "logcumsumexp", "linalg.det", "linalg.inv"),
+    *("fft.rfft", "nn.functional.grid_sample", "histc", "nn.functional.unfold"),
+]
+
+SUBSET_SAMPLES = 2  # per op in the default run: every sample costs a compile
+FULL_SAMPLES = 3
+
+# Outputs that are random or uninitialized cannot be compared with eager.
+RANDOM_OPS = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal",
+    "normal.in_place", "normal.number_mean", "rand_like", "randint", "randint_like", "randn",
+    "randn_like", "uniform", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout", "nn.functional.rrelu",
+    "nn.functional.feature_alpha_dropout.with_train", "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d", "svd_lowrank", "pca_lowrank",
+}  # fmt: skip
+UNINITIALIZED_OPS = {
+    "empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided",
+    "resize_", "resize_as_",
+}  # fmt: skip
+
+FLOAT32_DEFAULT = {"rtol": 1.3e-6, "atol": 1e-5}  # torch.testing.assert_close's float32 default
+_ACCUMULATION_ORDER = {"rtol": 1e-5, "atol": 1e-5}
+# Loosened only where minicomp legitimately computes in another order than ATen:
+TOLERANCES = {
+    # tiled kernels sum the K dimension in another order than MKL/oneDNN
+    **dict.fromkeys(
+        ("matmul", "mm", "bmm", "addmm", "mv", "nn.functional.linear", "einsum"),
+        _ACCUMULATION_ORDER,
+    ),
+    **dict.fromkeys(
+        ("nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv_transpose2d"),
+        _ACCUMULATION_ORDER,
+    ),
+    "nn.functional.scaled_dot_product_attention": _ACCUMULATION_ORDER,
+    # mean and variance in one pass (Welford) or two, in another order than ATen
+    **dict.fromkeys(
+        ("var", "std", "nn.functional.layer_norm"),
+        _ACCUMULATION_ORDER,
+    ),
+    **dict.fromkeys(
+        ("nn.functional.group_norm", "nn.functional.batch_norm", "nn.functional.rms_norm"),
+        _ACCUMULATION_ORDER,
+    ),
+}
+
+
+# OpInfo wraps these in wrapper_set_seed, whose manual_seed call dynamo cannot trace; call
+# the function itself (samples that use dropout are then dropped as random).
+DIRECT_CALLS = {
+    "nn.functional.scaled_dot_product_attention": torch.nn.functional.scaled_dot_product_attention,
+}
+
+
+def _as_function(call, sample):
+    """`f(*tensors)` calling the op on the sample, with every non-tensor argument closed over."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    tensors = [leaves[i] for i in slots]
+
+    def f(*tensors):
+        filled = list(leaves)
+        for i, tensor in zip(slots, tensors, strict=True):
+            filled[i] = tensor
+        first, args, kwargs = pytree.tree_unflatten(filled, spec)
+        return call(first, *args, **kwargs)
+
+    return f, tensors
+
+
+def _same(a, b) -> bool:
+    try:
+        assert_same(a, b, rtol=0, atol=0, equal_nan=True)
+    except AssertionError:
+        return False
+    return True
+
+
+def _eager_cases(name: str, limit: int):
+    """Up to `limit` (f, tensors, expected) cases that eager runs, and runs the same twice."""
+    op, cases, random_samples = OPS[name], [], 0
+    for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+        f, tensors = _as_function(DIRECT_CALLS.get(name, op.op), sample)
+        try:
+            expected = f(*clone_inputs(tensors))
+            again = f(*clone_inputs(tensors))
+        except Exception:  # noqa: BLE001, S112  (eager rejects it: nothing to compare with)
+            continue
+        if not _same(expected, again):
+            random_samples += 1
+            continue
+        cases.append((f, tensors, expected))
+        if len(cases) == limit:
+            break
+    if not cases and random_samples:
+        pytest.skip("two eager runs differ on every sample: the op is random")
+    return cases
+
+
+def _explain_status(f, tensors, target: str) -> tuple[str, list[str]]:
+    if not hasattr(minicomp, "explain"):
+        return "compiled", []
+    explanation = minicomp.explain(f, *clone_inputs(tensors), options={"target": target})
+    fallbacks = sorted(explanation.fallbacks)
+    return ("fallback" if fallbacks else "native"), fallbacks
+
+
+def _check_op(name: str, target: str, record_property, limit: int) -> None:
+    record_property("opinfo_op", name)
+    record_property("opinfo_target", target)
+    op = OPS[name]
+    if name in RANDOM_OPS:
+        pytest.skip("random op: outputs cannot match eager")
+    if name in UNINITIALIZED_OPS:
+        pytest.skip("output memory is uninitialized")
+    if torch.float32 not in op.supported_dtypes("cpu"):
+        pytest.skip("op has no float32 CPU kernel")
+    cases = _eager_cases(name, limit)
+    if not cases:
+        pytest.skip("eager runs none of the float32 samples")
+    tolerance = TOLERANCES.get(name, FLOAT32_DEFAULT)
+    captured = True
+    for f, tensors, expected in cases:
+        counters.clear()
+        actual = compile_minicomp(f, target)(*clone_inputs(tensors))
+        captured &= counters["stats"]["unique_graphs"] > 0 and not counters["graph_break"]
+        assert_same(actual, expected, equal_nan=True, **tolerance)
+    if not captured:
+        record_property("opinfo_status", "not captured by dynamo")
+        return
+    f, tensors, _ = cases[0]
+    torch._dynamo.reset()
+    status, fallbacks = _explain_status(f, tensors, target)
+    record_property("opinfo_status", status)
+    record_property("opinfo_fallbacks", ",".join(fallbacks))
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_opinfo(name, target, record_property):
+    _check_op(name, target, record_property, SUBSET_SAMPLES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_opinfo_full(name, target, record_property):
+    _check_op(name, target, record_property, FULL_SAMPLES)
+
+
+def test_subset_names_exist():
+    missing = [name for name in SUBSET if name not in OPS]
+    assert not missing, f"not in op_db: {missing}"
+    assert len(set(SUBSET)) == len(SUBSET)
