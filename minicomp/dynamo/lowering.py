@@ -14,8 +14,9 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import Expr, Var
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Value
+from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.runtime.plan import ExternStep, KernelStep, Plan, SlotInfo, Step, dims_fn
-from minicomp.schedule.common import contiguous_strides
 
 
 @dataclass
@@ -33,24 +34,6 @@ class CompileRecord:
     times: dict[str, float] = field(default_factory=dict)
     error: str = ""
     trace: bool = False  # keep the graph text after every pass (explain, verbose)
-
-
-def layouts_for(graph: Graph) -> dict[str, tuple]:
-    """The strides every value lives with: PyTorch's for graph inputs, outputs, constants and
-    extern results; row-major for intermediates minicomp writes."""
-    outputs = graph.output_values()
-    out: dict[str, tuple] = {}
-    for v in graph.inputs:
-        if isinstance(v, Value):
-            out[v.name] = v.type.strides or contiguous_strides(v.shape)
-    for name, t in graph.constants.items():
-        out[name] = tuple(t.stride())
-    for n in graph.nodes:
-        for v in n.outputs:
-            keep = isinstance(n, ExternOp) or v in outputs
-            strides = v.type.strides if keep and v.type.strides is not None else None
-            out[v.name] = strides if strides is not None else contiguous_strides(v.shape)
-    return out
 
 
 def schedule_graph(graph: Graph, target: str, layouts: dict) -> list[Function]:
@@ -167,7 +150,9 @@ class PlanBuilder:
         expected = [
             dims_fn(v.type.strides) if v.type.strides is not None else None for v in n.outputs
         ]
-        view_like = any(r.alias_info is not None for r in n.target._schema.returns)
+        schema = getattr(n.target, "_schema", None)
+        view_like = getattr(n.target, "is_view", False) or schema is not None and any(
+            r.alias_info is not None for r in schema.returns)
         return ExternStep(
             n.name,
             n.target,
@@ -216,7 +201,7 @@ def compile_graph(graph: Graph, options: Options, record: CompileRecord) -> Plan
     target = "cpu" if options.target == "auto" else options.target
     layouts = layouts_for(graph)
     t1 = time.perf_counter()
-    kernels = schedule_graph(graph, target, layouts)
+    kernels = [simplify_indices(k) for k in schedule_graph(graph, target, layouts)]
     record.kernels = kernels
     t2 = time.perf_counter()
     fns, record.source = build_kernels(kernels, options)

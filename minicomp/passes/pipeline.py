@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from minicomp.ir.graph import Graph
+from minicomp.passes.graph.alias_views import alias_views
 from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import fold_constants
@@ -15,13 +16,14 @@ GraphPass = Callable[[Graph], Graph]
 
 # Read top to bottom. Dead code goes first so later passes look at less; views collapse
 # before CSE, which then sees the canonical index maps; the last DCE drops what folding,
-# view collapsing and CSE left unread.
+# view collapsing and CSE left unread; views that ATen calls read then become aliases.
 DEFAULT_PASSES: list[GraphPass] = [
     eliminate_dead_code,
     simplify_views,
     fold_constants,
     eliminate_common_subexpressions,
     eliminate_dead_code,
+    alias_views,
 ]
 
 

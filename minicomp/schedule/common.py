@@ -15,20 +15,6 @@ from minicomp.ir.types import DataType, PointerType, boolean, i64
 Strides = tuple
 
 
-def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
-    """Row-major strides of a shape."""
-    out: list[Dim] = []
-    acc: Dim = 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc = (
-            acc * d
-            if isinstance(acc, int) and isinstance(d, int)
-            else binary("mul", dim_expr(acc), dim_expr(d))
-        )
-    return tuple(reversed(out))
-
-
 @dataclass(frozen=True)
 class KernelSignature:
     """The parameters of a kernel for a fused group, in order: inputs, outputs, symbols."""
