@@ -115,8 +115,12 @@ def check_lowering(aten_op, *args, rtol=None, atol=None, sym=None, expected=None
         got = from_numpy(evaluate(r, inputs, sizes), e.dtype)
         tol = tolerance(e.dtype)
         torch.testing.assert_close(
-            got, e, equal_nan=True, check_stride=False,
-            rtol=tol["rtol"] if rtol is None else rtol, atol=tol["atol"] if atol is None else atol,
+            got,
+            e,
+            equal_nan=True,
+            check_stride=False,
+            rtol=tol["rtol"] if rtol is None else rtol,
+            atol=tol["atol"] if atol is None else atol,
             msg=lambda m, k=k: f"{aten_op} output {k}: {m}",
         )
         actual.append(got)

@@ -151,8 +151,11 @@ class PlanBuilder:
             dims_fn(v.type.strides) if v.type.strides is not None else None for v in n.outputs
         ]
         schema = getattr(n.target, "_schema", None)
-        view_like = getattr(n.target, "is_view", False) or schema is not None and any(
-            r.alias_info is not None for r in schema.returns)
+        view_like = (
+            getattr(n.target, "is_view", False)
+            or schema is not None
+            and any(r.alias_info is not None for r in schema.returns)
+        )
         return ExternStep(
             n.name,
             n.target,

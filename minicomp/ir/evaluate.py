@@ -15,9 +15,19 @@ from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput, Ten
 from minicomp.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 
 _NP = {
-    T.f16: np.float16, T.bf16: np.float32, T.f32: np.float32, T.f64: np.float64,
-    T.i8: np.int8, T.i16: np.int16, T.i32: np.int32, T.i64: np.int64,
-    T.u8: np.uint8, T.u16: np.uint16, T.u32: np.uint32, T.u64: np.uint64, T.boolean: np.bool_,
+    T.f16: np.float16,
+    T.bf16: np.float32,
+    T.f32: np.float32,
+    T.f64: np.float64,
+    T.i8: np.int8,
+    T.i16: np.int16,
+    T.i32: np.int32,
+    T.i64: np.int64,
+    T.u8: np.uint8,
+    T.u16: np.uint16,
+    T.u32: np.uint32,
+    T.u64: np.uint64,
+    T.boolean: np.bool_,
 }
 
 
@@ -290,8 +300,14 @@ def _binary(op: str, a, b, dt: T.DataType, live=None):
     if op in ("shl", "shr"):
         return _shift(op, a, b, dt)
     if op in ("lt", "le", "gt", "ge", "eq", "ne"):
-        fn = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-              "eq": np.equal, "ne": np.not_equal}[op]
+        fn = {
+            "lt": np.less,
+            "le": np.less_equal,
+            "gt": np.greater,
+            "ge": np.greater_equal,
+            "eq": np.equal,
+            "ne": np.not_equal,
+        }[op]
         return fn(a, b)
     if op == "and":
         return np.logical_and(a, b)

@@ -40,7 +40,7 @@ def bind(overload, args: tuple, kwargs: dict) -> list:
     """The arguments of a call of `overload` in schema order, defaults filled in."""
     schema = overload._schema.arguments
     out = list(args)
-    for a in schema[len(args):]:
+    for a in schema[len(args) :]:
         if a.name in kwargs:
             out.append(kwargs[a.name])
         elif a.has_default_value():
@@ -241,9 +241,33 @@ def _not_bool(fn):
 # Tables -------------------------------------------------------------------------------------
 
 _MATH_OPS = (
-    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
-    "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf",
-    "erfc", "erfinv", "sigmoid", "lgamma", "digamma",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "erf",
+    "erfc",
+    "erfinv",
+    "sigmoid",
+    "lgamma",
+    "digamma",
 )
 
 UNARY = [
@@ -287,8 +311,10 @@ BINARY = [
     (_ovl(aten.sub, "Tensor", "Scalar"), lambda x, y, alpha=1: x - _scaled(y, alpha)),
     (_ovl(aten.rsub, "Tensor", "Scalar"), lambda x, y, alpha=1: y - _scaled(x, alpha)),
     (_ovl(aten.mul, "Tensor", "Scalar"), lambda x, y: x * y),
-    (_ovl(aten.div, "Tensor", "Scalar") + _ovl(aten.true_divide, "Tensor", "Scalar"),
-     lambda x, y: x / y),
+    (
+        _ovl(aten.div, "Tensor", "Scalar") + _ovl(aten.true_divide, "Tensor", "Scalar"),
+        lambda x, y: x / y,
+    ),
     (_ovl(aten.div, "Tensor_mode", "Scalar_mode"), _div_mode),
     (_ovl(aten.floor_divide, "default", "Scalar"), lambda x, y: binary("floordiv", x, y)),
     (_ovl(aten.remainder, "Tensor", "Scalar", "Scalar_Tensor"), lambda x, y: binary("mod", x, y)),
@@ -302,15 +328,25 @@ BINARY = [
 
 # Comparison, bitwise and logical ops compute in the operands' promoted type.
 BINARY_PROMOTED = [
-    *[(_ovl(getattr(aten, n), "Tensor", "Scalar"), _bin(n))
-      for n in ("eq", "ne", "lt", "le", "gt", "ge")],
-    *[(_ovl(getattr(aten, f"bitwise_{n}"), "Tensor", "Scalar", "Scalar_Tensor"),
-       _no_float(_bin(op)))
-      for n, op in (("and", "bitand"), ("or", "bitor"), ("xor", "bitxor"))],
-    *[(_ovl(getattr(aten, f"bitwise_{n}_shift"), "Tensor", "Tensor_Scalar", "Scalar_Tensor")
-       + _ovl(getattr(aten, f"__{n[0]}shift__"), "Tensor", "Scalar"),
-       _no_float(_bin(op)))
-      for n, op in (("left", "shl"), ("right", "shr"))],
+    *[
+        (_ovl(getattr(aten, n), "Tensor", "Scalar"), _bin(n))
+        for n in ("eq", "ne", "lt", "le", "gt", "ge")
+    ],
+    *[
+        (
+            _ovl(getattr(aten, f"bitwise_{n}"), "Tensor", "Scalar", "Scalar_Tensor"),
+            _no_float(_bin(op)),
+        )
+        for n, op in (("and", "bitand"), ("or", "bitor"), ("xor", "bitxor"))
+    ],
+    *[
+        (
+            _ovl(getattr(aten, f"bitwise_{n}_shift"), "Tensor", "Tensor_Scalar", "Scalar_Tensor")
+            + _ovl(getattr(aten, f"__{n[0]}shift__"), "Tensor", "Scalar"),
+            _no_float(_bin(op)),
+        )
+        for n, op in (("left", "shl"), ("right", "shr"))
+    ],
     ((aten.logical_and.default,), lambda x, y: binary("and", x, y)),
     ((aten.logical_or.default,), lambda x, y: binary("or", x, y)),
     ((aten.logical_xor.default,), lambda x, y: ne(cast(x, T.boolean), cast(y, T.boolean))),
@@ -329,8 +365,13 @@ register_table(UNARY_INPUT_TYPED, 1, "opmath_in")
 register_table(BINARY, 2)
 register_table(BINARY_PROMOTED, 2, "promote")
 register_table(TERNARY, 3)
-register_table([((aten.clamp_min.Tensor,), lambda x, lo: _clamp(x, lo)),
-                ((aten.clamp_max.Tensor,), lambda x, hi: _clamp(x, None, hi))], 2)
+register_table(
+    [
+        ((aten.clamp_min.Tensor,), lambda x, lo: _clamp(x, lo)),
+        ((aten.clamp_max.Tensor,), lambda x, hi: _clamp(x, None, hi)),
+    ],
+    2,
+)
 register_table([((aten.bitwise_not.default,), _no_float(lambda x: ~x))], 1, "promote")
 
 
@@ -352,9 +393,14 @@ def round_decimals(ctx, x, *, decimals=0):
     return pointwise(aten.round.default, _int_identity("rint"), 1)(ctx, x)
 
 
-_POW_SPECIAL = {0.5: lambda x: call("sqrt", x), 2.0: lambda x: x * x,
-                3.0: lambda x: x * x * x, -0.5: lambda x: call("rsqrt", x),
-                -1.0: lambda x: 1.0 / x, -2.0: lambda x: 1.0 / (x * x)}
+_POW_SPECIAL = {
+    0.5: lambda x: call("sqrt", x),
+    2.0: lambda x: x * x,
+    3.0: lambda x: x * x * x,
+    -0.5: lambda x: call("rsqrt", x),
+    -1.0: lambda x: 1.0 / x,
+    -2.0: lambda x: 1.0 / (x * x),
+}
 
 
 def _pow_expr(x: Expr, e, special: bool = True) -> Expr:
@@ -374,8 +420,7 @@ def _pow_expr(x: Expr, e, special: bool = True) -> Expr:
     if x.dtype.is_integer:
         # PyTorch: x ** negative is 1 for 1, +-1 for -1 (by parity), 0 otherwise.
         neg_one = select(eq(binary("imod", e, 2), 0), const(1, x.dtype), const(-1, x.dtype))
-        small = select(eq(x, 1), const(1, x.dtype),
-                       select(eq(x, -1), neg_one, const(0, x.dtype)))
+        small = select(eq(x, 1), const(1, x.dtype), select(eq(x, -1), neg_one, const(0, x.dtype)))
         return select(e < 0, small, binary("pow", x, maximum(e, 0)))
     return binary("pow", x, e)
 
@@ -401,8 +446,13 @@ for _o in (aten.pow.Tensor_Tensor, aten.pow.Scalar):
 def where(ctx, cond, a, b):
     check_dtypes(cond, a, b)
     shape, out = ctx.out_shape, ctx.out_dtype
-    return compute(ctx.name, shape, lambda *i: select(
-        load(cond, shape, i, T.boolean), load(a, shape, i, out), load(b, shape, i, out)))
+    return compute(
+        ctx.name,
+        shape,
+        lambda *i: select(
+            load(cond, shape, i, T.boolean), load(a, shape, i, out), load(b, shape, i, out)
+        ),
+    )
 
 
 @register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
@@ -411,16 +461,30 @@ def masked_fill(ctx, x, mask, value):
     if isinstance(value, complex):
         raise NotLowerable("complex fill value")
     shape, out = ctx.out_shape, ctx.out_dtype
-    return compute(ctx.name, shape, lambda *i: select(
-        load(mask, shape, i, T.boolean), load(value, shape, i, out), load(x, shape, i, out)))
+    return compute(
+        ctx.name,
+        shape,
+        lambda *i: select(
+            load(mask, shape, i, T.boolean), load(value, shape, i, out), load(x, shape, i, out)
+        ),
+    )
 
 
 _KEEP_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
 
 
 @register_lowering(aten._to_copy.default)
-def to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None,
-            non_blocking=False, memory_format=None):
+def to_copy(
+    ctx,
+    x,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    memory_format=None,
+):
     if device is not None or layout not in (None, torch.strided) or pin_memory:
         raise NotLowerable("_to_copy changing device, layout or pinning")
     if memory_format not in _KEEP_FORMATS:
@@ -452,4 +516,3 @@ def fill(ctx, x, value):
         raise NotLowerable("complex fill value")
     shape, out = ctx.out_shape, ctx.out_dtype
     return compute(ctx.name, shape, lambda *i: load(value, shape, i, out))
-

@@ -31,23 +31,30 @@ def _softmax_parts(ctx, x, dim):
     def shifted(i):
         return cast(x[i], acc) - mx[project(i, dims)]
 
-    total = reduce_compute(f"{ctx.name}_sum", "sum", x, dims, True, acc,
-                           lambda *i: call("exp", shifted(i)))
+    total = reduce_compute(
+        f"{ctx.name}_sum", "sum", x, dims, True, acc, lambda *i: call("exp", shifted(i))
+    )
     return acc, dims, shifted, total
 
 
 @register_lowering(aten._softmax.default)
 def softmax(ctx, x, dim, half_to_float=False):
     _, dims, shifted, total = _softmax_parts(ctx, x, dim)
-    return compute(ctx.name, ctx.out_shape, lambda *i: cast(
-        call("exp", shifted(i)) / total[project(i, dims)], ctx.out_dtype))
+    return compute(
+        ctx.name,
+        ctx.out_shape,
+        lambda *i: cast(call("exp", shifted(i)) / total[project(i, dims)], ctx.out_dtype),
+    )
 
 
 @register_lowering(aten._log_softmax.default)
 def log_softmax(ctx, x, dim, half_to_float=False):
     _, dims, shifted, total = _softmax_parts(ctx, x, dim)
-    return compute(ctx.name, ctx.out_shape, lambda *i: cast(
-        shifted(i) - call("log", total[project(i, dims)]), ctx.out_dtype))
+    return compute(
+        ctx.name,
+        ctx.out_shape,
+        lambda *i: cast(shifted(i) - call("log", total[project(i, dims)]), ctx.out_dtype),
+    )
 
 
 @register_lowering(aten.native_layer_norm.default)
@@ -66,7 +73,7 @@ def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
     def normalized(*i):
         p = project(i, dims)
         y = (cast(x[i], acc) - mean[p]) * rstd[p]
-        tail = i[rank - k:]
+        tail = i[rank - k :]
         if weight is not None:
             y = y * cast(weight[tail], acc)
         if bias is not None:
@@ -74,8 +81,10 @@ def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
         return cast(y, ctx.out_dtypes[0])
 
     out = compute(ctx.name, ctx.out_shapes[0], normalized)
-    mean_out = compute(f"{ctx.name}_mean", ctx.out_shapes[1],
-                       lambda *i: cast(mean[i], ctx.out_dtypes[1]))
-    rstd_out = compute(f"{ctx.name}_rstd_out", ctx.out_shapes[2],
-                       lambda *i: cast(rstd[i], ctx.out_dtypes[2]))
+    mean_out = compute(
+        f"{ctx.name}_mean", ctx.out_shapes[1], lambda *i: cast(mean[i], ctx.out_dtypes[1])
+    )
+    rstd_out = compute(
+        f"{ctx.name}_rstd_out", ctx.out_shapes[2], lambda *i: cast(rstd[i], ctx.out_dtypes[2])
+    )
     return out, mean_out, rstd_out

@@ -69,8 +69,16 @@ def reduction(ctx, kind, x, dims, keepdim, acc_dtype=None, name=None):
     check_dtypes(x)
     dims = reduce_dims(x, dims)
     acc = acc_dtype or opmath(ctx.out_dtype)
-    return reduce_compute(name or ctx.name, kind, x, dims, keepdim, ctx.out_dtype,
-                          lambda *i: cast(x[i], acc), shape=ctx.out_shape)
+    return reduce_compute(
+        name or ctx.name,
+        kind,
+        x,
+        dims,
+        keepdim,
+        ctx.out_dtype,
+        lambda *i: cast(x[i], acc),
+        shape=ctx.out_shape,
+    )
 
 
 def count(x: TensorNode, dims: Sequence[int]) -> Expr:
@@ -132,10 +140,26 @@ def amin(ctx, x, dim=(), keepdim=False):
 def _value_and_index(ctx, kind, x, dim, keepdim):
     check_dtypes(x)
     dims = reduce_dims(x, [dim])
-    value = reduce_compute(f"{ctx.name}_values", kind, x, dims, keepdim, ctx.out_dtypes[0],
-                           lambda *i: x[i], shape=ctx.out_shapes[0])
-    index = reduce_compute(f"{ctx.name}_indices", "arg" + kind, x, dims, keepdim,
-                           ctx.out_dtypes[1], lambda *i: x[i], shape=ctx.out_shapes[1])
+    value = reduce_compute(
+        f"{ctx.name}_values",
+        kind,
+        x,
+        dims,
+        keepdim,
+        ctx.out_dtypes[0],
+        lambda *i: x[i],
+        shape=ctx.out_shapes[0],
+    )
+    index = reduce_compute(
+        f"{ctx.name}_indices",
+        "arg" + kind,
+        x,
+        dims,
+        keepdim,
+        ctx.out_dtypes[1],
+        lambda *i: x[i],
+        shape=ctx.out_shapes[1],
+    )
     return value, index
 
 
@@ -172,8 +196,9 @@ def argmin(ctx, x, dim=None, keepdim=False):
 
 def _logical(kind):
     def lower(ctx, x, dim=None, keepdim=False):
-        return reduction(ctx, kind, x, [dim] if isinstance(dim, int) else dim, keepdim,
-                         acc_dtype=T.boolean)
+        return reduction(
+            ctx, kind, x, [dim] if isinstance(dim, int) else dim, keepdim, acc_dtype=T.boolean
+        )
 
     return lower
 
@@ -230,8 +255,9 @@ def _moments(ctx, x, dim, correction, keepdim, with_mean: bool, fn=None):
     out = compute(f"{ctx.name}_0" if with_mean else ctx.name, ctx.out_shapes[0], stat)
     if not with_mean:
         return out
-    mean = compute(f"{ctx.name}_1", ctx.out_shapes[1],
-                   lambda *i: cast(m.mean[index(*i)], ctx.out_dtypes[1]))
+    mean = compute(
+        f"{ctx.name}_1", ctx.out_shapes[1], lambda *i: cast(m.mean[index(*i)], ctx.out_dtypes[1])
+    )
     return out, mean
 
 

@@ -33,9 +33,14 @@ def test_reductions_match_torch():
     a = tensor_input("a", (4, 5, 6), T.f32)
     x = _floats(4, 5, 6)
     t = torch.from_numpy(x)
-    for kind, ref in [("sum", lambda: t.sum(1)), ("prod", lambda: t.prod(1)),
-                      ("max", lambda: t.amax(1)), ("min", lambda: t.amin(1)),
-                      ("argmax", lambda: t.argmax(1)), ("argmin", lambda: t.argmin(1))]:
+    for kind, ref in [
+        ("sum", lambda: t.sum(1)),
+        ("prod", lambda: t.prod(1)),
+        ("max", lambda: t.amax(1)),
+        ("min", lambda: t.amin(1)),
+        ("argmax", lambda: t.argmax(1)),
+        ("argmin", lambda: t.argmin(1)),
+    ]:
         c = compute("c", (4, 6), lambda i, k, kind=kind: reduce(kind, (5,), lambda r: a[i, r, k]))
         got = torch.from_numpy(evaluate(c, {"a": x}))
         torch.testing.assert_close(got, ref(), equal_nan=True, msg=kind)
@@ -57,8 +62,11 @@ def test_any_all_and_nested_reduce():
     np.testing.assert_array_equal(evaluate(anyc, {"a": x}), x.any(1))
     np.testing.assert_array_equal(evaluate(allc, {"a": x}), x.all(1))
     # A reduction inside another reduction's body: sum_r (a[i, r] - max_s a[i, s]).
-    nested = compute("n", (3,), lambda i: reduce(
-        "sum", (4,), lambda r: a[i, r] - reduce("max", (4,), lambda s: a[i, s])))
+    nested = compute(
+        "n",
+        (3,),
+        lambda i: reduce("sum", (4,), lambda r: a[i, r] - reduce("max", (4,), lambda s: a[i, s])),
+    )
     np.testing.assert_allclose(evaluate(nested, {"a": x}), (x - x.max(1, keepdims=True)).sum(1))
 
 
@@ -130,8 +138,9 @@ def test_shifts_and_integer_pow_match_torch():
     np.testing.assert_array_equal(_int_binary("shr", x, s), tx >> ts)
     b = rng.integers(-3, 4, 64).astype(np.int32)
     e = rng.integers(-3, 5, 64).astype(np.int32)
-    np.testing.assert_array_equal(_int_binary("pow", b, e),
-                                  torch.pow(torch.from_numpy(b), torch.from_numpy(e)))
+    np.testing.assert_array_equal(
+        _int_binary("pow", b, e), torch.pow(torch.from_numpy(b), torch.from_numpy(e))
+    )
 
 
 def test_float_floor_mod_match_torch():
@@ -139,10 +148,15 @@ def test_float_floor_mod_match_torch():
     y[5] = 0.0
     a, b = tensor_input("a", (64,), T.f64), tensor_input("b", (64,), T.f64)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-    for op, ref in [("floordiv", torch.floor_divide(tx, ty)), ("mod", torch.remainder(tx, ty)),
-                    ("max", torch.maximum(tx, ty)), ("min", torch.minimum(tx, ty))]:
-        got = evaluate(compute("c", (64,), lambda i, op=op: binary(op, a[i], b[i])),
-                       {"a": x, "b": y})
+    for op, ref in [
+        ("floordiv", torch.floor_divide(tx, ty)),
+        ("mod", torch.remainder(tx, ty)),
+        ("max", torch.maximum(tx, ty)),
+        ("min", torch.minimum(tx, ty)),
+    ]:
+        got = evaluate(
+            compute("c", (64,), lambda i, op=op: binary(op, a[i], b[i])), {"a": x, "b": y}
+        )
         torch.testing.assert_close(torch.from_numpy(got), ref, equal_nan=True, msg=op)
 
 

@@ -9,9 +9,37 @@ from minicomp.ops.registry import NotLowerable
 aten = torch.ops.aten
 SHAPE = (3, 5)
 
-MATH = ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
-        "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf",
-        "erfc", "erfinv", "sigmoid", "lgamma", "digamma", "reciprocal", "frac"]
+MATH = [
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "erf",
+    "erfc",
+    "erfinv",
+    "sigmoid",
+    "lgamma",
+    "digamma",
+    "reciprocal",
+    "frac",
+]
 ROUNDING = ["floor", "ceil", "trunc", "round", "abs", "neg", "sign", "sgn", "square", "relu"]
 PREDICATES = ["isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit", "logical_not"]
 
@@ -39,13 +67,21 @@ def test_predicates(name, dtype):
 
 
 ACTIVATIONS = [
-    (aten.relu.default, {}), (aten.silu.default, {}), (aten.mish.default, {}),
-    (aten.gelu.default, {}), (aten.gelu.default, {"approximate": "tanh"}),
-    (aten.hardtanh.default, {}), (aten.hardtanh.default, {"min_val": -0.5, "max_val": 2.0}),
-    (aten.hardsigmoid.default, {}), (aten.hardswish.default, {}),
-    (aten.leaky_relu.default, {}), (aten.leaky_relu.default, {"negative_slope": 0.2}),
-    (aten.elu.default, {}), (aten.elu.default, {"alpha": 0.5, "scale": 2.0, "input_scale": 1.5}),
-    (aten.softplus.default, {}), (aten.softplus.default, {"beta": 2.0, "threshold": 3.0}),
+    (aten.relu.default, {}),
+    (aten.silu.default, {}),
+    (aten.mish.default, {}),
+    (aten.gelu.default, {}),
+    (aten.gelu.default, {"approximate": "tanh"}),
+    (aten.hardtanh.default, {}),
+    (aten.hardtanh.default, {"min_val": -0.5, "max_val": 2.0}),
+    (aten.hardsigmoid.default, {}),
+    (aten.hardswish.default, {}),
+    (aten.leaky_relu.default, {}),
+    (aten.leaky_relu.default, {"negative_slope": 0.2}),
+    (aten.elu.default, {}),
+    (aten.elu.default, {"alpha": 0.5, "scale": 2.0, "input_scale": 1.5}),
+    (aten.softplus.default, {}),
+    (aten.softplus.default, {"beta": 2.0, "threshold": 3.0}),
 ]
 
 
@@ -57,9 +93,21 @@ def test_activations(op, kwargs, dtype):
     check_lowering(op, make_tensor(SHAPE, dtype, low=-25, high=25, special=special), **kwargs)
 
 
-ARITH = [aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.maximum.default,
-         aten.minimum.default, aten.atan2.default, aten.hypot.default, aten.copysign.Tensor,
-         aten.remainder.Tensor, aten.fmod.Tensor, aten.floor_divide.default, aten.rsub.Tensor]
+ARITH = [
+    aten.add.Tensor,
+    aten.sub.Tensor,
+    aten.mul.Tensor,
+    aten.div.Tensor,
+    aten.maximum.default,
+    aten.minimum.default,
+    aten.atan2.default,
+    aten.hypot.default,
+    aten.copysign.Tensor,
+    aten.remainder.Tensor,
+    aten.fmod.Tensor,
+    aten.floor_divide.default,
+    aten.rsub.Tensor,
+]
 
 
 @pytest.mark.parametrize("dtype", [*FLOATS, *INTS])
@@ -134,8 +182,12 @@ def test_bitwise(name, dtype):
 def test_shifts(dtype):
     x = make_tensor(SHAPE, dtype, low=-100, high=100)
     s = make_tensor(SHAPE, dtype, low=-2, high=70)
-    for op in (aten.bitwise_left_shift.Tensor, aten.bitwise_right_shift.Tensor,
-               aten.__lshift__.Tensor, aten.__rshift__.Tensor):
+    for op in (
+        aten.bitwise_left_shift.Tensor,
+        aten.bitwise_right_shift.Tensor,
+        aten.__lshift__.Tensor,
+        aten.__rshift__.Tensor,
+    ):
         check_lowering(op, x, s)
     check_lowering(aten.bitwise_left_shift.Tensor_Scalar, x, 3)
     check_lowering(aten.bitwise_right_shift.Scalar_Tensor, -77, s)
@@ -211,16 +263,30 @@ def test_where_masked_fill_fill_copy(dtype):
     check_lowering(aten.copy.default, x, make_tensor(SHAPE[1:], torch.float32))
 
 
-CASTS = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-         torch.int8, torch.uint8, torch.bool]
+CASTS = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 
 
 @pytest.mark.parametrize("src", CASTS)
 @pytest.mark.parametrize("dst", CASTS)
 def test_to_copy(src, dst):
     # Out-of-range float-to-integer conversions are undefined; keep the data in range.
-    x = make_tensor(SHAPE, src, special=not (src.is_floating_point and not dst.is_floating_point),
-                    low=-100, high=100)
+    x = make_tensor(
+        SHAPE,
+        src,
+        special=not (src.is_floating_point and not dst.is_floating_point),
+        low=-100,
+        high=100,
+    )
     check_lowering(aten._to_copy.default, x, dtype=dst)
 
 

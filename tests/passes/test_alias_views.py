@@ -1,10 +1,10 @@
 """Zero-copy views: remappings read by ATen calls become strided aliases when they are."""
 
 import torch
-
-import minicomp
 from graph_builder import GraphBuilder
 from helpers import check_compiled
+
+import minicomp
 from minicomp.ir.graph import ComputeOp, ExternOp
 from minicomp.passes.graph.alias_views import alias_views, strided_view
 

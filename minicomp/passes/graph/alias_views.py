@@ -36,8 +36,11 @@ def alias_views(graph: Graph) -> Graph:
     nodes, changed = [], False
     for n in graph.nodes:
         view = None
-        if (isinstance(n, ComputeOp) and n.outputs[0] not in outputs
-                and any(isinstance(u, ExternOp) for u in users.get(n.outputs[0], []))):
+        if (
+            isinstance(n, ComputeOp)
+            and n.outputs[0] not in outputs
+            and any(isinstance(u, ExternOp) for u in users.get(n.outputs[0], []))
+        ):
             view = _as_alias(n, layouts)
         nodes.append(view or n)
         changed |= view is not None
@@ -58,8 +61,16 @@ def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
     out = op.outputs[0]
     value = out.replace(type=TensorType(out.shape, out.dtype, out.type.device, strides))
     args = (ArgRef(0), tuple(d.shape), strides, offset)
-    return ExternOp(f"{op.name} (zero-copy view)", (src,), (value,), strided_view, args, (),
-                    ((),), "a view of its input's memory")
+    return ExternOp(
+        f"{op.name} (zero-copy view)",
+        (src,),
+        (value,),
+        strided_view,
+        args,
+        (),
+        ((),),
+        "a view of its input's memory",
+    )
 
 
 def _static(*dims_lists) -> bool:
