@@ -25,6 +25,7 @@ from minicomp.ir.types import DataType, f32
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.h")
 UNROLL_FACTOR = 8
+_FAST_F32 = ("exp", "tanh", "erf")
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,8 +46,9 @@ class CRenderer(CLikeRenderer):
         return runtime_header()
 
     def math_function_name(self, name: str, dt: DataType) -> str:
-        if name == "exp" and dt == f32:
-            return "mc_exp_f32"
+        # libm's float exp, tanh and erf are calls GCC cannot vectorise; the header's are.
+        if name in _FAST_F32 and dt == f32:
+            return f"mc_{name}_f32"
         if name == "lgamma":
             return f"mc_lgamma_{dt.short}"
         return super().math_function_name(name, dt)
