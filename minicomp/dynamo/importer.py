@@ -19,7 +19,30 @@ from minicomp.ops.registry import LoweringContext, NotLowerable, lowering_for
 
 def tensor_type(t: torch.Tensor) -> TensorType:
     """The IR type of a (fake) tensor."""
-    return TensorType(shape_of(t.shape), T.from_torch(t.dtype), t.device.type, shape_of(t.stride()))
+    shape = shape_of(t.shape)
+    if t.layout != torch.strided:
+        # Sparse and other layouts only flow between ATen calls: an opaque element type
+        # keeps every lowering away from them.
+        name = f"{t.dtype}_{t.layout}".replace("torch.", "")
+        return TensorType(
+            shape, T.DataType(name, name, t.dtype.itemsize, "opaque"), t.device.type, None
+        )
+    return TensorType(
+        shape, T.from_torch(t.dtype), t.device.type, _size_one_strides(shape, shape_of(t.stride()))
+    )
+
+
+def _size_one_strides(shape: tuple, strides: tuple) -> tuple:
+    # A size-1 dim is only ever indexed at 0, so its stride is free. Decompositions often
+    # leave 0 there (an expand) where eager's kernels give the row-major value: use that.
+    out, acc = list(strides), 1
+    for k in reversed(range(len(shape))):
+        if shape[k] == 1 and strides[k] == 0:
+            out[k] = acc
+        acc = acc * shape[k] if isinstance(acc, int) and isinstance(shape[k], int) else None
+        if acc is None:
+            break
+    return tuple(out)
 
 
 def _is_symint(v: Any) -> bool:

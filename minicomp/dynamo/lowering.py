@@ -75,14 +75,14 @@ class PlanBuilder:
         self.slot: dict[str, int] = {}
         self.slots: list[SlotInfo] = []
 
-    def add_slot(self, v: Value, workspace: bool = False) -> int:
+    def add_slot(self, v: Value, workspace: bool = False, strides: tuple | None = None) -> int:
         k = len(self.slots)
         self.slot[v.name] = k
         self.slots.append(
             SlotInfo(
                 v.name,
                 dims_fn(v.shape),
-                dims_fn(self.layouts[v.name]),
+                dims_fn(self.layouts[v.name] if strides is None else strides),
                 T.to_torch(v.dtype),
                 v.type.device,
                 workspace,
@@ -107,9 +107,14 @@ class PlanBuilder:
                 if isinstance(size, Var):
                     binders.append((pos, d, size.name))
         constants = {}
+        returned = {v.name: v for v in outputs}
         for name, t in g.constants.items():
-            v = Value(name, _constant_type(t))
-            constants[self.add_slot(v)] = t
+            # A returned constant is copied out with the strides PyTorch gave the value.
+            v = returned.get(name)
+            if v is not None and v.type.strides is not None:
+                constants[self.add_slot(v, strides=v.type.strides)] = t
+            else:
+                constants[self.add_slot(Value(name, _constant_type(t)))] = t
         steps: list[Step] = []
         fresh = []
         for n in g.nodes:

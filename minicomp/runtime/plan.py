@@ -182,7 +182,13 @@ class Plan:
         kind, ref = o
         if kind == "slot":
             v = slots[ref]
-            return v.clone() if ref in self.constants else v
+            if ref in self.constants:
+                info = self.slots[ref]
+                out = torch.empty_strided(
+                    info.shape(env), info.strides(env), dtype=v.dtype, device=info.device
+                )
+                return out.copy_(v)
+            return v
         if kind == "size":
             return ref(env)
         return None
