@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from minicomp.ir.expr import Expr, Var, cast, const, dim_expr, minimum
+from minicomp.ir.expr import Call, Expr, Load, Var, cast, const, dim_expr, minimum
 from minicomp.ir.func import Function
-from minicomp.ir.functor import substitute
+from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
 from minicomp.ir.stmt import Assign, Declare, For, If, Stmt, Store, seq
 from minicomp.ir.types import i64
@@ -106,19 +106,55 @@ class CpuKernelBuilder:
         op = self.op
         inner = list(zip(op.inner_vars, op.inner_extents))
         parallel_inner = not op.outer_vars
+        full = [s for s in op.stages if isinstance(s, StoreStage) and s.inner]
+        reuse = self.plan_reuse(full)
         stmts: list[Stmt] = []
         for st in op.stages:
             if isinstance(st, ReduceStage):
-                stmts.extend(self.reduce_stage(st, inner, parallel_inner))
+                stmts.extend(self.reduce_stage(st, inner, parallel_inner, reuse.get(st)))
         stmts.extend(self.store(s) for s in op.stages if isinstance(s, StoreStage) and not s.inner)
-        full = [self.store(s) for s in op.stages if isinstance(s, StoreStage) and s.inner]
         if full:
-            stmts.append(self.nest(inner, seq(*full), parallel=parallel_inner))
+            body = seq(*(self.reusing_store(s, reuse) for s in full))
+            stmts.append(self.nest(inner, body, parallel=parallel_inner))
         return self.nest(
             list(zip(op.outer_vars, op.outer_extents)), seq(*stmts), parallel=True, vector=False
         )
 
-    def reduce_stage(self, st: ReduceStage, inner, parallel: bool) -> list[Stmt]:
+    def plan_reuse(self, full: list[StoreStage]) -> dict[ReduceStage, StoreStage]:
+        """Reduce stages whose (costly) element value a row store repeats.
+
+        Such a value is written to the output row while reducing and read back by the
+        store instead of being computed again (softmax's exp). Only when the output type
+        holds the value exactly, so results do not change.
+        """
+        reuse: dict[ReduceStage, StoreStage] = {}
+        stages = [s for s in self.op.stages if isinstance(s, ReduceStage)]
+        for store in full:
+            out_dtype = self.op.outputs[store.output].dtype
+            for st in reversed(stages):
+                if (
+                    st not in reuse
+                    and st.kind in _CLAUSE
+                    and collect(st.body, Call)
+                    and st.body.dtype == out_dtype
+                    and st.body in _subexprs(store.body)
+                ):
+                    reuse[st] = store
+                    break
+        return reuse
+
+    def reusing_store(self, st: StoreStage, reuse: dict) -> Stmt:
+        stmt = self.store(st)
+        for red, store in reuse.items():
+            if store is st:
+                buf, strides = self.out_bufs[st.output]
+                saved = Load(buf, offset(st.indices, strides))
+                stmt = stmt.replace(value=substitute(stmt.value, {self.expr(red.body): saved}))
+        return stmt
+
+    def reduce_stage(
+        self, st: ReduceStage, inner, parallel: bool, keep: StoreStage | None = None
+    ) -> list[Stmt]:
         value = self.expr(st.body)
         if st.kind in ("argmax", "argmin"):
             best = Var(f"{st.var.name}_v", value.dtype)
@@ -134,15 +170,29 @@ class CpuKernelBuilder:
             ]
         acc = st.var
         acc_type = acc.dtype
+        prologue: list[Stmt] = []
+        if keep is not None:
+            elem = Var(f"{acc.name}_e", value.dtype)
+            buf, strides = self.out_bufs[keep.output]
+            prologue = [Declare(elem, value), Store(buf, offset(keep.indices, strides), elem)]
+            value = elem
         update = Assign(acc, cast(combine(st.kind, acc, cast(value, acc_type)), acc_type))
         clause = _CLAUSE.get(st.kind)
         reductions = ((clause, acc),) if clause else ()
         loop = self.nest(
-            inner, update, parallel=parallel and bool(reductions), reductions=reductions
+            inner,
+            seq(*prologue, update),
+            parallel=parallel and bool(reductions),
+            reductions=reductions,
         )
         if not reductions:
             loop = _serialize(loop)
         return [Declare(acc, identity(st.kind, acc_type)), loop]
+
+
+def _subexprs(e: Expr) -> set:
+    """Every distinct subexpression of `e`."""
+    return set(collect(e, Expr))
 
 
 def _serialize(s: Stmt) -> Stmt:

@@ -288,3 +288,34 @@ def test_softmax_kernel_matches_eager(cache_dir):
     run_kernel(f, cache_dir, {"x": xs, "out": res})
     torch.testing.assert_close(res, torch.softmax(xs, dim=1))
     assert not np.isnan(res.numpy()).any()
+
+
+def _softmax_graph(out_dtype=None) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", (6, 33))
+    mx = b.compute("mx", (6, 1), lambda i, j: reduce("max", (33,), lambda k: x[i, k]))
+    sm = b.compute(
+        "sm", (6, 1), lambda i, j: reduce("sum", (33,), lambda k: E.call("exp", x[i, k] - mx[i, 0]))
+    )
+
+    def normalise(i, j):
+        e = E.call("exp", x[i, j] - mx[i, 0]) / sm[i, 0]
+        return e if out_dtype is None else E.cast(e, out_dtype)
+
+    b.output(b.compute("out", (6, 33), normalise))
+    return b.build()
+
+
+def test_a_costly_value_the_row_store_repeats_is_computed_once():
+    f = schedule(_softmax_graph())
+    assert str(f).count("exp(") == 1
+    # The sum loop writes the exps into the output row, which the last loop then reads.
+    stores = collect(f.body, Store)
+    assert len(stores) == 2 and stores[0].buf == stores[1].buf
+
+
+def test_a_value_the_output_type_cannot_hold_exactly_is_recomputed():
+    from minicomp.ir.types import f16
+
+    f = schedule(_softmax_graph(out_dtype=f16))
+    assert str(f).count("exp(") == 2
