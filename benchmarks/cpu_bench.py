@@ -1,0 +1,179 @@
+"""CPU benchmark: eager PyTorch, Inductor and minicomp side by side in one run."""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+import torch
+import torch._dynamo
+
+import minicomp  # noqa: F401  (registers the "minicomp" backend)
+
+BACKENDS = ("eager", "inductor", "minicomp")
+
+
+def elementwise_chain(x):
+    y = x * 1.7 + 0.3
+    y = torch.relu(y)
+    y = y * y
+    y = y - x
+    y = y * 0.5
+    y = torch.abs(y)
+    y = y + 1.0
+    return torch.sqrt(y)
+
+
+def softmax_last_dim(x):
+    return torch.softmax(x, dim=-1)
+
+
+def gpt2_block():
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    config = GPT2Config(n_embd=768, n_head=12, attn_implementation="sdpa")
+    block = GPT2Block(config, layer_idx=0).eval()
+    return lambda hidden_states: block(hidden_states), (torch.randn(1, 128, 768),)
+
+
+def layer_norm():
+    weight, bias = torch.randn(4096), torch.randn(4096)
+
+    def fn(x):
+        return torch.nn.functional.layer_norm(x, (4096,), weight, bias)
+
+    return fn, (torch.randn(4096, 4096),)
+
+
+# name -> () -> (function, inputs); built lazily so --only skips the others' setup.
+WORKLOADS = {
+    "chain": lambda: (elementwise_chain, (torch.randn(2**24),)),
+    "softmax": lambda: (softmax_last_dim, (torch.randn(4096, 4096),)),
+    "layer_norm": layer_norm,
+    "gpt2_block": gpt2_block,
+}
+
+
+def compiled(fn, backend: str):
+    if backend == "eager":
+        return fn
+    options = {"target": "cpu"} if backend == "minicomp" else None
+    return torch.compile(fn, backend=backend, options=options)
+
+
+def interleaved_medians(runs: dict, inputs, repeat: int, warmup: int = 3) -> dict:
+    """Median ms per backend, timing one call of each in turn so that the machine's noise
+    (a shared VM here) falls on every backend alike."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run(*inputs)
+    times: dict = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(repeat):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            runs[name](*inputs)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure(name: str, backends: list[str], repeat: int) -> dict:
+    torch.manual_seed(0)
+    fn, inputs = WORKLOADS[name]()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = fn(*inputs)
+        rows, runs = {}, {}
+        for backend in backends:
+            run = compiled(fn, backend)
+            start = time.perf_counter()
+            out = run(*inputs)
+            compile_s = time.perf_counter() - start
+            ok = torch.allclose(out, expected, rtol=1e-4, atol=1e-4)
+            rows[backend] = {"ms": None, "compile_s": compile_s, "ok": ok}
+            if ok:
+                runs[backend] = run
+        for backend, ms in interleaved_medians(runs, inputs, repeat).items():
+            rows[backend]["ms"] = ms
+    return rows
+
+
+def ratio(results: dict, num: str, den: str) -> float | None:
+    a, b = results.get(num, {}).get("ms"), results.get(den, {}).get("ms")
+    return a / b if a and b else None
+
+
+def print_table(results: dict, backends: list[str]) -> None:
+    head = f"{'workload':<12}" + "".join(f"{b + ' ms':>14}" for b in backends)
+    head += f"{'eager/minicomp':>16}{'inductor/minicomp':>19}"
+    head += "".join(f"{b + ' 1st s':>16}" for b in backends)
+    print(head)
+    for name, rows in results.items():
+        line = f"{name:<12}"
+        for b in backends:
+            line += f"{rows[b]['ms']:>14.3f}" if rows[b]["ok"] else f"{'FAIL':>14}"
+        for num in ("eager", "inductor"):
+            r = ratio(rows, num, "minicomp")
+            width = 16 if num == "eager" else 19
+            line += f"{r:>{width - 1}.2f}x" if r else f"{'-':>{width}}"
+        line += "".join(f"{rows[b]['compile_s']:>16.2f}" for b in backends)
+        print(line)
+
+
+def print_goals(results: dict) -> None:
+    def verdict(ratios: list) -> str:
+        if not ratios or any(r is None for r in ratios):
+            return "n/a (not measured, or a backend failed)"
+        return "PASS" if all(r >= goal for r, goal in ratios) else "MISS"
+
+    chain = ratio(results.get("chain", {}), "eager", "minicomp")
+    versus = [ratio(rows, "inductor", "minicomp") for rows in results.values()]
+    print("goal: minicomp >= 2x eager on the chain; not slower than Inductor on any")
+    print(f"  chain >= 2x eager: {verdict([chain and (chain, 2.0)] if 'chain' in results else [])}")
+    print(f"  not slower than Inductor: {verdict([r and (r, 1.0) for r in versus])}")
+
+
+def save(results: dict, args) -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    today = datetime.date.today().isoformat()
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"cpu-{today}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    record = {
+        "date": today, "commit": commit, "torch": torch.__version__,
+        "device": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "repeat": args.repeat, "results": results,
+    }  # fmt: skip
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls per measurement")
+    parser.add_argument("--only", choices=sorted(WORKLOADS), help="run one workload")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma list")
+    parser.add_argument("--save", action="store_true", help="write benchmarks/results/cpu-*.json")
+    args = parser.parse_args()
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    names = [args.only] if args.only else list(WORKLOADS)
+    results = {name: measure(name, backends, args.repeat) for name in names}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeat}")
+    print_table(results, backends)
+    print_goals(results)
+    if args.save:
+        print("saved", save(results, args))
+
+
+if __name__ == "__main__":
+    main()
