@@ -65,3 +65,21 @@ def test_explain_without_implementation_fails_clearly(tmp_path):
     assert proc.returncode in (0, 2), proc.stderr
     if proc.returncode == 2:
         assert "explain_file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_explain_runs_a_script_and_reports_every_graph_it_compiles(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(
+        "import sys\n"
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.softmax(x * 2, -1) + 1, backend='minicomp')\n"
+        "with torch.no_grad():\n"
+        "    print('result', f(torch.randn(4, int(sys.argv[1]))).shape)\n"
+    )
+    proc = _minicomp("explain", str(script), "8", cache_dir=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    assert "result torch.Size([4, 8])" in proc.stdout
+    for title in ("forward graph: ATen", "graph IR after fuse", "fused groups (1)",
+                  "kernel IR:", "generated source"):
+        assert title in proc.stdout
+    assert "3 ATen ops -> 1 kernels" in proc.stdout
