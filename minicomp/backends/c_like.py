@@ -371,6 +371,8 @@ class CLikeRenderer(Functor):
 
     indent_unit = "    "
     restrict = "__restrict__"
+    # Hook: names the target predefines (beyond C's), which variables and functions avoid.
+    reserved_names: frozenset[str] = frozenset()
 
     def __init__(self):
         super().__init__()
@@ -523,6 +525,8 @@ class CLikeRenderer(Functor):
         name = self._names.get(v)
         if name is None:
             name = base = _sanitize(v.name)
+            if base in self.reserved_names:
+                name = base = base + "_"
             k = 1
             while name in self._taken:
                 name = f"{base}_{k}"
@@ -781,7 +785,8 @@ class CLikeRenderer(Functor):
         """The whole source of a module: preamble, header, prototypes, then the functions."""
         self._functions = {}
         for f in module.functions:
-            if not _IDENT.match(f.name) or f.name in _RESERVED or f.name.startswith("mc_"):
+            reserved = f.name in _RESERVED or f.name in self.reserved_names
+            if not _IDENT.match(f.name) or reserved or f.name.startswith("mc_"):
                 raise ValueError(f"function name {f.name!r} is not usable as a C identifier")
             if f.name in self._functions:
                 raise ValueError(f"two functions are called {f.name!r}")

@@ -1,18 +1,17 @@
 """The C compiler driver: C source to a cached shared library, loaded with ctypes."""
 
 import ctypes
-import hashlib
 import os
 import platform
 import re
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
+from minicomp.backends import cache
 from minicomp.backends.errors import CompileError
 
 CODEGEN_VERSION = "1"
@@ -140,13 +139,7 @@ def _key(source: str, compiler: str, flags: list[str]) -> str:
     parts = [CODEGEN_VERSION, compiler, _compiler_id(compiler), "\0".join(flags), source]
     if any(flag.endswith("=native") for flag in flags):
         parts.append(_host_cpu())
-    digest = hashlib.sha256()
-    for part in parts:
-        data = part.encode()
-        # Length prefixes keep ("ab", "c") and ("a", "bc") apart.
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
+    return cache.digest(parts)
 
 
 def cache_key(source: str, *, cc: str, cflags: str) -> str:
@@ -172,7 +165,7 @@ def compile_c(source: str, *, cc: str, cflags: str, cache_dir: str, name: str = 
     compiler = _find_compiler(cc, source)
     flags = shlex.split(cflags)
     key = _key(source, compiler, flags)
-    final_dir = os.path.join(cache_dir, "kernels", key[:2], key)
+    final_dir = cache.entry_dir(cache_dir, "kernels", key)
     path = os.path.join(final_dir, _LIBRARY_NAME)
     if os.path.isfile(path):
         _count("disk_hits")
@@ -184,10 +177,7 @@ def compile_c(source: str, *, cc: str, cflags: str, cache_dir: str, name: str = 
 
 
 def _build(source: str, compiler: str, flags: list[str], final_dir: str, name: str) -> None:
-    parent = os.path.dirname(final_dir)
-    os.makedirs(parent, exist_ok=True)
-    label = re.sub(r"[^\w.-]", "_", name)
-    tmp_dir = tempfile.mkdtemp(prefix=f".tmp-{label}-", dir=parent)
+    tmp_dir = cache.make_temp_dir(final_dir, name)
     try:
         with open(os.path.join(tmp_dir, _SOURCE_NAME), "w", encoding="utf-8") as f:
             f.write(source)
@@ -203,24 +193,9 @@ def _build(source: str, compiler: str, flags: list[str], final_dir: str, name: s
         if proc.returncode != 0 or not os.path.isfile(os.path.join(tmp_dir, _LIBRARY_NAME)):
             message = _failure_message(name, command, proc.returncode, log, source)
             raise CompileError(message, source=source, log=log)
-        os.chmod(tmp_dir, 0o755)
-        _publish(tmp_dir, final_dir)
+        cache.publish(tmp_dir, final_dir, _LIBRARY_NAME)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
-def _publish(tmp_dir: str, final_dir: str) -> None:
-    """Move a finished build into place atomically; a build already there wins."""
-    for _ in range(3):
-        try:
-            os.rename(tmp_dir, final_dir)
-            return
-        except OSError:
-            if os.path.isfile(os.path.join(final_dir, _LIBRARY_NAME)):
-                return  # another process published the same build first
-            # A directory without a library (an interrupted clean-up): take its place.
-            shutil.rmtree(final_dir, ignore_errors=True)
-    os.rename(tmp_dir, final_dir)
 
 
 def _failure_message(name: str, command: list[str], status: int, log: str, source: str) -> str:

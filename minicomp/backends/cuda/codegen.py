@@ -1,0 +1,216 @@
+"""CUDA C code generation: kernel IR to a self-contained CUDA source for NVRTC or the emulator.
+
+The source starts with the text of device.h (our device header: stdint typedefs under NVRTC,
+the `mc_*` helpers, 16-bit shuffles and compare-and-swap atomics), then device functions
+(`static __device__ __forceinline__`), then kernels (`extern "C" __global__`, with
+`__launch_bounds__` when the block size is a constant). Launch indices render as int32 casts
+of `threadIdx.x`..., since the IR types them i32 and unsigned arithmetic would change the
+meaning of a subtraction or comparison. Loops of kind `parallel` and `vectorize` render as
+plain loops (a schedule maps parallelism onto threads before codegen); `unroll` gives
+`#pragma unroll`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from minicomp.backends.c_like import PREC_UNARY, CLikeRenderer, is_half
+from minicomp.ir import expr as E
+from minicomp.ir import stmt as S
+from minicomp.ir.func import Function, Module
+from minicomp.ir.types import DataType, PointerType, f32, f64, i32, i64, u32, u64
+
+HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device.h")
+FULL_MASK = "0xffffffffu"
+
+# Names CUDA declares in every translation unit: a kernel or variable so named would clash
+# with them or hide them.
+CUDA_RESERVED = frozenset(
+    (
+        "threadIdx",
+        "blockIdx",
+        "blockDim",
+        "gridDim",
+        "warpSize",
+        "dim3",
+        "atomicAdd",
+        "atomicSub",
+        "atomicMax",
+        "atomicMin",
+        "atomicCAS",
+        "atomicExch",
+        "atomicAnd",
+        "atomicOr",
+        "atomicXor",
+        "atomicInc",
+        "atomicDec",
+        "min",
+        "max",
+        "umin",
+        "umax",
+        "llmin",
+        "llmax",
+        "ullmin",
+        "ullmax",
+        "rsqrt",
+        "rsqrtf",
+        "rcbrt",
+        "rcbrtf",
+        "erfinv",
+        "erfinvf",
+        "erfcinv",
+        "erfcinvf",
+        "erfcx",
+        "erfcxf",
+        "normcdf",
+        "normcdff",
+        "normcdfinv",
+        "normcdfinvf",
+        "sinpi",
+        "sinpif",
+        "cospi",
+        "cospif",
+        "sincospi",
+        "sincospif",
+        "saturate",
+        "clock64",
+        "printf",
+        "assert",
+    )
+)
+# Shuffles move 32- or 64-bit registers; narrower integers travel as int32.
+_SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
+
+
+@functools.lru_cache(maxsize=1)
+def device_header() -> str:
+    """The text of device.h, which every generated CUDA source carries inline."""
+    with open(HEADER_PATH, encoding="utf-8") as f:
+        return f.read()
+
+
+def block_threads(f: Function) -> int | None:
+    """The number of threads of a block of kernel `f`, when its block_dim is constant."""
+    dims = f.attr("block_dim")
+    if dims is None:
+        return None
+    total = 1
+    for d in dims:
+        if isinstance(d, E.Const):
+            d = d.value
+        if not isinstance(d, int):
+            return None
+        total *= d
+    return total
+
+
+class CudaRenderer(CLikeRenderer):
+    """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
+
+    reserved_names = CUDA_RESERVED
+
+    def header(self) -> str:
+        return device_header()
+
+    def function_qualifier(self, f: Function) -> str:
+        if f.kind == "device":
+            return "static __device__ __forceinline__"
+        if f.kind != "kernel":
+            raise ValueError(f"the cuda target has no {f.kind} functions: {f.name}")
+        if f.ret is not None:
+            raise ValueError(f"kernel {f.name} returns {f.ret}; kernels return nothing")
+        threads = block_threads(f)
+        if threads is None:
+            return 'extern "C" __global__'
+        if threads < 1 or threads > 1024:
+            raise ValueError(f"kernel {f.name} has {threads} threads a block; CUDA allows 1-1024")
+        return f'extern "C" __global__ __launch_bounds__({threads})'
+
+    def array_decl(self, s: S.DeclareArray) -> str:
+        local = super().array_decl(s)
+        if s.scope == "shared":
+            return "__shared__ " + local
+        if s.scope != "local":
+            raise ValueError(f"unknown memory scope {s.scope!r} of array {s.var.name}")
+        return local
+
+    def loop_pragmas(self, loops: list[S.For]) -> list[str]:
+        return ["#pragma unroll"] if loops[0].kind == "unroll" else []
+
+    def thread_index(self, axis: str) -> str:
+        return f"(int32_t)threadIdx.{axis}"
+
+    def block_index(self, axis: str) -> str:
+        return f"(int32_t)blockIdx.{axis}"
+
+    def block_dim(self, axis: str) -> str:
+        return f"(int32_t)blockDim.{axis}"
+
+    def grid_dim(self, axis: str) -> str:
+        return f"(int32_t)gridDim.{axis}"
+
+    def barrier(self) -> str:
+        return "__syncthreads()"
+
+    # ---- intrinsics ----
+
+    def _shuffle(self, e: E.Call, builtin: str, helper: str) -> str:
+        if len(e.args) != 2:
+            raise ValueError(f"{e.name} takes (value, lane): {e}")
+        value, lane = e.args
+        dt = value.dtype
+        if is_half(dt):
+            return f"{helper}({self.expr(value)}, {self.expr(lane)})"
+        if dt.short in _SHUFFLE_NATIVE:
+            return f"{builtin}({FULL_MASK}, {self.expr(value)}, {self.expr(lane)})"
+        if dt.nbytes < 4 or dt.is_bool:
+            wide = self.expr(E.Cast(value, i32))
+            return f"({self.type_name(dt)}){builtin}({FULL_MASK}, {wide}, {self.expr(lane)})"
+        raise ValueError(f"{e.name} cannot move a {dt} value")
+
+    def intrinsic_shfl_down_sync(self, e: E.Call) -> str:
+        return self._shuffle(e, "__shfl_down_sync", "mc_shfl_down_u16")
+
+    def intrinsic_shfl_xor_sync(self, e: E.Call) -> str:
+        return self._shuffle(e, "__shfl_xor_sync", "mc_shfl_xor_u16")
+
+    def intrinsic_shfl_sync(self, e: E.Call) -> str:
+        return self._shuffle(e, "__shfl_sync", "mc_shfl_u16")
+
+    def _atomic_operands(self, e: E.Call) -> tuple[str, DataType, E.Expr]:
+        if len(e.args) != 3:
+            raise ValueError(f"{e.name} takes (buffer, index, value): {e}")
+        buf, index, value = e.args
+        if not isinstance(buf, E.Var) or not isinstance(buf.type, PointerType):
+            raise ValueError(f"{e.name} needs a pointer variable as its buffer: {e}")
+        if buf.type.elem != value.dtype:
+            raise ValueError(f"{e.name} of a {value.dtype} value into a {buf.type.elem} buffer")
+        return f"&{self.name_of(buf)}[{self.expr(index)}]", value.dtype, value
+
+    def intrinsic_atomic_add(self, e: E.Call) -> str:
+        address, dt, value = self._atomic_operands(e)
+        if dt in (f32, f64, i32, u32, u64):
+            return f"atomicAdd({address}, {self.expr(value)})"
+        if dt == i64:
+            # Two's complement addition is the same on unsigned bits; CUDA has only that one.
+            wide = f"(unsigned long long){self.operand(value, PREC_UNARY)}"
+            return f"(int64_t)atomicAdd((unsigned long long*){address}, {wide})"
+        if is_half(dt):
+            helper = f"mc_atomic_add_{dt.short}"
+            return f"{helper}({address}, {self.expr(E.Cast(value, f32))})"
+        raise ValueError(f"atomic_add is not available on {dt}")
+
+    def intrinsic_atomic_max(self, e: E.Call) -> str:
+        address, dt, value = self._atomic_operands(e)
+        if dt in (i32, u32):
+            return f"atomicMax({address}, {self.expr(value)})"
+        if dt == f32:
+            return f"mc_atomic_max_f32({address}, {self.expr(value)})"
+        raise ValueError(f"atomic_max is not available on {dt}")
+
+
+def render_module(module: Module) -> str:
+    """The complete CUDA source of a module: device.h, device functions, then kernels, in
+    module order. The same module gives the same text."""
+    return CudaRenderer().render_module(module)

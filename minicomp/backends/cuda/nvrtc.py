@@ -1,0 +1,355 @@
+"""The NVRTC driver: CUDA source to a cached cubin for one architecture, with ptxas's report.
+
+NVRTC is reached through cuda-python (`cuda.bindings.nvrtc`), loaded on first use. Cubins are
+cached under `<cache_dir>/cubins/<key[:2]>/<key>/` (`kernel.cubin`, `meta.json` holding the
+log and resource usage, and the `source.cu` it came from), keyed by a hash of the source,
+NVRTC's version, the options, the architecture and CODEGEN_VERSION.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from minicomp.backends import cache
+from minicomp.backends.errors import CompileError
+
+CODEGEN_VERSION = "1"
+"""Part of every cache key: bump it when a build changes in a way the other key parts miss."""
+
+# ptxas -v prints registers, shared memory and spills per kernel into the program log.
+BASE_FLAGS = ("--std=c++17", "--ptxas-options=-v")
+_CUBIN_NAME = "kernel.cubin"
+_META_NAME = "meta.json"
+_SOURCE_NAME = "source.cu"
+_CONTEXT_LINES = 2
+_MAX_LOCATIONS = 8
+_MAX_LOG_LINES = 200
+_ARCH = re.compile(r"sm_(?P<number>\d+)(?P<suffix>[af]?)\Z")
+
+
+class NvrtcUnavailableError(RuntimeError):
+    """NVRTC could not be loaded (cuda-python or the NVRTC library is missing)."""
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reported for one kernel: registers a thread, static shared memory bytes a
+    block, bytes spilled to local memory and back, and the stack frame in bytes."""
+
+    registers: int = 0
+    shared_bytes: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack_bytes: int = 0
+    barriers: int = 0
+
+
+@dataclass(frozen=True)
+class CudaBinary:
+    """A compiled module: the cubin, its architecture, NVRTC's log and each kernel's usage."""
+
+    cubin: bytes = field(repr=False)
+    arch: str
+    log: str = field(repr=False)
+    resources: Mapping[str, KernelResources]
+    key: str = ""
+
+
+@dataclass
+class _Stats:
+    memory_hits: int = 0
+    disk_hits: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+
+
+_lock = threading.Lock()
+_stats = _Stats()
+# (source, arch, flags, cache_dir) -> binary: a repeated compile skips hashing and the disk.
+_built: dict[tuple[str, str, tuple[str, ...], str], CudaBinary] = {}
+
+
+def compile_stats() -> dict[str, float]:
+    """Counters since the process started (or the last reset): memory_hits, disk_hits,
+    compiles (NVRTC runs, failed ones included) and compile_seconds."""
+    with _lock:
+        return asdict(_stats)
+
+
+def reset_compile_stats() -> None:
+    """Set every counter of :func:`compile_stats` back to zero."""
+    global _stats
+    with _lock:
+        _stats = _Stats()
+
+
+def clear_memory_cache() -> None:
+    """Forget the binaries built in this process, so the next compile looks on disk."""
+    with _lock:
+        _built.clear()
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc():
+    """The cuda.bindings.nvrtc module, checked to reach a loadable NVRTC library."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as err:
+        raise NvrtcUnavailableError(
+            f"cuda-python is not installed ({err}); the cuda target needs "
+            "`pip install cuda-python nvidia-cuda-nvrtc-cu12` (or a CUDA toolkit's NVRTC)"
+        ) from err
+    try:
+        result, *_ = nvrtc.nvrtcVersion()
+    except Exception as err:  # the loader's error types differ between cuda-python versions
+        raise NvrtcUnavailableError(
+            f"the NVRTC library could not be loaded: {err}; install nvidia-cuda-nvrtc-cu12 "
+            "(or a CUDA toolkit) so that cuda-python finds libnvrtc"
+        ) from err
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NvrtcUnavailableError(f"nvrtcVersion failed: {result}")
+    return nvrtc
+
+
+def _check(result, what: str) -> None:
+    nvrtc = _nvrtc()
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(result)
+        raise RuntimeError(f"{what} failed: {text.decode(errors='replace')}")
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor) version."""
+    result, major, minor = _nvrtc().nvrtcVersion()
+    _check(result, "nvrtcVersion")
+    return major, minor
+
+
+@functools.lru_cache(maxsize=1)
+def supported_archs() -> tuple[str, ...]:
+    """The architectures this NVRTC compiles for, as "sm_80"... (suffixed variants such as
+    sm_90a are accepted for every listed number)."""
+    result, numbers = _nvrtc().nvrtcGetSupportedArchs()
+    _check(result, "nvrtcGetSupportedArchs")
+    return tuple(f"sm_{n}" for n in numbers)
+
+
+def check_arch(arch: str) -> str:
+    """`arch` itself when NVRTC can compile for it; raises ValueError otherwise."""
+    match = _ARCH.match(arch)
+    if match is None:
+        raise ValueError(f"bad CUDA architecture {arch!r}; expected sm_<number>, like sm_90")
+    if f"sm_{match['number']}" not in supported_archs():
+        major, minor = nvrtc_version()
+        raise ValueError(
+            f"NVRTC {major}.{minor} cannot compile for {arch}; it supports "
+            + ", ".join(supported_archs())
+        )
+    return arch
+
+
+def _options(arch: str, extra_flags: Sequence[str]) -> tuple[str, ...]:
+    return (f"--gpu-architecture={arch}", *BASE_FLAGS, *extra_flags)
+
+
+def cache_key(source: str, *, arch: str, extra_flags: Sequence[str] = ()) -> str:
+    """Return the content hash under which :func:`compile_cuda` stores this build."""
+    major, minor = nvrtc_version()
+    options = _options(arch, extra_flags)
+    parts = [CODEGEN_VERSION, f"nvrtc {major}.{minor}", arch, "\0".join(options), source]
+    return cache.digest(parts)
+
+
+def compile_cuda(
+    source: str,
+    *,
+    arch: str,
+    name: str = "kernels",
+    cache_dir: str,
+    extra_flags: Sequence[str] = (),
+) -> CudaBinary:
+    """Compile CUDA `source` with NVRTC into a cubin for `arch` (such as "sm_90").
+
+    Results are cached in memory and under `<cache_dir>/cubins/`, shared safely between
+    concurrent processes. `name` labels the program in NVRTC's messages and temporary files.
+    Raises :class:`CompileError` when NVRTC rejects the source, with its log and the numbered
+    source lines it points at, and :class:`NvrtcUnavailableError` when NVRTC cannot be loaded.
+    """
+    cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
+    extra = tuple(extra_flags)
+    memo_key = (source, arch, extra, cache_dir)
+    with _lock:
+        binary = _built.get(memo_key)
+        if binary is not None:
+            _stats.memory_hits += 1
+            return binary
+    check_arch(arch)
+    key = cache_key(source, arch=arch, extra_flags=extra)
+    final_dir = cache.entry_dir(cache_dir, "cubins", key)
+    binary = _load(final_dir, key)
+    if binary is not None:
+        with _lock:
+            _stats.disk_hits += 1
+    else:
+        binary = _build(source, arch, _options(arch, extra), name, key)
+        _store(binary, source, final_dir, name)
+    with _lock:
+        _built[memo_key] = binary
+    return binary
+
+
+def _load(final_dir: str, key: str) -> CudaBinary | None:
+    """The cached binary in `final_dir`, or None when there is none (or it is unreadable)."""
+    try:
+        with open(os.path.join(final_dir, _CUBIN_NAME), "rb") as f:
+            cubin = f.read()
+        with open(os.path.join(final_dir, _META_NAME), encoding="utf-8") as f:
+            meta = json.load(f)
+        resources = {k: KernelResources(**v) for k, v in meta["resources"].items()}
+        return CudaBinary(cubin, meta["arch"], meta["log"], resources, key)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(binary: CudaBinary, source: str, final_dir: str, name: str) -> None:
+    tmp_dir = cache.make_temp_dir(final_dir, name)
+    try:
+        with open(os.path.join(tmp_dir, _SOURCE_NAME), "w", encoding="utf-8") as f:
+            f.write(source)
+        meta = {
+            "arch": binary.arch,
+            "log": binary.log,
+            "resources": {k: asdict(v) for k, v in binary.resources.items()},
+        }
+        with open(os.path.join(tmp_dir, _META_NAME), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1, sort_keys=True)
+        # The cubin is written last: its presence marks a complete entry.
+        with open(os.path.join(tmp_dir, _CUBIN_NAME), "wb") as f:
+            f.write(binary.cubin)
+        cache.publish(tmp_dir, final_dir, _CUBIN_NAME)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _build(source: str, arch: str, options: tuple[str, ...], name: str, key: str) -> CudaBinary:
+    nvrtc = _nvrtc()
+    filename = re.sub(r"[^\w.-]", "_", name) + ".cu"
+    result, prog = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
+    _check(result, "nvrtcCreateProgram")
+    try:
+        start = time.perf_counter()
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+        seconds = time.perf_counter() - start
+        with _lock:
+            _stats.compiles += 1
+            _stats.compile_seconds += seconds
+        log = _program_log(nvrtc, prog)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            message = _failure_message(name, filename, arch, options, result, log, source)
+            raise CompileError(message, source=source, log=log)
+        result, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(result, "nvrtcGetCUBINSize")
+        cubin = bytearray(size)
+        (result,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(result, "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return CudaBinary(bytes(cubin), arch, log, parse_resources(log), key)
+
+
+def _program_log(nvrtc, prog) -> str:
+    result, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    _check(result, "nvrtcGetProgramLogSize")
+    buffer = bytearray(size)
+    (result,) = nvrtc.nvrtcGetProgramLog(prog, buffer)
+    _check(result, "nvrtcGetProgramLog")
+    return bytes(buffer).rstrip(b"\0").decode(errors="replace").strip()
+
+
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
+_PROPERTIES = re.compile(r"Function properties for (?P<name>\S+)")
+_FRAME = re.compile(
+    r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, "
+    r"(?P<loads>\d+) bytes spill loads"
+)
+_USED = re.compile(r"Used (?P<registers>\d+) registers")
+_SMEM = re.compile(r"(?P<bytes>\d+) bytes smem")
+_BARRIERS = re.compile(r"used (?P<count>\d+) barriers")
+
+
+def parse_resources(log: str) -> dict[str, KernelResources]:
+    """Each kernel's resource usage from a ptxas -v report, by kernel name (sorted).
+
+    ptxas reports a kernel as "Compiling entry function 'k'", then its stack frame and spills
+    under "Function properties for k", then "Used N registers, ... M bytes smem".
+    """
+    fields: dict[str, dict[str, int]] = {}
+    entry = properties = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m["name"]
+            fields.setdefault(entry, {})
+        elif m := _PROPERTIES.search(line):
+            properties = m["name"]
+        elif (m := _FRAME.search(line)) and properties in fields:
+            fields[properties].update(
+                stack_bytes=int(m["stack"]),
+                spill_stores=int(m["stores"]),
+                spill_loads=int(m["loads"]),
+            )
+        elif (m := _USED.search(line)) and entry is not None:
+            usage = fields[entry]
+            usage["registers"] = int(m["registers"])
+            if s := _SMEM.search(line):
+                usage["shared_bytes"] = int(s["bytes"])
+            if b := _BARRIERS.search(line):
+                usage["barriers"] = int(b["count"])
+    return {k: KernelResources(**fields[k]) for k in sorted(fields)}
+
+
+def _failure_message(name, filename, arch, options, result, log, source) -> str:
+    log_lines = log.splitlines()
+    if len(log_lines) > _MAX_LOG_LINES:
+        omitted = len(log_lines) - _MAX_LOG_LINES
+        log_lines = log_lines[:_MAX_LOG_LINES] + [f"... ({omitted} more lines)"]
+    parts = [
+        f"NVRTC compilation of {name!r} for {arch} failed ({getattr(result, 'name', result)})",
+        f"options: {' '.join(options)}",
+        "NVRTC log:",
+        *("  " + line for line in log_lines),
+    ]
+    excerpts = _source_excerpts(log, source, filename)
+    if excerpts:
+        parts += ["source around the reported lines:", excerpts]
+    return "\n".join(parts)
+
+
+def _source_excerpts(log: str, source: str, filename: str) -> str:
+    """Numbered source lines around each error NVRTC reports as `file(LINE): ... error`,
+    `>` marking LINE."""
+    location = re.compile(rf"^{re.escape(filename)}\((\d+)\): [^:\n]*error", re.MULTILINE)
+    lines = source.splitlines()
+    numbers: list[int] = []
+    for match in location.finditer(log):
+        number = int(match[1])
+        if 0 < number <= len(lines) and number not in numbers:
+            numbers.append(number)
+    width = len(str(len(lines)))
+    blocks = []
+    for number in numbers[:_MAX_LOCATIONS]:
+        first = max(1, number - _CONTEXT_LINES)
+        last = min(len(lines), number + _CONTEXT_LINES)
+        block = [f"{filename}:{number}:"]
+        for n in range(first, last + 1):
+            marker = ">" if n == number else " "
+            block.append(f"{marker} {n:>{width}} | {lines[n - 1]}".rstrip())
+        blocks.append("\n".join(block))
+    return "\n".join(blocks)
