@@ -1,0 +1,738 @@
+// minicomp cuda-emu runtime: the CUDA names our generated kernels use, implemented on the host.
+//
+// The generated CUDA source is compiled unchanged by the host C++ compiler after this header.
+// Each CUDA block runs on one OS thread; each CUDA thread of a block is a fiber of that OS
+// thread when the kernel has barriers or warp collectives, or one iteration of a plain loop
+// when it has none. Because a block never leaves its OS thread, `__shared__` is a function-local
+// `static thread_local` variable: one copy per OS thread, so one per block running at a time.
+//
+// The fiber switch is a small x86-64 routine (callee-saved registers and stack pointer); other architectures, and builds with MC_EMU_UCONTEXT defined, use
+// swapcontext, which costs a signal-mask system call per switch.
+#ifndef MC_EMU_H
+#define MC_EMU_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#if !defined(__x86_64__) && !defined(MC_EMU_UCONTEXT)
+#define MC_EMU_UCONTEXT 1
+#endif
+#ifdef MC_EMU_UCONTEXT
+#include <ucontext.h>
+#endif
+#include <pthread.h>
+#include <sys/mman.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MC_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MC_EMU_ASAN 1
+#endif
+#endif
+#ifdef MC_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+// ---- qualifiers ----
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+#define __constant__ static
+
+struct uint3 {
+    unsigned int x, y, z;
+};
+typedef uint3 dim3;
+static const int warpSize = 32;
+
+namespace mc_emu {
+
+enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+
+struct Block;
+
+struct Fiber {
+    uint3 tid;
+    unsigned linear;
+    State state;
+    int site;  // the source line of the __syncthreads() it waits at
+    Block* block;
+    char* stack;
+#ifdef MC_EMU_UCONTEXT
+    ucontext_t ctx;
+#else
+    void* sp;
+#endif
+#ifdef MC_EMU_ASAN
+    void* fake_stack;
+#endif
+};
+
+struct Warp {
+    unsigned active;   // lanes that exist (threads of the block in this warp)
+    unsigned arrived;  // lanes waiting at the current warp barrier
+    unsigned gen;      // completed warp barriers; its low bit picks the exchange buffer
+    uint64_t slots[2][32];
+};
+
+typedef void (*Body)(void** args);
+
+struct Block {
+    const char* kernel;
+    Body body;
+    void** args;
+    uint3 dim;
+    uint3 idx;
+    unsigned nthreads;
+    unsigned done;
+    unsigned arrived;  // threads waiting at the block barrier
+    size_t stack_bytes;
+    Fiber* fibers;
+    Warp* warps;
+    Fiber* current;
+    Fiber** queue;  // runnable fibers, a ring of nthreads entries
+    size_t qhead, qtail;
+    std::string error;
+#ifdef MC_EMU_UCONTEXT
+    ucontext_t sched;
+#else
+    void* sched_sp;
+#endif
+#ifdef MC_EMU_ASAN
+    const void* sched_stack_bottom;
+    size_t sched_stack_size;
+#endif
+};
+
+// What the CUDA builtins read: set before a thread runs, by the plain loop or the scheduler.
+static thread_local uint3 tls_thread_idx;
+static thread_local uint3 tls_block_idx;
+static thread_local uint3 tls_block_dim;
+static thread_local uint3 tls_grid_dim;
+static thread_local Block* tls_block;  // null in plain (fiberless) mode
+
+// Thrown only in plain mode, where the kernel runs on the worker's own stack.
+struct PlainModeBarrier {};
+
+static std::string format(const char* fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+// ---- the context switch ----
+
+#ifndef MC_EMU_UCONTEXT
+// mc_emu_switch(void** save_sp, void* load_sp): pushes the callee-saved registers on the
+// current stack, stores the stack pointer in *save_sp, loads load_sp and pops the registers
+// saved there. The SSE and x87 control words are left alone: every fiber of an OS thread shares
+// them (kernels never change rounding modes), and ldmxcsr/fldcw made up most of a switch's cost.
+// mc_emu_fiber_entry is where a new fiber's first switch "returns" to: it calls r13(r12).
+extern "C" void mc_emu_switch(void** save_sp, void* load_sp);
+extern "C" void mc_emu_fiber_entry();
+__asm__(
+    ".text\n"
+    ".p2align 4\n"
+    ".local mc_emu_switch\n"
+    ".type mc_emu_switch, @function\n"
+    "mc_emu_switch:\n"
+    "  pushq %rbp\n"
+    "  pushq %rbx\n"
+    "  pushq %r12\n"
+    "  pushq %r13\n"
+    "  pushq %r14\n"
+    "  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n"
+    "  popq %r14\n"
+    "  popq %r13\n"
+    "  popq %r12\n"
+    "  popq %rbx\n"
+    "  popq %rbp\n"
+    "  ret\n"
+    ".size mc_emu_switch, .-mc_emu_switch\n"
+    ".p2align 4\n"
+    ".local mc_emu_fiber_entry\n"
+    ".type mc_emu_fiber_entry, @function\n"
+    "mc_emu_fiber_entry:\n"
+    "  movq %r12, %rdi\n"
+    "  callq *%r13\n"
+    "  ud2\n"
+    ".size mc_emu_fiber_entry, .-mc_emu_fiber_entry\n");
+#endif
+
+// Waiting fibers hand control straight to the next runnable one (a FIFO of the block); only
+// when none is runnable does control go back to the scheduler, which then finds the block
+// finished or deadlocked.
+static inline void push_runnable(Block* b, Fiber* f) {
+    f->state = RUNNABLE;
+    b->queue[b->qtail++ % b->nthreads] = f;
+}
+
+static inline void* stack_of(Block* b, Fiber* to, size_t* size) {
+#ifdef MC_EMU_ASAN
+    if (!to) {
+        *size = b->sched_stack_size;
+        return (void*)b->sched_stack_bottom;
+    }
+#endif
+    *size = b->stack_bytes;
+    return to ? to->stack : nullptr;
+}
+
+// Leaves fiber `from` (a dead one when `exiting`) for the next runnable fiber or the scheduler;
+// returns when `from` is resumed.
+static void switch_away(Block* b, Fiber* from, bool exiting) {
+    Fiber* to = b->qhead != b->qtail && b->error.empty() ? b->queue[b->qhead++ % b->nthreads]
+                                                          : nullptr;
+    if (to == from) return;  // it was released again before it left
+    b->current = to;
+    if (to) tls_thread_idx = to->tid;
+#ifdef MC_EMU_ASAN
+    size_t size;
+    void* bottom = stack_of(b, to, &size);
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &from->fake_stack, bottom, size);
+#else
+    (void)exiting;
+#endif
+#ifdef MC_EMU_UCONTEXT
+    swapcontext(&from->ctx, to ? &to->ctx : &b->sched);
+#else
+    mc_emu_switch(&from->sp, to ? to->sp : b->sched_sp);
+#endif
+#ifdef MC_EMU_ASAN
+    __sanitizer_finish_switch_fiber(from->fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Scheduler -> the first runnable fiber; returns when no fiber is runnable any more.
+static void run_queue(Block* b) {
+    if (b->qhead == b->qtail) return;
+    Fiber* to = b->queue[b->qhead++ % b->nthreads];
+    b->current = to;
+    tls_thread_idx = to->tid;
+#ifdef MC_EMU_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, to->stack, b->stack_bytes);
+#endif
+#ifdef MC_EMU_UCONTEXT
+    swapcontext(&b->sched, &to->ctx);
+#else
+    mc_emu_switch(&b->sched_sp, to->sp);
+#endif
+#ifdef MC_EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+static void fiber_main(Fiber* f) {
+    Block* b = f->block;
+#ifdef MC_EMU_ASAN
+    f->fake_stack = nullptr;
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+    b->body(b->args);
+    f->state = DONE;
+    b->done++;
+    switch_away(b, f, true);  // never resumed
+    abort();
+}
+
+#ifdef MC_EMU_UCONTEXT
+static void fiber_trampoline(unsigned lo, unsigned hi) {
+    fiber_main((Fiber*)(uintptr_t)(((uint64_t)hi << 32) | lo));
+}
+#endif
+
+static const uint64_t STACK_CANARY = 0x6d635f656d755f53ull;
+
+// Stack tops a multiple of 64 KiB apart all map to the same cache sets; staggering them by a
+// few cache lines per fiber made a 1024-thread barrier several times faster.
+static size_t stack_usable(Block* b, Fiber* f) {
+    size_t span = b->stack_bytes / 4 < 16384 ? b->stack_bytes / 4 : 16384;
+    return b->stack_bytes - (span >= 64 ? (f->linear * 17 * 64) % span : 0);
+}
+
+static void start_fiber(Block* b, Fiber* f) {
+    *(uint64_t*)f->stack = STACK_CANARY;
+#ifdef MC_EMU_UCONTEXT
+    getcontext(&f->ctx);
+    f->ctx.uc_stack.ss_sp = f->stack;
+    f->ctx.uc_stack.ss_size = stack_usable(b, f);
+    f->ctx.uc_link = nullptr;
+    // makecontext passes int arguments: split the pointer in two halves.
+    uint64_t p = (uint64_t)(uintptr_t)f;
+    makecontext(&f->ctx, (void (*)())fiber_trampoline, 2, (unsigned)(p & 0xffffffffu),
+                (unsigned)(p >> 32));
+#else
+    // The frame mc_emu_switch pops: r15, r14, r13, r12, rbx, rbp, return address; the entry
+    // then starts with a 16-byte aligned stack pointer, as its call needs.
+    uintptr_t top = ((uintptr_t)f->stack + stack_usable(b, f)) & ~(uintptr_t)15;
+    uint64_t* sp = (uint64_t*)(top - 72);
+    sp[0] = 0;                       // r15
+    sp[1] = 0;                       // r14
+    sp[2] = (uint64_t)&fiber_main;   // r13: what the entry calls
+    sp[3] = (uint64_t)f;             // r12: its argument
+    sp[4] = 0;                       // rbx
+    sp[5] = 0;                       // rbp
+    sp[6] = (uint64_t)&mc_emu_fiber_entry;
+    f->sp = sp;
+#endif
+}
+
+// ---- barriers ----
+
+static void syncthreads(int line) {
+    Block* b = tls_block;
+    if (!b) throw PlainModeBarrier();
+    Fiber* f = b->current;
+    f->site = line;
+    if (++b->arrived < b->nthreads) {
+        f->state = WAIT_BLOCK;
+        switch_away(b, f, false);
+        return;
+    }
+    // Every thread has arrived: they must all be at the same __syncthreads().
+    b->arrived = 0;
+    for (unsigned i = 0; i < b->nthreads; i++) {
+        Fiber& g = b->fibers[i];
+        if (g.site != line && b->error.empty()) {
+            b->error = format(
+                "threads (%u,%u,%u) and (%u,%u,%u) of block (%u,%u,%u) wait at different "
+                "__syncthreads() calls (lines %d and %d)",
+                f->tid.x, f->tid.y, f->tid.z, g.tid.x, g.tid.y, g.tid.z, b->idx.x, b->idx.y,
+                b->idx.z, line, g.site);
+        }
+        if (g.state == WAIT_BLOCK) push_runnable(b, &g);
+    }
+    if (!b->error.empty()) switch_away(b, f, false);  // to the scheduler; never resumed
+}
+
+// Waits until every lane of the warp reaches a warp barrier; returns the buffer index to use.
+static inline Warp& warp_of(Block* b, Fiber* f) { return b->warps[f->linear / 32]; }
+
+static void warp_barrier(Block* b, Fiber* f, Warp& w) {
+    if (++w.arrived < w.active) {
+        f->state = WAIT_WARP;
+        switch_away(b, f, false);
+        return;
+    }
+    w.arrived = 0;
+    w.gen++;
+    unsigned first = f->linear & ~31u;
+    for (unsigned i = first; i < first + w.active; i++) {
+        Fiber& g = b->fibers[i];
+        if (g.state == WAIT_WARP) push_runnable(b, &g);
+    }
+}
+
+enum ShflKind { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR };
+
+template <class T>
+static T shuffle(T value, int kind, int arg, int width) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle type");
+    Block* b = tls_block;
+    if (!b) throw PlainModeBarrier();
+    Fiber* f = b->current;
+    Warp& w = warp_of(b, f);
+    int lane = (int)(f->linear & 31);
+    int seg = lane & ~(width - 1);
+    int src = lane;
+    switch (kind) {
+        case SHFL_IDX: src = seg + (arg & (width - 1)); break;
+        case SHFL_UP: src = (lane - seg) >= arg ? lane - arg : lane; break;
+        case SHFL_DOWN: src = (lane - seg) + arg < width ? lane + arg : lane; break;
+        default: src = (lane ^ arg) & 31; src = src < seg + width ? src : lane; break;
+    }
+    // Lanes past the end of the block do not exist: reading one gives the caller's own value.
+    if ((unsigned)src >= w.active) src = lane;
+    unsigned buf = w.gen & 1;
+    uint64_t bits = 0;
+    memcpy(&bits, &value, sizeof(T));
+    w.slots[buf][lane] = bits;
+    warp_barrier(b, f, w);
+    // The double buffer keeps this slot intact: the next exchange into it needs this lane.
+    bits = w.slots[buf][src];
+    T out;
+    memcpy(&out, &bits, sizeof(T));
+    return out;
+}
+
+static inline void syncwarp() {
+    Block* b = tls_block;
+    if (!b) throw PlainModeBarrier();
+    warp_barrier(b, b->current, warp_of(b, b->current));
+}
+
+// ---- running blocks ----
+
+static std::string describe_deadlock(Block* b) {
+    unsigned at_block = 0, at_warp = 0, exited = 0;
+    int line = -1;
+    for (unsigned i = 0; i < b->nthreads; i++) {
+        Fiber& g = b->fibers[i];
+        if (g.state == WAIT_BLOCK) {
+            at_block++;
+            line = g.site;
+        }
+        at_warp += g.state == WAIT_WARP;
+        exited += g.state == DONE;
+    }
+    std::string s = format("barrier deadlock in block (%u,%u,%u): ", b->idx.x, b->idx.y, b->idx.z);
+    if (at_block) s += format("%u of %u threads wait at __syncthreads() (line %d)", at_block,
+                              b->nthreads, line);
+    if (at_warp) s += format("%s%u wait at a warp shuffle/__syncwarp", at_block ? ", " : "",
+                             at_warp);
+    if (exited) s += format(", %u exited without reaching it", exited);
+    return s;
+}
+
+static void run_fibers(Block* b) {
+#ifdef MC_EMU_ASAN
+    pthread_attr_t attr;
+    pthread_getattr_np(pthread_self(), &attr);
+    void* bottom;
+    pthread_attr_getstack(&attr, &bottom, &b->sched_stack_size);
+    pthread_attr_destroy(&attr);
+    b->sched_stack_bottom = bottom;
+#endif
+    for (unsigned i = 0; i < b->nthreads; i++) {
+        start_fiber(b, &b->fibers[i]);
+        push_runnable(b, &b->fibers[i]);
+    }
+    run_queue(b);
+    if (b->done < b->nthreads && b->error.empty()) b->error = describe_deadlock(b);
+    for (unsigned i = 0; i < b->nthreads && b->error.empty(); i++) {
+        if (*(uint64_t*)b->fibers[i].stack != STACK_CANARY) {
+            b->error = format("fiber stack overflow (%zu bytes per thread); raise stack_bytes",
+                              b->stack_bytes);
+        }
+    }
+}
+
+static void run_plain(Block* b) {
+    tls_block = nullptr;
+    uint3 t;
+    for (t.z = 0; t.z < b->dim.z; t.z++)
+        for (t.y = 0; t.y < b->dim.y; t.y++)
+            for (t.x = 0; t.x < b->dim.x; t.x++) {
+                tls_thread_idx = t;
+                b->body(b->args);
+            }
+}
+
+struct Config {
+    size_t stack_bytes = 64 * 1024;
+    unsigned workers = 0;  // 0: one per hardware thread
+};
+static Config config;
+
+// Each OS thread keeps its fiber stacks between blocks and launches.
+// A stack overflow hits the guard page below each stack (a crash, never silent corruption);
+// ASan builds use malloc'ed stacks, whose shadow memory ASan keeps right.
+struct Worker {
+    char* stacks = nullptr;
+    size_t mapped = 0;   // bytes of the mapping
+    size_t stride = 0;   // guard page + stack
+    unsigned count = 0;  // stacks in the mapping
+    size_t bytes = 0;    // usable bytes per stack
+    char* stack(unsigned i) { return stacks + (size_t)i * stride + (stride - bytes); }
+    bool reserve(unsigned n, size_t stack_bytes) {
+        if (n <= count && stack_bytes == bytes) return true;
+        release();
+        const size_t page = 4096;
+        size_t usable = (stack_bytes + page - 1) / page * page;
+#ifdef MC_EMU_ASAN
+        stride = usable;
+        stacks = (char*)malloc(n * stride);
+        if (!stacks) return false;
+#else
+        stride = usable + page;
+        void* p = mmap(nullptr, n * stride, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return false;
+        stacks = (char*)p;
+        for (unsigned i = 0; i < n; i++) mprotect(stacks + (size_t)i * stride, page, PROT_NONE);
+#endif
+        mapped = n * stride;
+        count = n;
+        bytes = usable;
+        return true;
+    }
+    void release() {
+#ifdef MC_EMU_ASAN
+        free(stacks);
+#else
+        if (stacks) munmap(stacks, mapped);
+#endif
+        stacks = nullptr;
+        count = 0;
+    }
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    std::vector<Fiber*> queue;
+    ~Worker() { release(); }
+};
+
+// Runs block `linear` of the grid; returns an error message, or "" on success.
+static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
+                             uint3 dim, unsigned linear, Worker& w) {
+    Block b{};
+    b.kernel = kernel;
+    b.body = body;
+    b.args = args;
+    b.dim = dim;
+    b.idx = {linear % grid.x, linear / grid.x % grid.y, linear / grid.x / grid.y};
+    b.nthreads = dim.x * dim.y * dim.z;
+    b.stack_bytes = (config.stack_bytes + 4095) / 4096 * 4096;
+    tls_block_idx = b.idx;
+    tls_block_dim = dim;
+    tls_grid_dim = grid;
+    if (!fibers) {
+        try {
+            run_plain(&b);
+        } catch (PlainModeBarrier&) {
+            return "the kernel reached a barrier or warp collective but was launched without "
+                   "fibers (its sync flag is wrong)";
+        }
+        return "";
+    }
+    if (!w.reserve(b.nthreads, b.stack_bytes)) {
+        return format("cannot allocate %u fiber stacks of %zu bytes", b.nthreads, b.stack_bytes);
+    }
+    w.fibers.assign(b.nthreads, Fiber{});
+    w.warps.assign((b.nthreads + 31) / 32, Warp{});
+    b.fibers = w.fibers.data();
+    b.warps = w.warps.data();
+    for (unsigned i = 0; i < b.nthreads; i++) {
+        Fiber& f = b.fibers[i];
+        f.tid = {i % dim.x, i / dim.x % dim.y, i / dim.x / dim.y};
+        f.linear = i;
+        f.state = RUNNABLE;
+        f.block = &b;
+        f.stack = w.stack(i);
+    }
+    for (unsigned i = 0; i < b.nthreads; i += 32) {
+        b.warps[i / 32].active = b.nthreads - i < 32 ? b.nthreads - i : 32;
+    }
+    w.queue.resize(b.nthreads);
+    b.queue = w.queue.data();
+    tls_block = &b;
+    run_fibers(&b);
+    tls_block = nullptr;
+    return b.error;
+}
+
+#ifdef MC_EMU_ASAN
+// With halt_on_error=0, ASan reports come here and the launch fails with the report.
+static std::mutex* asan_mutex = new std::mutex;
+static std::string* asan_report = new std::string;
+static void asan_callback(const char* report) {
+    std::lock_guard<std::mutex> lock(*asan_mutex);
+    if (asan_report->empty()) *asan_report = report;
+}
+#endif
+
+static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsigned gy,
+                  unsigned gz, unsigned bx, unsigned by, unsigned bz, void** args, char* err,
+                  int errlen) {
+    std::string error;
+    unsigned long long threads = (unsigned long long)bx * by * bz;
+    if (!gx || !gy || !gz || !bx || !by || !bz) {
+        error = "empty grid or block";
+    } else if (threads > 1024 || bz > 64) {
+        error = format("block (%u,%u,%u) has more threads than CUDA allows", bx, by, bz);
+    } else if (gy > 65535 || gz > 65535) {
+        error = format("grid (%u,%u,%u) exceeds CUDA's y/z limits", gx, gy, gz);
+    }
+#ifdef MC_EMU_ASAN
+    static std::once_flag once;
+    std::call_once(once, [] { __asan_set_error_report_callback(asan_callback); });
+#endif
+    unsigned long long nblocks = (unsigned long long)gx * gy * gz;
+    uint3 grid{gx, gy, gz}, dim{bx, by, bz};
+    // Blocks are claimed in increasing order, and a failure stops claims past it: every block
+    // before the first failing one still runs, so the reported failure is deterministic.
+    std::atomic<unsigned long long> next{0};
+    std::atomic<unsigned long long> first_bad{~0ull};
+    std::vector<std::string> errors;
+    std::mutex mutex;
+    auto work = [&] {
+        static thread_local Worker w;
+        for (;;) {
+            unsigned long long i = next.fetch_add(1);
+            if (i >= nblocks || i > first_bad.load()) break;
+            std::string e = run_block(kernel, body, args, fibers, grid, dim, (unsigned)i, w);
+            if (e.empty()) continue;
+            std::lock_guard<std::mutex> lock(mutex);
+            if (i < first_bad.load()) {
+                first_bad = i;
+                error = e;
+            }
+        }
+    };
+    if (error.empty()) {
+        unsigned hw = config.workers ? config.workers : std::thread::hardware_concurrency();
+        unsigned long long n = nblocks < hw ? nblocks : (hw ? hw : 1);
+        std::vector<std::thread> pool;
+        for (unsigned long long t = 1; t < n; t++) pool.emplace_back(work);
+        work();
+        for (auto& t : pool) t.join();
+    }
+#ifdef MC_EMU_ASAN
+    {
+        std::lock_guard<std::mutex> lock(*asan_mutex);
+        if (!asan_report->empty() && error.empty()) error = "AddressSanitizer: " + *asan_report;
+        asan_report->clear();
+    }
+#endif
+    if (error.empty()) return 0;
+    snprintf(err, (size_t)errlen, "kernel '%s': %s", kernel, error.c_str());
+    return 1;
+}
+
+}  // namespace mc_emu
+
+// ---- the CUDA names ----
+
+#define threadIdx (::mc_emu::tls_thread_idx)
+#define blockIdx (::mc_emu::tls_block_idx)
+#define blockDim (::mc_emu::tls_block_dim)
+#define gridDim (::mc_emu::tls_grid_dim)
+#define __syncthreads() ::mc_emu::syncthreads(__LINE__)
+#define __syncwarp(...) ::mc_emu::syncwarp()
+
+template <class T>
+static inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+    return mc_emu::shuffle(v, mc_emu::SHFL_IDX, src, width);
+}
+template <class T>
+static inline T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+    return mc_emu::shuffle(v, mc_emu::SHFL_UP, (int)delta, width);
+}
+template <class T>
+static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+    return mc_emu::shuffle(v, mc_emu::SHFL_DOWN, (int)delta, width);
+}
+template <class T>
+static inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+    return mc_emu::shuffle(v, mc_emu::SHFL_XOR, mask, width);
+}
+
+namespace mc_emu {
+template <class T>
+struct same {
+    typedef T type;
+};
+template <class T>
+static inline T atomic_float_add(T* p, T v) {
+    T old, sum;
+    __atomic_load(p, &old, __ATOMIC_RELAXED);
+    do {
+        sum = old + v;
+    } while (!__atomic_compare_exchange(p, &old, &sum, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old;
+}
+}  // namespace mc_emu
+
+// CUDA atomics are relaxed; blocks on different OS threads need real atomics.
+template <class T>
+static inline T atomicAdd(T* p, typename mc_emu::same<T>::type v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+static inline float atomicAdd(float* p, float v) { return mc_emu::atomic_float_add(p, v); }
+static inline double atomicAdd(double* p, double v) { return mc_emu::atomic_float_add(p, v); }
+template <class T>
+static inline T atomicSub(T* p, typename mc_emu::same<T>::type v) {
+    return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED);
+}
+template <class T>
+static inline T atomicMax(T* p, typename mc_emu::same<T>::type v) {
+    T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED,
+                                                   __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+template <class T>
+static inline T atomicMin(T* p, typename mc_emu::same<T>::type v) {
+    T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED,
+                                                   __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+template <class T>
+static inline T atomicCAS(T* p, typename mc_emu::same<T>::type compare,
+                          typename mc_emu::same<T>::type value) {
+    __atomic_compare_exchange_n(p, &compare, value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;
+}
+template <class T>
+static inline T atomicExch(T* p, typename mc_emu::same<T>::type v) {
+    return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
+}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+template <class To, class From>
+static inline To mc_emu_bit_cast(From v) {
+    static_assert(sizeof(To) == sizeof(From), "bit cast size");
+    To out;
+    memcpy(&out, &v, sizeof out);
+    return out;
+}
+static inline unsigned int __float_as_uint(float x) { return mc_emu_bit_cast<unsigned int>(x); }
+static inline float __uint_as_float(unsigned int x) { return mc_emu_bit_cast<float>(x); }
+static inline int __float_as_int(float x) { return mc_emu_bit_cast<int>(x); }
+static inline float __int_as_float(int x) { return mc_emu_bit_cast<float>(x); }
+static inline long long __double_as_longlong(double x) {
+    return mc_emu_bit_cast<long long>(x);
+}
+static inline double __longlong_as_double(long long x) { return mc_emu_bit_cast<double>(x); }
+
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+template <class T>
+static inline T __ldg(const T* p) {
+    return *p;
+}
+
+// The integer min/max CUDA declares for device code.
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+// Tunes the runtime of this library: per-thread fiber stack bytes and OS worker threads.
+extern "C" void mc_emu_configure(unsigned long long stack_bytes, unsigned workers) {
+    if (stack_bytes) mc_emu::config.stack_bytes = (stack_bytes + 15) & ~15ull;
+    mc_emu::config.workers = workers;
+}
+
+#endif  // MC_EMU_H

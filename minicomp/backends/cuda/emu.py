@@ -1,0 +1,344 @@
+"""The cuda-emu target: CUDA C source compiled by the host C++ compiler and run on the CPU.
+
+The generated source is compiled unchanged after ``emu.h`` (the host implementation of the
+CUDA names the device header uses), together with one small launch wrapper per kernel. Each
+CUDA block runs on one OS thread; its threads are fibers when the kernel has barriers or warp
+collectives, else iterations of a plain loop.
+
+ASan builds (``asan=True``) need the ASan runtime loaded before anything else in the process:
+run them in a subprocess started with :func:`asan_environment` (``LD_PRELOAD`` of libasan).
+With ``halt_on_error=0`` (set there) an invalid access makes the launch raise
+:class:`EmulatorError` carrying ASan's report; otherwise ASan aborts the process after printing
+it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minicomp.backends.cpu import compiler
+from minicomp.ir.expr import Call
+from minicomp.ir.func import Function
+from minicomp.ir.functor import Visitor
+from minicomp.ir.types import PointerType
+
+HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
+DEFAULT_CXXFLAGS = "-O2 -std=c++17 -fPIC -shared -pthread -fno-strict-aliasing"
+_ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g"
+_ERROR_BYTES = 16384
+
+# Intrinsic names (kernel IR) and CUDA spellings (source) that need the threads as fibers.
+_SYNC_INTRINSICS = frozenset(
+    ("syncthreads", "syncwarp", "shfl_down_sync", "shfl_xor_sync", "shfl_sync", "shfl_up_sync")
+)
+_SYNC_TOKENS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*)\b")
+
+_C_SCALARS = {
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "bool": ctypes.c_bool,
+    "char": ctypes.c_char,
+    "int8_t": ctypes.c_int8,
+    "int16_t": ctypes.c_int16,
+    "int": ctypes.c_int32,
+    "int32_t": ctypes.c_int32,
+    "long": ctypes.c_int64,
+    "long long": ctypes.c_int64,
+    "int64_t": ctypes.c_int64,
+    "uint8_t": ctypes.c_uint8,
+    "uint16_t": ctypes.c_uint16,
+    "unsigned": ctypes.c_uint32,
+    "unsigned int": ctypes.c_uint32,
+    "uint32_t": ctypes.c_uint32,
+    "unsigned long": ctypes.c_uint64,
+    "unsigned long long": ctypes.c_uint64,
+    "uint64_t": ctypes.c_uint64,
+}
+_IR_SCALARS = {
+    "f32": "float",
+    "f64": "double",
+    "f16": "uint16_t",
+    "bf16": "uint16_t",
+    "bool": "bool",
+    "i8": "int8_t",
+    "i16": "int16_t",
+    "i32": "int32_t",
+    "i64": "int64_t",
+    "u8": "uint8_t",
+    "u16": "uint16_t",
+    "u32": "uint32_t",
+    "u64": "uint64_t",
+}
+
+
+class EmulatorError(RuntimeError):
+    """A kernel failed in the emulator (barrier deadlock, bad launch, ASan report...)."""
+
+    def __init__(self, message: str, *, kernel: str | None = None) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What the launcher needs of a kernel: its name, parameter C types, and whether it syncs."""
+
+    name: str
+    params: tuple[str, ...]
+    sync: bool
+
+
+class _SyncFinder(Visitor):
+    def __init__(self):
+        super().__init__()
+        self.found = False
+
+    def visit_Call(self, c: Call) -> None:
+        self.found |= c.name in _SYNC_INTRINSICS
+        self.visit(c.args)
+
+
+def _strip_comments(source: str) -> str:
+    pattern = r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\''
+    return re.sub(pattern, lambda m: " " if m.group().startswith("/") else '""', source, flags=re.S)
+
+
+def _function_bodies(source: str) -> dict[str, str]:
+    """Name -> body text of the top-level function definitions of C++ ``source``."""
+    text = _strip_comments(source)
+    bodies: dict[str, str] = {}
+    depth, start, header_start = 0, 0, 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                header = text[header_start:start].rstrip()
+                name = _function_name(header)
+                if name:
+                    bodies[name] = bodies.get(name, "") + text[start : i + 1]
+                header_start = i + 1
+        elif ch == ";" and depth == 0:
+            header_start = i + 1
+    return bodies
+
+
+def _function_name(header: str) -> str | None:
+    """The name before the last balanced parameter list of a definition's header."""
+    if not header.endswith(")"):
+        match = re.search(r"\)\s*(const|noexcept|->\s*[\w:<>*& ]+)?\s*$", header)
+        if match is None:
+            return None
+        header = header[: match.start() + 1]
+    depth = 0
+    for i in range(len(header) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(header[i], 0)
+        if depth == 0:
+            match = re.search(r"(\w+)\s*$", header[:i])
+            return match.group(1) if match else None
+    return None
+
+
+def kernels_needing_fibers(source: str, names: Sequence[str]) -> set[str]:
+    """Of ``names``, the kernels of ``source`` that reach a barrier or shuffle, calls included."""
+    bodies = _function_bodies(source)
+    syncing = {name for name, body in bodies.items() if _SYNC_TOKENS.search(body)}
+    changed = True
+    while changed:
+        changed = False
+        for name, body in bodies.items():
+            if name in syncing:
+                continue
+            if any(re.search(rf"\b{re.escape(s)}\s*\(", body) for s in syncing):
+                syncing.add(name)
+                changed = True
+    # A kernel whose definition we could not find is assumed to need fibers: always correct.
+    return {n for n in names if n in syncing or n not in bodies}
+
+
+def _ir_type_name(t) -> str:
+    if isinstance(t, PointerType):
+        return f"{_IR_SCALARS[t.elem.short]}*"
+    return _IR_SCALARS[t.short]
+
+
+def _specs(source: str, kernels: Sequence[Any]) -> list[KernelSpec]:
+    names = [k.name if isinstance(k, Function) else k[0] for k in kernels]
+    textual = kernels_needing_fibers(source, names)
+    specs = []
+    for k in kernels:
+        if isinstance(k, Function):
+            finder = _SyncFinder()
+            finder.visit(k.body)
+            params = tuple(_ir_type_name(p.type) for p in k.params)
+            specs.append(KernelSpec(k.name, params, finder.found or k.name in textual))
+        else:
+            name, params, *flag = k
+            if isinstance(params, str):
+                params = [p for p in (x.strip() for x in params.split(",")) if p]
+            sync = bool(flag[0]) if flag else name in textual
+            specs.append(KernelSpec(name, tuple(params), sync))
+    return specs
+
+
+def _clean_type(ctype: str) -> str:
+    return " ".join(ctype.replace("__restrict__", " ").split())
+
+
+def _wrapper(spec: KernelSpec) -> str:
+    unpack = ", ".join(f"*({_clean_type(t)}*)a[{i}]" for i, t in enumerate(spec.params))
+    return (
+        f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
+        f'extern "C" int mc_emu_launch_{spec.name}(unsigned gx, unsigned gy, unsigned gz,\n'
+        "    unsigned bx, unsigned by, unsigned bz, void** args, char* err, int errlen) {\n"
+        f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
+        f"mc_emu_body_{spec.name},\n"
+        "                        gx, gy, gz, bx, by, bz, args, err, errlen);\n"
+        "}\n"
+    )
+
+
+def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool = False) -> str:
+    """The C++ translation unit: emu.h, the generated ``source`` unchanged, the wrappers."""
+    with open(HEADER_PATH, encoding="utf-8") as f:
+        header = f.read()
+    prefix = "#define MC_EMULATE 1\n" + ("#define MC_EMU_UCONTEXT 1\n" if ucontext else "")
+    parts = [prefix, header, '\n#line 1 "kernel.cu"\n', source, '\n#line 1 "emu_wrappers"\n']
+    parts += [_wrapper(s) for s in specs]
+    return "".join(parts)
+
+
+def _as_dims(value: int | Sequence[int]) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, int) else tuple(value)
+    if not 1 <= len(dims) <= 3:
+        raise ValueError(f"a grid or block has 1 to 3 dimensions, got {value!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+
+def _ctype(ctype: str):
+    if "*" in ctype:
+        return ctypes.c_void_p
+    words = [w for w in _clean_type(ctype).split() if w not in ("const", "volatile")]
+    return _C_SCALARS[" ".join(words)]
+
+
+class EmuModule:
+    """A compiled emulator library: ``launch(name, grid, block, args)`` runs a kernel."""
+
+    def __init__(self, source: str, specs: Sequence[KernelSpec], path: str, library):
+        self.source = source
+        self.path = path
+        self.library = library
+        self.specs = {s.name: s for s in specs}
+        self._entries = {}
+        for s in specs:
+            entry = getattr(library, f"mc_emu_launch_{s.name}")
+            entry.restype = ctypes.c_int
+            entry.argtypes = [ctypes.c_uint] * 6 + [
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_char_p,
+                ctypes.c_int,
+            ]
+            self._entries[s.name] = (entry, [_ctype(t) for t in s.params])
+        library.mc_emu_configure.argtypes = [ctypes.c_ulonglong, ctypes.c_uint]
+
+    def configure(self, *, stack_bytes: int = 0, workers: int = 0) -> None:
+        """Set the fiber stack size per CUDA thread and the OS threads running blocks (0: all)."""
+        self.library.mc_emu_configure(stack_bytes, workers)
+
+    def launch(self, name: str, grid, block, args: Sequence[Any]) -> None:
+        """Run kernel ``name``; tensors pass their data pointer (they must be on the CPU)."""
+        entry, ctypes_ = self._entries[name]
+        if len(args) != len(ctypes_):
+            raise TypeError(f"kernel {name} takes {len(ctypes_)} arguments, {len(args)} given")
+        values = [_argument(name, i, a, t) for i, (a, t) in enumerate(zip(args, ctypes_))]
+        pointers = (ctypes.c_void_p * max(1, len(values)))(
+            *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values]
+        )
+        err = ctypes.create_string_buffer(_ERROR_BYTES)
+        status = entry(*_as_dims(grid), *_as_dims(block), pointers, err, _ERROR_BYTES)
+        if status != 0:
+            raise EmulatorError(err.value.decode(errors="replace"), kernel=name)
+
+    def __repr__(self) -> str:
+        return f"EmuModule({', '.join(self.specs)}; {self.path})"
+
+
+def _argument(kernel: str, i: int, value: Any, ctype):
+    if hasattr(value, "data_ptr"):
+        if ctype is not ctypes.c_void_p:
+            raise TypeError(f"kernel {kernel}: argument {i} is a scalar, got a tensor")
+        if value.device.type != "cpu":
+            raise TypeError(
+                f"kernel {kernel}: argument {i} is on {value.device}; cuda-emu runs on CPU tensors"
+            )
+        return ctypes.c_void_p(value.data_ptr())
+    if ctype is ctypes.c_void_p and not isinstance(value, int):
+        raise TypeError(f"kernel {kernel}: argument {i} is a pointer, got {type(value).__name__}")
+    return ctype(value)
+
+
+def asan_runtime(cxx: str = "c++") -> str | None:
+    """The path of the compiler's ASan runtime library, or None when it has none."""
+    try:
+        proc = subprocess.run(
+            [cxx, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return None
+    path = proc.stdout.strip()
+    return os.path.realpath(path) if os.path.isabs(path) and os.path.exists(path) else None
+
+
+def asan_environment(cxx: str = "c++") -> dict[str, str]:
+    """Environment for a subprocess that loads ASan builds: libasan preloaded, recoverable."""
+    path = asan_runtime(cxx)
+    if path is None:
+        raise EmulatorError(f"{cxx} has no ASan runtime (libasan.so)")
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = " ".join(filter(None, [path, env.get("LD_PRELOAD", "")]))
+    # Python and torch leak by design; a report should fail the launch, not kill the process.
+    env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=0:" + env.get("ASAN_OPTIONS", "")
+    return env
+
+
+def _asan_loaded() -> bool:
+    return hasattr(ctypes.CDLL(None), "__asan_init")
+
+
+def build_emulated(
+    source: str,
+    kernels: Sequence[Function] | Sequence[tuple],
+    *,
+    cache_dir: str,
+    cxx: str = "c++",
+    asan: bool = False,
+    ucontext: bool = False,
+    cxxflags: str = DEFAULT_CXXFLAGS,
+) -> EmuModule:
+    """Compile CUDA ``source`` for the emulator and load it.
+
+    ``kernels`` are kernel-IR Functions, or ``(name, param C types[, sync])`` tuples whose types
+    are a list or a comma-separated string; ``sync`` (whether the kernel reaches a barrier or a
+    warp shuffle, so its threads need fibers) is otherwise found by scanning ``source``.
+    ``ucontext`` selects the swapcontext fiber switch instead of the x86-64 routine.
+    """
+    specs = _specs(source, kernels)
+    full = emulator_source(source, specs, ucontext=ucontext)
+    flags = cxxflags + (" " + _ASAN_FLAGS if asan else "")
+    if asan and not _asan_loaded():
+        raise EmulatorError(
+            "an ASan build needs the ASan runtime loaded first: run this in a process started "
+            "with minicomp.backends.cuda.emu.asan_environment() (LD_PRELOAD of libasan)"
+        )
+    path = compiler.compile_c(full, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu")
+    return EmuModule(source, specs, path, compiler.load_library(path))
