@@ -1,0 +1,398 @@
+"""The CUDA auto-scheduler: grid-stride elementwise kernels, block- and warp-per-row reductions.
+
+Every kernel is one-dimensional: `block_dim` is (threads, 1, 1) and `grid_dim` (blocks, 1, 1),
+the block count an int for static sizes or an i64 expression over the kernel's size params.
+Launch indices are i32 intrinsics, widened to i64 before any index arithmetic.
+
+Injective groups: the outer domain is flattened; thread `t` of block `b` handles flat index
+`b * BLOCK + t`, unravelled into the outer variables with idiv/imod. When the block count is
+static and fits gridDim.x the kernel is one guarded step (`if flat < numel`); otherwise the
+grid is capped at MAX_GRID and a grid-stride loop covers the rest. A later vectorised
+variant slots in at `CudaKernelBuilder.injective`: where the innermost output dim is
+contiguous in every buffer and a multiple of VEC elements, each thread takes VEC consecutive
+flat indices (`flat * VEC + k`), the unravel runs once per thread, and the loads and stores
+of the VEC elements become one 16-byte access through an intrinsic; nothing else changes.
+
+Reduction groups (ReduceStages over the inner loops, then row stores), by inner extent:
+- large (>= LARGE_ROW) or symbolic: one row per block of BLOCK threads. Each thread folds a
+  strided slice of the row into a private accumulator, then a block reduction: a warp
+  `shfl_down_sync` tree, lane 0 of each warp writes a `__shared__` array of WARPS partials,
+  syncthreads, warp 0 reduces the partials, thread 0 broadcasts through slot 0, syncthreads;
+  another syncthreads follows the read when the array is written again later (a next stage
+  of the same type, or the next row of a grid-stride row loop).
+- static and small: one row per warp (WARPS rows per block), a `shfl_xor_sync` butterfly
+  so every lane holds the result; no shared memory and no barrier.
+Later stages (softmax's sum after its max) and the row stores follow in the same kernel,
+reading the broadcast accumulators; scalar row stores are written by one thread.
+argmax/argmin reduce (value, index) pairs (NaN first, ties to the smaller index).
+Full reductions (no outer dims) run as one row on one block; splitting very long rows over
+many blocks (a two-pass reduction) is future work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from minicomp.ir.expr import (
+    Call,
+    Dim,
+    Expr,
+    Load,
+    Var,
+    binary,
+    cast,
+    const,
+    dim_expr,
+    eq,
+    maximum,
+    minimum,
+    ne,
+    prod,
+)
+from minicomp.ir.func import Function
+from minicomp.ir.functor import substitute
+from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
+from minicomp.ir.stmt import (
+    Assign,
+    Declare,
+    DeclareArray,
+    Evaluate,
+    For,
+    If,
+    Stmt,
+    Store,
+    While,
+    seq,
+)
+from minicomp.ir.types import DataType, PointerType, i32, i64
+from minicomp.schedule.common import (
+    KernelSignature,
+    Strides,
+    arg_better,
+    combine,
+    identity,
+    lower_accesses,
+    offset,
+    signature,
+)
+
+# Threads per block of every kernel.
+BLOCK = 256
+WARP = 32
+WARPS = BLOCK // WARP
+# Rows at least this long (or of symbolic length) get a block each; shorter ones a warp.
+LARGE_ROW = 1024
+# The largest gridDim.x; longer domains loop over the grid.
+MAX_GRID = 2**31 - 1
+# Shuffle deltas of a warp-wide tree, and of the tree over the WARPS partials.
+_WARP_DELTAS = tuple(WARP >> k for k in range(1, 6))
+_PARTIAL_DELTAS = tuple(d for d in _WARP_DELTAS if d < WARPS)
+
+
+def _launch(name: str) -> Expr:
+    """A launch index intrinsic (i32), widened to i64."""
+    return cast(Call(name, (), i32), i64)
+
+
+def _sync() -> Stmt:
+    return Evaluate(Call("syncthreads", (), i32))
+
+
+def _shuffle(name: str, v: Expr, arg: int) -> Expr:
+    """A warp shuffle of `v`; bool and narrow ints travel as i32 (CUDA has no such overload)."""
+    dt = v.dtype
+    carrier = i32 if dt.is_bool or (dt.is_integer and dt.nbytes < 4) else dt
+    return cast(Call(name, (cast(v, carrier), const(arg, i32)), carrier), dt)
+
+
+def _ceil_div(n: Dim, d: int) -> Dim:
+    if isinstance(n, int):
+        return -(-n // d)
+    return (dim_expr(n) + (d - 1)) // d
+
+
+def _grid(blocks: Dim) -> Dim:
+    """A block count clamped to [1, MAX_GRID] (a zero-block launch is invalid)."""
+    if isinstance(blocks, int):
+        return min(max(blocks, 1), MAX_GRID)
+    return minimum(maximum(blocks, const(1)), const(MAX_GRID))
+
+
+def _loops(rows: Dim, per_block: int) -> bool:
+    """Whether a grid with one thread group per row needs a grid-stride loop over rows."""
+    return not isinstance(rows, int) or _ceil_div(rows, per_block) > MAX_GRID
+
+
+def _is_unit(x: Dim) -> bool:
+    return isinstance(x, int) and x == 1
+
+
+def unravel(flat: Expr, vars_: Sequence[Var], extents: Sequence[Dim]) -> list[Stmt]:
+    """Declarations giving each variable its row-major coordinate of `flat` (unit dims skipped;
+    the caller substitutes 0 for their variables)."""
+    kept = [(v, x) for v, x in zip(vars_, extents) if not _is_unit(x)]
+    out: list[Stmt] = []
+    for k, (v, x) in enumerate(kept):
+        below = prod(x2 for _, x2 in kept[k + 1 :])
+        e = flat if _is_unit(below) else flat // dim_expr(below)
+        if k > 0:
+            e = e % dim_expr(x)
+        out.append(Declare(v, e))
+    return out
+
+
+def _grid_stride(var: Var, start: Expr, step: Expr, limit: Expr, body: Stmt) -> Stmt:
+    """`for (var = start; var < limit; var += step) body` as a declaration and a while loop."""
+    return seq(Declare(var, start), While(var < limit, seq(body, Assign(var, var + step))))
+
+
+def _pair_better(kind: str, ov: Expr, oi: Expr, bv: Expr, bi: Expr) -> Expr:
+    """Whether pair (ov, oi) beats (bv, bi) in argmax/argmin: a better value, or the same
+    value (NaN counting as equal to NaN) at a smaller index."""
+    same = eq(ov, bv)
+    if ov.dtype.is_float:
+        same = binary("or", same, binary("and", ne(ov, ov), ne(bv, bv)))
+    return binary("or", arg_better(kind, ov, bv), binary("and", same, oi < bi))
+
+
+class CudaKernelBuilder:
+    """Lowers one fused group to a CUDA kernel function."""
+
+    def __init__(self, op: FusedOp, layouts: Mapping[str, Strides]):
+        self.op = op
+        loop_vars = set(op.outer_vars) | set(op.inner_vars)
+        self.sig: KernelSignature = signature(op, layouts, loop_vars)
+        self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
+        self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
+        loops = zip(op.outer_vars + op.inner_vars, op.outer_extents + op.inner_extents)
+        self.stages = substitute(op.stages, {v: const(0) for v, x in loops if _is_unit(x)})
+        self.reduces = [s for s in self.stages if isinstance(s, ReduceStage)]
+        self.tid, self.lane, self.warp = Var("tid", i64), Var("lane", i64), Var("warp", i64)
+        self.row = Var("row", i64)
+
+    def expr(self, e: Expr) -> Expr:
+        return lower_accesses(e, self.buffers)
+
+    def store(self, st: StoreStage) -> Stmt:
+        buf, strides = self.out_bufs[st.output]
+        value = cast(self.expr(st.body), self.op.outputs[st.output].dtype)
+        return Store(buf, offset(st.indices, strides), value)
+
+    def build(self) -> Function:
+        if self.op.is_reduction:
+            body, grid, block = self.reduction()
+        else:
+            body, grid, block = self.injective()
+        attrs = (("block_dim", (block, 1, 1)), ("grid_dim", (grid, 1, 1)))
+        return Function(self.op.name, self.sig.params, body, "kernel", attrs=attrs)
+
+    # ---- injective groups ----
+
+    def injective(self) -> tuple[Stmt, Dim, int]:
+        op = self.op
+        numel = prod(op.outer_extents)
+        flat = Var("flat", i64)
+        body = seq(
+            *unravel(flat, op.outer_vars, op.outer_extents),
+            *(self.store(s) for s in self.stages),
+        )
+        first = _launch("block_idx_x") * BLOCK + _launch("thread_idx_x")
+        blocks = _ceil_div(numel, BLOCK)
+        if isinstance(blocks, int) and blocks <= MAX_GRID:
+            guarded = body if numel % BLOCK == 0 and numel > 0 else If(flat < numel, body)
+            return seq(Declare(flat, first), guarded), _grid(blocks), BLOCK
+        step = _launch("grid_dim_x") * BLOCK
+        return _grid_stride(flat, first, step, dim_expr(numel), body), _grid(blocks), BLOCK
+
+    # ---- reduction groups ----
+
+    def reduction(self) -> tuple[Stmt, Dim, int]:
+        n = prod(self.op.inner_extents)
+        if isinstance(n, int) and n < LARGE_ROW:
+            return self.warp_rows(n)
+        return self.block_rows(n)
+
+    def rows_loop(self, first: Expr, step: Expr, per_block: int, body: Stmt) -> tuple[Stmt, Dim]:
+        """`body` for each row this thread's group takes, and the block count."""
+        rows = prod(self.op.outer_extents)
+        row = self.row
+        blocks = _ceil_div(rows, per_block)
+        if not _loops(rows, per_block):
+            exact = rows % per_block == 0 and rows > 0
+            return seq(Declare(row, first), body if exact else If(row < rows, body)), _grid(blocks)
+        return _grid_stride(row, first, step, dim_expr(rows), body), _grid(blocks)
+
+    def block_rows(self, n: Dim) -> tuple[Stmt, Dim, int]:
+        """One row per block: strided partials, then shared-memory block reductions."""
+        op = self.op
+        types = [self.parts(st) for st in self.reduces]
+        smem: dict[DataType, Var] = {}
+        for parts in types:
+            for dt in parts:
+                smem.setdefault(dt, Var(f"smem_{dt.short}", PointerType(dt, "shared")))
+        looping = _loops(prod(op.outer_extents), 1)
+        stmts: list[Stmt] = list(unravel(self.row, op.outer_vars, op.outer_extents))
+        for k, st in enumerate(self.reduces):
+            later = {dt for parts in types[k + 1 :] for dt in parts}
+            reuse = looping or bool(later & set(types[k]))
+            stmts += self.block_stage(k, st, n, smem, reuse)
+        stmts += self.row_stores(self.tid, BLOCK, n)
+        first, step = _launch("block_idx_x"), _launch("grid_dim_x")
+        loop, grid = self.rows_loop(first, step, 1, seq(*stmts))
+        head = [DeclareArray(v, dt, WARPS, "shared") for dt, v in smem.items()]
+        head += [
+            Declare(self.tid, _launch("thread_idx_x")),
+            Declare(self.lane, self.tid % WARP),
+            Declare(self.warp, self.tid // WARP),
+        ]
+        return seq(*head, loop), grid, BLOCK
+
+    def warp_rows(self, n: int) -> tuple[Stmt, Dim, int]:
+        """One row per warp: strided partials, then a butterfly every lane ends with."""
+        op = self.op
+        rows = prod(op.outer_extents)
+        per_block = min(WARPS, rows) if isinstance(rows, int) and rows > 0 else WARPS
+        stmts: list[Stmt] = list(unravel(self.row, op.outer_vars, op.outer_extents))
+        for k, st in enumerate(self.reduces):
+            stmts += self.warp_stage(k, st, n)
+        stmts += self.row_stores(self.lane, WARP, n)
+        first = _launch("block_idx_x") * per_block + self.warp
+        step = _launch("grid_dim_x") * per_block
+        loop, grid = self.rows_loop(first, step, per_block, seq(*stmts))
+        head = [
+            Declare(self.tid, _launch("thread_idx_x")),
+            Declare(self.lane, self.tid % WARP),
+            Declare(self.warp, self.tid // WARP),
+        ]
+        return seq(*head, loop), grid, per_block * WARP
+
+    def row_stores(self, rank: Var, width: int, n: Dim) -> list[Stmt]:
+        """Scalar row stores (by the group's first thread), then the strided full-row stores."""
+        out: list[Stmt] = []
+        scalar = [self.store(s) for s in self.stages if isinstance(s, StoreStage) and not s.inner]
+        if scalar:
+            out.append(If(eq(rank, 0), seq(*scalar)))
+        full = [self.store(s) for s in self.stages if isinstance(s, StoreStage) and s.inner]
+        if full:
+            out.append(self.strided(len(self.reduces), rank, width, n, lambda j: seq(*full)))
+        return out
+
+    def strided(self, k: int, start: Expr, width: int, n: Dim, body: Callable[[Var], Stmt]) -> Stmt:
+        """`body(j)` for j = start, start + width, ... < n, with the inner variables of j."""
+        op = self.op
+        j = Var(f"j{k}", i64)
+        inner = seq(*unravel(j, op.inner_vars, op.inner_extents), body(j))
+        if not isinstance(n, int):
+            return _grid_stride(j, start, const(width), dim_expr(n), inner)
+        it = Var(f"it{k}", i64)
+        guarded = inner if n % width == 0 else If(j < n, inner)
+        return For(it, const(_ceil_div(n, width)), seq(Declare(j, start + it * width), guarded))
+
+    # ---- one reduce stage ----
+
+    def parts(self, st: ReduceStage) -> tuple[DataType, ...]:
+        """The types a stage's partial results travel in (value and index for argmax)."""
+        if st.kind in ("argmax", "argmin"):
+            return (self.expr(st.body).dtype, i64)
+        return (st.var.dtype,)
+
+    def accumulate(self, k: int, st: ReduceStage, accs: tuple[Var, ...], start, width, n):
+        """Declarations of a thread's accumulators, and the loop folding its slice into them."""
+        value = self.expr(st.body)
+        if st.kind in ("argmax", "argmin"):
+            best, index = accs
+            kind = "max" if st.kind == "argmax" else "min"
+
+            elem = Var(f"{best.name}_e", value.dtype)
+
+            def update(j: Var) -> Stmt:
+                better = arg_better(st.kind, elem, best)
+                return seq(
+                    Declare(elem, value), If(better, seq(Assign(best, elem), Assign(index, j)))
+                )
+
+            decls = [Declare(best, identity(kind, best.dtype)), Declare(index, const(0))]
+        else:
+            (acc,) = accs
+            acc_type = acc.dtype
+
+            def update(j: Var) -> Stmt:
+                return Assign(acc, cast(combine(st.kind, acc, cast(value, acc_type)), acc_type))
+
+            decls = [Declare(acc, identity(st.kind, acc_type))]
+        return [*decls, self.strided(k, start, width, n, update)]
+
+    def combine_step(self, st: ReduceStage, accs, others, shuffle: str, delta: int) -> list[Stmt]:
+        """Fold in the accumulators of the lane `delta` away (down or across)."""
+        if st.kind in ("argmax", "argmin"):
+            (bv, bi), (ov, oi) = accs, others
+            take = _pair_better(st.kind, ov, oi, bv, bi)
+            return [
+                Assign(ov, _shuffle(shuffle, bv, delta)),
+                Assign(oi, _shuffle(shuffle, bi, delta)),
+                If(take, seq(Assign(bv, ov), Assign(bi, oi))),
+            ]
+        (acc,) = accs
+        moved = _shuffle(shuffle, acc, delta)
+        return [Assign(acc, cast(combine(st.kind, acc, moved), acc.dtype))]
+
+    def stage_vars(self, st: ReduceStage, suffix: str) -> tuple[tuple[Var, ...], tuple[Var, ...]]:
+        """A stage's accumulators (named after `st.var` + suffix) and its shuffle temporaries."""
+        name = st.var.name
+        if st.kind in ("argmax", "argmin"):
+            vt, _ = self.parts(st)
+            index = Var(f"{name}{suffix}", i64) if suffix else st.var
+            accs = (Var(f"{name}_v", vt), index)
+            others = (Var(f"{name}_ov", vt), Var(f"{name}_oi", i64))
+        else:
+            accs = (Var(f"{name}{suffix}", st.var.dtype) if suffix else st.var,)
+            others = ()
+        return accs, others
+
+    def warp_stage(self, k: int, st: ReduceStage, n: int) -> list[Stmt]:
+        accs, others = self.stage_vars(st, "")
+        out = self.accumulate(k, st, accs, self.lane, WARP, n)
+        out += [Declare(v) for v in others]
+        for d in _WARP_DELTAS:
+            out += self.combine_step(st, accs, others, "shfl_xor_sync", d)
+        return out
+
+    def block_stage(self, k: int, st: ReduceStage, n: Dim, smem, reuse: bool) -> list[Stmt]:
+        accs, others = self.stage_vars(st, "_t")
+        arrays = [smem[v.dtype] for v in accs]
+        out = self.accumulate(k, st, accs, self.tid, BLOCK, n)
+        out += [Declare(v) for v in others]
+        for d in _WARP_DELTAS:
+            out += self.combine_step(st, accs, others, "shfl_down_sync", d)
+        partials = seq(*(Store(a, self.warp, v) for a, v in zip(arrays, accs)))
+        out.append(If(eq(self.lane, 0), partials))
+        out.append(_sync())
+        idents = self.identities(st, accs)
+        first_warp = [
+            If(
+                self.lane < WARPS,
+                seq(*(Assign(v, Load(a, self.lane)) for a, v in zip(arrays, accs))),
+                seq(*(Assign(v, e) for v, e in zip(accs, idents))),
+            )
+        ]
+        for d in _PARTIAL_DELTAS:
+            first_warp += self.combine_step(st, accs, others, "shfl_down_sync", d)
+        result = accs[-1]
+        first_warp.append(If(eq(self.lane, 0), Store(smem[result.dtype], const(0), result)))
+        out.append(If(eq(self.warp, 0), seq(*first_warp)))
+        out.append(_sync())
+        out.append(Declare(st.var, Load(smem[result.dtype], const(0))))
+        if reuse:
+            out.append(_sync())
+        return out
+
+    def identities(self, st: ReduceStage, accs: tuple[Var, ...]) -> tuple[Expr, ...]:
+        if st.kind in ("argmax", "argmin"):
+            kind = "max" if st.kind == "argmax" else "min"
+            return (identity(kind, accs[0].dtype), const(0))
+        return (identity(st.kind, accs[0].dtype),)
+
+
+def schedule_cuda(op: FusedOp, layouts: Mapping[str, Strides]) -> Function:
+    """The CUDA kernel for a fused group, given the strides of every value it touches."""
+    return CudaKernelBuilder(op, layouts).build()
