@@ -79,7 +79,12 @@ def test_explain_runs_a_script_and_reports_every_graph_it_compiles(tmp_path):
     proc = _minicomp("explain", str(script), "8", cache_dir=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr
     assert "result torch.Size([4, 8])" in proc.stdout
-    for title in ("forward graph: ATen", "graph IR after fuse", "fused groups (1)",
-                  "kernel IR:", "generated source"):
+    for title in (
+        "forward graph: ATen",
+        "graph IR after fuse",
+        "fused groups (1)",
+        "kernel IR:",
+        "generated source",
+    ):
         assert title in proc.stdout
     assert "3 ATen ops -> 1 kernels" in proc.stdout
