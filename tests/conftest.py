@@ -15,8 +15,9 @@ for _path in (os.path.dirname(_TESTS_DIR), _TESTS_DIR):
 
 
 def selected_targets() -> list[str]:
-    """The targets named by MINICOMP_TEST_TARGETS (comma list, default "cpu")."""
-    names = os.environ.get("MINICOMP_TEST_TARGETS", "cpu")
+    """The targets named by MINICOMP_TEST_TARGETS (comma list, default "cpu,cuda-emu";
+    "cuda" runs where a GPU is present)."""
+    names = os.environ.get("MINICOMP_TEST_TARGETS", "cpu,cuda-emu")
     return [name.strip() for name in names.split(",") if name.strip()]
 
 

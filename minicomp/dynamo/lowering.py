@@ -38,24 +38,56 @@ class CompileRecord:
 
 def schedule_graph(graph: Graph, target: str, layouts: dict) -> list[Function]:
     """One kernel function per fused group."""
-    if target != "cpu":
-        raise NotImplementedError(f"target {target!r} is not available yet")
-    from minicomp.schedule.cpu import schedule_cpu
+    if target == "cpu":
+        from minicomp.schedule.cpu import schedule_cpu as schedule
+    elif target in ("cuda", "cuda-emu"):
+        from minicomp.schedule.cuda import schedule_cuda as schedule
+    else:
+        raise ValueError(f"unknown target {target!r}")
+    return [schedule(n, layouts) for n in graph.nodes if isinstance(n, FusedOp)]
 
-    return [schedule_cpu(n, layouts) for n in graph.nodes if isinstance(n, FusedOp)]
 
+def build_kernels(
+    kernels: list[Function], target: str, options: Options
+) -> tuple[dict[str, Callable], str]:
+    """Compile the kernels into one binary; callables by kernel name, and the source.
 
-def build_kernels(kernels: list[Function], options: Options) -> tuple[dict[str, Callable], str]:
-    """Compile the kernels into one binary; callables by kernel name, and the source."""
+    A callable takes the kernel's parameters (buffer addresses, then size symbols).
+    """
     if not kernels:
         return {}, ""
-    from minicomp.backends.cpu.module import build
+    module = Module("graph", tuple(kernels))
+    if target == "cpu":
+        from minicomp.backends.cpu.module import build
 
-    cflags = options.cflags + (" -g" if options.debug else "")
-    lib = build(
-        Module("graph", tuple(kernels)), cc=options.cc, cflags=cflags, cache_dir=options.cache_dir
+        cflags = options.cflags + (" -g" if options.debug else "")
+        lib = build(module, cc=options.cc, cflags=cflags, cache_dir=options.cache_dir)
+        return {k.name: lib.kernel(k.name) for k in kernels}, lib.source
+    if target == "cuda-emu":
+        from minicomp.backends.cuda.codegen import render_module
+        from minicomp.backends.cuda.emu import build_emulated
+
+        source = render_module(module)
+        emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
+        return {k.name: _emulated_launcher(emu, k) for k in kernels}, source
+    raise NotImplementedError(
+        "the cuda target compiles kernels (minicomp.backends.cuda) but cannot launch them "
+        "yet; use options={'target': 'cuda-emu'} to run the same CUDA kernels on the CPU"
     )
-    return {k.name: lib.kernel(k.name) for k in kernels}, lib.source
+
+
+def _emulated_launcher(emu, kernel: Function) -> Callable:
+    """A callable launching `kernel` in the emulator, its grid computed from the sizes."""
+    symbols = [p.name for p in kernel.params if isinstance(p.type, T.DataType)]
+    buffers = len(kernel.params) - len(symbols)
+    grid = dims_fn(kernel.attr("grid_dim"))
+    block = dims_fn(kernel.attr("block_dim"))
+
+    def launch(*args: Any) -> None:
+        env = dict(zip(symbols, args[buffers:]))
+        emu.launch(kernel.name, grid(env), block(env), args)
+
+    return launch
 
 
 class PlanBuilder:
@@ -212,7 +244,7 @@ def compile_graph(graph: Graph, options: Options, record: CompileRecord) -> Plan
     kernels = [simplify_indices(k) for k in schedule_graph(graph, target, layouts)]
     record.kernels = kernels
     t2 = time.perf_counter()
-    fns, record.source = build_kernels(kernels, options)
+    fns, record.source = build_kernels(kernels, target, options)
     t3 = time.perf_counter()
     record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
     symbols = {

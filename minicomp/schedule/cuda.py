@@ -332,9 +332,13 @@ class CudaKernelBuilder:
                 Assign(oi, _shuffle(shuffle, bi, delta)),
                 If(take, seq(Assign(bv, ov), Assign(bi, oi))),
             ]
-        (acc,) = accs
-        moved = _shuffle(shuffle, acc, delta)
-        return [Assign(acc, cast(combine(st.kind, acc, moved), acc.dtype))]
+        (acc,), (other,) = accs, others
+        # The shuffle gets a statement of its own: inside the combine it could sit behind a
+        # short-circuit (any/all are `||`/`&&`), and lanes skipping it break the warp.
+        return [
+            Assign(other, _shuffle(shuffle, acc, delta)),
+            Assign(acc, cast(combine(st.kind, acc, other), acc.dtype)),
+        ]
 
     def stage_vars(self, st: ReduceStage, suffix: str) -> tuple[tuple[Var, ...], tuple[Var, ...]]:
         """A stage's accumulators (named after `st.var` + suffix) and its shuffle temporaries."""
@@ -345,8 +349,8 @@ class CudaKernelBuilder:
             accs = (Var(f"{name}_v", vt), index)
             others = (Var(f"{name}_ov", vt), Var(f"{name}_oi", i64))
         else:
-            accs = (Var(f"{name}{suffix}", st.var.dtype) if suffix else st.var,)
-            others = ()
+            acc = Var(f"{name}{suffix}", st.var.dtype) if suffix else st.var
+            accs, others = (acc,), (Var(f"{acc.name}_o", st.var.dtype),)
         return accs, others
 
     def warp_stage(self, k: int, st: ReduceStage, n: int) -> list[Stmt]:

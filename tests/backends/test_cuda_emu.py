@@ -179,9 +179,15 @@ def test_warp_sum_with_shfl_down(cache_dir, name, dtype):
     )
     assert m.specs[name].sync
     x = (torch.randn(4 * 128) * 100).to(dtype)
-    out = torch.zeros(4 * 128 // 32, dtype=dtype)
+    out = torch.full((4 * 128 // 32,), -7, dtype=dtype)
     m.launch(name, 4, 128, [x, out])
-    torch.testing.assert_close(out, x.view(-1, 32).sum(1))
+    rows = x.view(-1, 32)
+    if dtype.is_floating_point:
+        # The tree adds in another order than torch: bound the error by the magnitudes summed.
+        bound = 32 * torch.finfo(dtype).eps * rows.abs().sum(1).double()
+        assert ((out.double() - rows.double().sum(1)).abs() <= bound).all()
+    else:
+        assert torch.equal(out, rows.sum(1))
 
 
 def test_wrong_shuffle_delta_gives_a_wrong_sum(cache_dir):

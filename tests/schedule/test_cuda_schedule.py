@@ -722,3 +722,22 @@ def test_every_kernel_compiles_with_nvrtc_without_spills(arch, cache_dir):
     assert set(binary.resources) == {f.name for f in kernels}
     for name, res in binary.resources.items():
         assert (res.spill_stores, res.spill_loads) == (0, 0), name
+
+
+@pytest.mark.parametrize("kind", ["any", "all"])
+@pytest.mark.parametrize("cols", [16, 2000])
+def test_any_and_all_shuffle_in_every_lane(kind, cols, runner):
+    # any/all combine with || and &&: a lane whose answer is already known must still take
+    # part in every shuffle, or the warp diverges (a deadlock in the emulator, UB on a GPU).
+    from minicomp.ir.types import boolean
+
+    x = torch.rand(5, cols) > 0.5
+    x[0] = True
+    x[1] = False
+    x[2, 3] = not x[2, 4]
+    f = schedule(row_reduce(kind, rows=5, cols=cols, dtype=boolean))
+    out = torch.full((5, 1), kind == "any")
+    out[:] = not out[0, 0]  # poison: the opposite of what a row of the identity gives
+    runner(f, {"x": x, "s": out})
+    expected = getattr(torch, kind)(x, dim=1, keepdim=True)
+    assert out.tolist() == expected.tolist()
