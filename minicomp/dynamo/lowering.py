@@ -160,9 +160,8 @@ class PlanBuilder:
             steps.append(self.kernel_step(n) if isinstance(n, FusedOp) else self.extern_step(n))
         extern_reads = {k for s in steps if isinstance(s, ExternStep) for k in s.reads}
         for k, info in enumerate(self.slots):
-            info.as_tensor = (
-                not info.workspace or k in extern_reads or info.name in {v.name for v in outputs}
-            )
+            # Workspace intermediates only kernels read are passed as bare addresses.
+            info.as_tensor = not info.workspace or k in extern_reads
         outs = []
         for o in g.outputs:
             if o is None:
