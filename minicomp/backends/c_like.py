@@ -25,6 +25,7 @@ import re
 import struct
 from collections.abc import Iterator
 
+from minicomp.backends import c_names
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
@@ -61,227 +62,6 @@ _INFIX = {
 _GROUPED = ("shl", "shr", "bitand", "bitxor", "bitor", "and", "or")
 _HELPER_OPS = ("max", "min", "floordiv", "mod")
 
-# Math functions spelled like C's libm (float variants add an `f`), and those a target's
-# header implements as mc_<name>_<type>.
-_LIBM = {
-    name: name
-    for name in (
-        "exp",
-        "exp2",
-        "expm1",
-        "log",
-        "log2",
-        "log10",
-        "log1p",
-        "sqrt",
-        "cbrt",
-        "sin",
-        "cos",
-        "tan",
-        "asin",
-        "acos",
-        "atan",
-        "sinh",
-        "cosh",
-        "tanh",
-        "asinh",
-        "acosh",
-        "atanh",
-        "erf",
-        "erfc",
-        "lgamma",
-        "floor",
-        "ceil",
-        "rint",
-        "trunc",
-        "atan2",
-        "fmod",
-        "copysign",
-        "hypot",
-        "nextafter",
-    )
-} | {"abs": "fabs"}
-_HEADER_MATH = ("rsqrt", "erfinv", "digamma", "sigmoid")
-_PREDICATES = ("isnan", "isinf", "signbit")
-_INTEGRAL_IDENTITY = ("floor", "ceil", "rint", "trunc")
-
-_C_TYPES = {
-    "f32": "float",
-    "f64": "double",
-    "f16": "uint16_t",
-    "bf16": "uint16_t",
-    "bool": "bool",
-    "i8": "int8_t",
-    "i16": "int16_t",
-    "i32": "int32_t",
-    "i64": "int64_t",
-    "u8": "uint8_t",
-    "u16": "uint16_t",
-    "u32": "uint32_t",
-    "u64": "uint64_t",
-}
-_INT_SUFFIX = {"i64": "LL", "u64": "ULL", "u32": "u"}
-
-_C_KEYWORDS = frozenset(
-    (
-        "auto",
-        "break",
-        "case",
-        "char",
-        "const",
-        "continue",
-        "default",
-        "do",
-        "double",
-        "else",
-        "enum",
-        "extern",
-        "float",
-        "for",
-        "goto",
-        "if",
-        "inline",
-        "int",
-        "long",
-        "register",
-        "restrict",
-        "return",
-        "short",
-        "signed",
-        "sizeof",
-        "static",
-        "struct",
-        "switch",
-        "typedef",
-        "union",
-        "unsigned",
-        "void",
-        "volatile",
-        "while",
-        "_Bool",
-        "_Complex",
-        "_Imaginary",
-        "_Alignas",
-        "_Alignof",
-        "_Atomic",
-        "_Generic",
-        "_Noreturn",
-        "_Static_assert",
-        "_Thread_local",
-        "bool",
-        "true",
-        "false",
-        "asm",
-        "typeof",
-        "class",
-        "new",
-        "delete",
-        "this",
-        "template",
-        "typename",
-        "namespace",
-        "private",
-        "public",
-        "protected",
-        "operator",
-        "virtual",
-        "friend",
-        "int8_t",
-        "int16_t",
-        "int32_t",
-        "int64_t",
-        "uint8_t",
-        "uint16_t",
-        "uint32_t",
-        "uint64_t",
-        "size_t",
-        "NULL",
-        "NAN",
-        "INFINITY",
-        "M_PI",
-        "memcpy",
-        "main",
-        "errno",
-        "signgam",
-        "isnan",
-        "isinf",
-        "signbit",
-    )
-)
-# C library functions a generated file sees through its includes (GNU extensions included):
-# a function or variable of the same name would clash with or shadow them.
-_LIBC = (
-    *_LIBM.values(),
-    "pow",
-    "fma",
-    "fmax",
-    "fmin",
-    "fdim",
-    "round",
-    "lround",
-    "llround",
-    "nearbyint",
-    "lrint",
-    "llrint",
-    "ldexp",
-    "frexp",
-    "modf",
-    "scalbn",
-    "scalbln",
-    "ilogb",
-    "logb",
-    "remainder",
-    "remquo",
-    "nan",
-    "tgamma",
-    "gamma",
-    "exp10",
-    "pow10",
-    "sincos",
-    "drem",
-    "significand",
-    "j0",
-    "j1",
-    "jn",
-    "y0",
-    "y1",
-    "yn",
-    "fadd",
-    "fsub",
-    "fmul",
-    "fdiv",
-    "ffma",
-    "fsqrt",
-    "dadd",
-    "dsub",
-    "dmul",
-    "ddiv",
-    "dfma",
-    "dsqrt",
-    "div",
-    "ldiv",
-    "lldiv",
-    "abs",
-    "labs",
-    "llabs",
-    "exit",
-    "abort",
-    "free",
-    "malloc",
-    "calloc",
-    "realloc",
-    "memset",
-    "memmove",
-    "memcmp",
-    "strlen",
-    "printf",
-    "puts",
-    "rand",
-    "srand",
-    "time",
-    "clock",
-)
-_RESERVED = _C_KEYWORDS | frozenset(_LIBC) | frozenset(n + "f" for n in _LIBC)
 _LAUNCH_INDEX = re.compile(r"(thread_idx|block_idx|block_dim|grid_dim)_([xyz])\Z")
 _LAUNCH_HOOKS = {
     "thread_idx": "thread_index",
@@ -390,7 +170,7 @@ class CLikeRenderer(Functor):
         """Hook: the C spelling of a scalar or pointer type."""
         if isinstance(t, PointerType):
             return f"{self.type_name(t.elem)}*"
-        return _C_TYPES[t.short]
+        return c_names.C_TYPES[t.short]
 
     def literal(self, c: E.Const) -> str:
         """Hook: the spelling of a constant (a negative one is treated as a unary minus)."""
@@ -409,7 +189,7 @@ class CLikeRenderer(Functor):
         lo, hi = (0, 2**bits - 1) if t.kind == "uint" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         if not lo <= v <= hi:
             raise ValueError(f"constant {v} does not fit {t}")
-        suffix = _INT_SUFFIX.get(t.short, "")
+        suffix = c_names.INT_SUFFIX.get(t.short, "")
         if v == lo and t.kind == "int" and bits >= 32:
             # The negation of 2**63 would overflow before the minus applies.
             return f"({v + 1}{suffix} - 1)"
@@ -475,11 +255,11 @@ class CLikeRenderer(Functor):
 
     def math_function_name(self, name: str, dt: DataType) -> str:
         """Hook: the function computing math function `name` on float32 or float64."""
-        if name in _HEADER_MATH:
+        if name in c_names.HEADER_MATH:
             return f"mc_{name}_{dt.short}"
-        if name in _PREDICATES:
+        if name in c_names.PREDICATES:
             return f"mc_{name}"
-        base = _LIBM[name]
+        base = c_names.LIBM[name]
         return base + "f" if dt == f32 else base
 
     def helper_name(self, op: str, dt: DataType) -> str:
@@ -645,7 +425,7 @@ class CLikeRenderer(Functor):
         """Hook: a math function call, its C function chosen by the computing type."""
         if len(e.args) != E.MATH_FUNCTIONS[e.name]:
             raise ValueError(f"{e.name} takes {E.MATH_FUNCTIONS[e.name]} arguments: {e}")
-        if e.name in _PREDICATES:
+        if e.name in c_names.PREDICATES:
             return self._predicate(e)
         dt = e.dtype
         if is_half(dt):
@@ -655,7 +435,7 @@ class CLikeRenderer(Functor):
         if not dt.is_float:
             if e.name == "abs":
                 return self._call(self.helper_name("abs", dt), *args)[0]
-            if e.name in _INTEGRAL_IDENTITY:
+            if e.name in c_names.INTEGRAL_IDENTITY:
                 return self.operand(args[0], PREC_ATOM)
             raise ValueError(f"{e.name} is not defined on {dt}: {e}")
         return self._call(self.math_function_name(e.name, dt), *args)[0]
@@ -785,7 +565,7 @@ class CLikeRenderer(Functor):
         """The whole source of a module: preamble, header, prototypes, then the functions."""
         self._functions = {}
         for f in module.functions:
-            reserved = f.name in _RESERVED or f.name in self.reserved_names
+            reserved = f.name in c_names.RESERVED or f.name in self.reserved_names
             if not _IDENT.match(f.name) or reserved or f.name.startswith("mc_"):
                 raise ValueError(f"function name {f.name!r} is not usable as a C identifier")
             if f.name in self._functions:
@@ -811,7 +591,7 @@ def _sanitize(name: str) -> str:
     text = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
     if text[0].isdigit() or text.startswith(("mc_", "MC_", "__")) or re.match(r"_[A-Z]", text):
         text = "v_" + text.lstrip("_")
-    if text in _RESERVED:
+    if text in c_names.RESERVED:
         text += "_"
     return text
 
