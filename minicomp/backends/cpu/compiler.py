@@ -12,15 +12,13 @@ import time
 from dataclasses import dataclass
 
 from minicomp.backends import cache
-from minicomp.backends.errors import CompileError
+from minicomp.backends.errors import CompileError, source_excerpts
 
 CODEGEN_VERSION = "1"
 """Part of every cache key: bump it when a build changes in a way the other key parts miss."""
 
 _SOURCE_NAME = "source.c"
 _LIBRARY_NAME = "lib.so"
-_CONTEXT_LINES = 2
-_MAX_LOCATIONS = 8
 _MAX_LOG_LINES = 200
 _LOCATION = re.compile(r"^(?P<file>[^\s:]+):(?P<line>\d+):", re.MULTILINE)
 
@@ -216,25 +214,13 @@ def _failure_message(name: str, command: list[str], status: int, log: str, sourc
 
 
 def _source_excerpts(log: str, source: str) -> str:
-    """Numbered source lines around each ``source.c:LINE:`` of the log, ``>`` marking LINE."""
-    lines = source.splitlines()
+    """Numbered source lines around each ``source.c:LINE:`` of the log."""
     numbers: list[int] = []
     for match in _LOCATION.finditer(log):
         number = int(match["line"])
-        seen = number in numbers
-        if os.path.basename(match["file"]) == _SOURCE_NAME and not seen and 0 < number:
+        if os.path.basename(match["file"]) == _SOURCE_NAME and number not in numbers:
             numbers.append(number)
-    width = len(str(len(lines)))
-    blocks = []
-    for number in numbers[:_MAX_LOCATIONS]:
-        first = max(1, number - _CONTEXT_LINES)
-        last = min(len(lines), number + _CONTEXT_LINES)
-        block = [f"{_SOURCE_NAME}:{number}:"]
-        for n in range(first, last + 1):
-            marker = ">" if n == number else " "
-            block.append(f"{marker} {n:>{width}} | {lines[n - 1]}".rstrip())
-        blocks.append("\n".join(block))
-    return "\n".join(blocks)
+    return source_excerpts(source, _SOURCE_NAME, numbers)
 
 
 def load_library(path: str) -> ctypes.CDLL:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from minicomp.backends import cache
-from minicomp.backends.errors import CompileError
+from minicomp.backends.errors import CompileError, source_excerpts
 
 CODEGEN_VERSION = "1"
 """Part of every cache key: bump it when a build changes in a way the other key parts miss."""
@@ -29,8 +29,6 @@ BASE_FLAGS = ("--std=c++17", "--ptxas-options=-v")
 _CUBIN_NAME = "kernel.cubin"
 _META_NAME = "meta.json"
 _SOURCE_NAME = "source.cu"
-_CONTEXT_LINES = 2
-_MAX_LOCATIONS = 8
 _MAX_LOG_LINES = 200
 _ARCH = re.compile(r"sm_(?P<number>\d+)(?P<suffix>[af]?)\Z")
 
@@ -333,23 +331,10 @@ def _failure_message(name, filename, arch, options, result, log, source) -> str:
 
 
 def _source_excerpts(log: str, source: str, filename: str) -> str:
-    """Numbered source lines around each error NVRTC reports as `file(LINE): ... error`,
-    `>` marking LINE."""
+    """Numbered source lines around each error NVRTC reports as `file(LINE): ... error`."""
     location = re.compile(rf"^{re.escape(filename)}\((\d+)\): [^:\n]*error", re.MULTILINE)
-    lines = source.splitlines()
     numbers: list[int] = []
     for match in location.finditer(log):
-        number = int(match[1])
-        if 0 < number <= len(lines) and number not in numbers:
-            numbers.append(number)
-    width = len(str(len(lines)))
-    blocks = []
-    for number in numbers[:_MAX_LOCATIONS]:
-        first = max(1, number - _CONTEXT_LINES)
-        last = min(len(lines), number + _CONTEXT_LINES)
-        block = [f"{filename}:{number}:"]
-        for n in range(first, last + 1):
-            marker = ">" if n == number else " "
-            block.append(f"{marker} {n:>{width}} | {lines[n - 1]}".rstrip())
-        blocks.append("\n".join(block))
-    return "\n".join(blocks)
+        if int(match[1]) not in numbers:
+            numbers.append(int(match[1]))
+    return source_excerpts(source, filename, numbers)
