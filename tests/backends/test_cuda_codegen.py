@@ -389,7 +389,9 @@ def defined_helpers(header: str) -> set[str]:
 
     outside = re.sub(r"^#define .*$", "", text, flags=re.MULTILINE)
     defined = set()
-    for m in re.finditer(r"^MC_DEVICE [\w ]+?\b(mc_\w+)\(", outside, re.MULTILINE):
+    for m in re.finditer(
+        r"^(?:MC_DEVICE|MC_FN|MC_FN_PLAIN) [\w ]+?\b(mc_\w+)\(", outside, re.MULTILINE
+    ):
         defined.add(m[1])
     for m in re.finditer(r"^(MC_\w+)\(([^()]*)\)\s*$", outside, re.MULTILINE):
         defined |= expand(f"{m[1]}({m[2]})", {})

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 
 from minicomp.backends.c_like import CLikeRenderer, is_half, uses_any
+from minicomp.backends.headers import inline_includes
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Module
 from minicomp.ir.types import DataType, f32
@@ -30,9 +31,8 @@ _FAST_F32 = ("exp", "tanh", "erf")
 
 @functools.lru_cache(maxsize=1)
 def runtime_header() -> str:
-    """The text of runtime.h, which every generated source carries inline."""
-    with open(HEADER_PATH, encoding="utf-8") as f:
-        return f.read()
+    """The text of runtime.h (common.h inlined), which every generated source carries inline."""
+    return inline_includes(HEADER_PATH)
 
 
 class CRenderer(CLikeRenderer):

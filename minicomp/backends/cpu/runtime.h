@@ -24,7 +24,7 @@
 MC_INLINE uint32_t mc_bits_f32(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 MC_INLINE float mc_from_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
-/* ---- float16 / bfloat16, stored as uint16_t bit patterns ---- */
+/* ---- float16, stored as uint16_t bit patterns (bfloat16 is in common.h) ---- */
 
 /* Exact; NaN payloads are kept and quietened (what PyTorch's conversion gives). */
 MC_INLINE float mc_f16_to_f32(uint16_t h) {
@@ -60,104 +60,6 @@ MC_INLINE uint16_t mc_f32_to_f16(float f) {
                  : ax >= 0x38800000u ? normal : subnormal;
     return (uint16_t)(sign | mag);
 }
-
-MC_INLINE float mc_bf16_to_f32(uint16_t h) { return mc_from_bits_f32((uint32_t)h << 16); }
-
-/* Round to nearest even; NaN becomes 0x7fc0 (PyTorch's canonical bfloat16 NaN). */
-MC_INLINE uint16_t mc_f32_to_bf16(float f) {
-    uint32_t x = mc_bits_f32(f);
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    return (uint16_t)(f != f ? 0x7fc0u : rounded);
-}
-
-/* ---- max / min: NaN propagates for floats (torch.maximum); ties keep `a` like std::max ---- */
-
-MC_INLINE float mc_max_f32(float a, float b) { return (a < b || b != b) ? b : a; }
-MC_INLINE float mc_min_f32(float a, float b) { return (b < a || b != b) ? b : a; }
-MC_INLINE double mc_max_f64(double a, double b) { return (a < b || b != b) ? b : a; }
-MC_INLINE double mc_min_f64(double a, double b) { return (b < a || b != b) ? b : a; }
-
-/* OpenMP's own max/min reductions drop NaNs; these combine private copies like the helpers.
-   omp_orig is a valid start for every private copy because max and min are idempotent. */
-#pragma omp declare reduction(mc_max_f32 : float : omp_out = mc_max_f32(omp_out, omp_in)) \
-    initializer(omp_priv = omp_orig)
-#pragma omp declare reduction(mc_min_f32 : float : omp_out = mc_min_f32(omp_out, omp_in)) \
-    initializer(omp_priv = omp_orig)
-#pragma omp declare reduction(mc_max_f64 : double : omp_out = mc_max_f64(omp_out, omp_in)) \
-    initializer(omp_priv = omp_orig)
-#pragma omp declare reduction(mc_min_f64 : double : omp_out = mc_min_f64(omp_out, omp_in)) \
-    initializer(omp_priv = omp_orig)
-
-/* ---- integer helpers, one family per type (S is the IR's short type name) ---- */
-
-#define MC_ORDER_HELPERS(T, S)                                                    \
-    MC_INLINE T mc_max_##S(T a, T b) { return a < b ? b : a; }                   \
-    MC_INLINE T mc_min_##S(T a, T b) { return b < a ? b : a; }
-
-/* Division by zero gives 0 rather than trapping: PyTorch raises, a kernel cannot. The
-   unsigned type U makes negation and repeated products wrap instead of overflowing. */
-#define MC_SIGNED_HELPERS(T, U, S)                                                \
-    MC_ORDER_HELPERS(T, S)                                                        \
-    MC_INLINE T mc_abs_##S(T a) { return a < 0 ? (T)((U)0 - (U)a) : a; }         \
-    MC_INLINE T mc_floordiv_##S(T a, T b) {                                       \
-        if (b == 0) return 0;                                                     \
-        if (b == -1) return (T)((U)0 - (U)a);                                     \
-        T q = (T)(a / b), r = (T)(a % b);                                         \
-        return (r != 0 && ((r < 0) != (b < 0))) ? (T)(q - 1) : q;                 \
-    }                                                                             \
-    MC_INLINE T mc_mod_##S(T a, T b) {                                            \
-        if (b == 0 || b == -1) return 0;                                          \
-        T r = (T)(a % b);                                                         \
-        return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;                 \
-    }                                                                             \
-    MC_INLINE T mc_pow_##S(T a, T b) {                                            \
-        if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;          \
-        U r = 1, x = (U)a;                                                        \
-        for (; b; b >>= 1) { if (b & 1) r *= x; x *= x; }                         \
-        return (T)r;                                                              \
-    }
-
-#define MC_UNSIGNED_HELPERS(T, S)                                                 \
-    MC_ORDER_HELPERS(T, S)                                                        \
-    MC_INLINE T mc_abs_##S(T a) { return a; }                                     \
-    MC_INLINE T mc_floordiv_##S(T a, T b) { return b == 0 ? 0 : (T)(a / b); }     \
-    MC_INLINE T mc_mod_##S(T a, T b) { return b == 0 ? 0 : (T)(a % b); }          \
-    MC_INLINE T mc_pow_##S(T a, T b) {                                            \
-        T r = 1;                                                                  \
-        for (; b; b >>= 1) { if (b & 1) r = (T)(r * a); a = (T)(a * a); }         \
-        return r;                                                                 \
-    }
-
-MC_SIGNED_HELPERS(int8_t, uint8_t, i8)
-MC_SIGNED_HELPERS(int16_t, uint16_t, i16)
-MC_SIGNED_HELPERS(int32_t, uint32_t, i32)
-MC_SIGNED_HELPERS(int64_t, uint64_t, i64)
-MC_UNSIGNED_HELPERS(uint8_t, u8)
-MC_UNSIGNED_HELPERS(uint16_t, u16)
-MC_UNSIGNED_HELPERS(uint32_t, u32)
-MC_UNSIGNED_HELPERS(uint64_t, u64)
-MC_ORDER_HELPERS(bool, bool)
-
-/* ---- floor division and modulo of floats, Python's semantics (what PyTorch computes) ---- */
-
-#define MC_FLOAT_DIVMOD(T, S, SUF)                                                \
-    MC_INLINE T mc_floordiv_##S(T a, T b) {                                       \
-        if (b == 0) return a / b;                                                 \
-        T m = fmod##SUF(a, b);                                                    \
-        T d = (a - m) / b;                                                        \
-        if (m != 0 && ((b < 0) != (m < 0))) d -= 1;                               \
-        if (d == 0) return copysign##SUF((T)0, a / b);                            \
-        T f = floor##SUF(d);                                                      \
-        /* (a - m) / b is an integer up to rounding: snap to the nearest one. */  \
-        return d - f > (T)0.5 ? f + 1 : f;                                        \
-    }                                                                             \
-    MC_INLINE T mc_mod_##S(T a, T b) {                                            \
-        T m = fmod##SUF(a, b);                                                    \
-        return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;                      \
-    }
-
-MC_FLOAT_DIVMOD(float, f32, f)
-MC_FLOAT_DIVMOD(double, f64, )
 
 /* ---- exp: fast, branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
 
@@ -259,102 +161,24 @@ MC_INLINE float mc_erf_f32(float x) {
 MC_INLINE float mc_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }
 MC_INLINE double mc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
 
-/* e / (1 + e) with e = exp(-|x|): no overflow of exp for negative x, so results far below
-   zero keep their (subnormal) precision instead of flushing to 0. */
-MC_INLINE float mc_sigmoid_f32(float x) {
-    float e = mc_exp_f32(-fabsf(x));
-    return (x >= 0 ? 1.0f : e) / (1.0f + e);
-}
-MC_INLINE double mc_sigmoid_f64(double x) {
-    double e = exp(-fabs(x));
-    return (x >= 0 ? 1.0 : e) / (1.0 + e);
-}
-
 MC_INLINE float mc_lgamma_f32(float x) { int s; return lgammaf_r(x, &s); }
 MC_INLINE double mc_lgamma_f64(double x) { int s; return lgamma_r(x, &s); }
 
-/* 0/1 results whatever the macros return (signbit may give any nonzero int). */
-#define mc_isnan(x) (isnan(x) ? 1 : 0)
-#define mc_isinf(x) (isinf(x) ? 1 : 0)
-#define mc_signbit(x) (signbit(x) ? 1 : 0)
+/* ---- helpers shared with the CUDA device header (the code generator inlines common.h) ---- */
 
-/* digamma for x > 0: climb to x >= 10 by psi(x) = psi(x + 1) - 1/x, then the asymptotic
-   series ln x - 1/2x - sum B_2k / (2k x^2k), truncated where its terms drop below 1e-17. */
-static inline double mc_digamma_positive(double x) {
-    double acc = 0.0;
-    while (x < 10.0) {
-        acc -= 1.0 / x;
-        x += 1.0;
-    }
-    double z = 1.0 / (x * x);
-    double series = z * (1.0 / 12 - z * (1.0 / 120 - z * (1.0 / 252 - z * (1.0 / 240
-                  - z * (1.0 / 132 - z * (691.0 / 32760 - z / 12.0))))));
-    return acc + log(x) - 0.5 / x - series;
-}
+#define MC_FN MC_INLINE
+#define MC_FN_PLAIN static inline
+#include "common.h"
 
-/* PyTorch's conventions: psi(+-0) = -+inf, NaN at negative integers. */
-static inline double mc_digamma_f64(double x) {
-    if (x == 0) return copysign(INFINITY, -x);
-    if (x < 0) {
-        if (x == floor(x)) return NAN;
-        /* Reflection psi(x) = psi(1 - x) - pi / tan(pi x); tan has period pi, so reduce x
-           exactly to |f| <= 1/2 first: pi * f then keeps its relative precision at the poles. */
-        double f = x - rint(x);
-        return mc_digamma_positive(1.0 - x) - M_PI / tan(M_PI * f);
-    }
-    return x != x ? x : mc_digamma_positive(x);
-}
-
-MC_INLINE float mc_digamma_f32(float x) { return (float)mc_digamma_f64((double)x); }
-
-/* Inverse error function: a rational first guess (M. Giles's single-precision fit, "Approximating
-   the erfinv function", 2010) refined by Newton steps on erf in double precision. */
-static inline double mc_erfinv_guess(double y) {
-    double w = -log((1.0 - y) * (1.0 + y));
-    double p;
-    if (w < 5.0) {
-        w -= 2.5;
-        p = 2.81022636e-08;
-        p = 3.43273939e-07 + p * w;
-        p = -3.5233877e-06 + p * w;
-        p = -4.39150654e-06 + p * w;
-        p = 0.00021858087 + p * w;
-        p = -0.00125372503 + p * w;
-        p = -0.00417768164 + p * w;
-        p = 0.246640727 + p * w;
-        p = 1.50140941 + p * w;
-    } else {
-        w = sqrt(w) - 3.0;
-        p = -0.000200214257;
-        p = 0.000100950558 + p * w;
-        p = 0.00134934322 + p * w;
-        p = -0.00367342844 + p * w;
-        p = 0.00573950773 + p * w;
-        p = -0.0076224613 + p * w;
-        p = 0.00943887047 + p * w;
-        p = 1.00167406 + p * w;
-        p = 2.83297682 + p * w;
-    }
-    return p * y;
-}
-
-static inline double mc_erfinv_refined(double y, int steps) {
-    if (y != y || y < -1.0 || y > 1.0) return NAN;
-    if (y == 1.0 || y == -1.0) return copysign(INFINITY, y);
-    double x = mc_erfinv_guess(y);
-    double t = fabs(y);
-    for (int i = 0; i < steps; ++i) {
-        /* The residual erf(x) - y; for |y| > 1/2 as (1 - |y|) - erfc(|x|) with the sign of y,
-           since 1 - |y| is exact there and erfc keeps its relative precision in the tail,
-           where erf(x) - y would cancel. */
-        double r = t > 0.5 ? ((1.0 - t) - erfc(fabs(x))) * (y < 0 ? -1.0 : 1.0) : erf(x) - y;
-        /* erf'(x) = 2/sqrt(pi) exp(-x^2) */
-        x -= r * (0.886226925452758014 * exp(x * x));
-    }
-    return x;
-}
-
-MC_INLINE double mc_erfinv_f64(double y) { return mc_erfinv_refined(y, 3); }
-MC_INLINE float mc_erfinv_f32(float y) { return (float)mc_erfinv_refined((double)y, 2); }
+/* OpenMP's own max/min reductions drop NaNs; these combine private copies like the helpers.
+   omp_orig is a valid start for every private copy because max and min are idempotent. */
+#pragma omp declare reduction(mc_max_f32 : float : omp_out = mc_max_f32(omp_out, omp_in)) \
+    initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(mc_min_f32 : float : omp_out = mc_min_f32(omp_out, omp_in)) \
+    initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(mc_max_f64 : double : omp_out = mc_max_f64(omp_out, omp_in)) \
+    initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(mc_min_f64 : double : omp_out = mc_min_f64(omp_out, omp_in)) \
+    initializer(omp_priv = omp_orig)
 
 #endif /* MINICOMP_RUNTIME_H */

@@ -16,6 +16,7 @@ import functools
 import os
 
 from minicomp.backends.c_like import PREC_UNARY, CLikeRenderer, is_half
+from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
@@ -85,9 +86,8 @@ _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
 @functools.lru_cache(maxsize=1)
 def device_header() -> str:
-    """The text of device.h, which every generated CUDA source carries inline."""
-    with open(HEADER_PATH, encoding="utf-8") as f:
-        return f.read()
+    """The text of device.h (common.h inlined), which every generated CUDA source carries inline."""
+    return inline_includes(HEADER_PATH)
 
 
 def block_threads(f: Function) -> int | None:
