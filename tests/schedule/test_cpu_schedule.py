@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from graph_builder import GraphBuilder
+from schedule_graphs import broadcast_add, full_2d_sum, one_group, poisoned, row_reduce, scale_graph
 
 from minicomp.backends.cpu.module import build
 from minicomp.dynamo.lowering import layouts_for
@@ -12,22 +13,15 @@ from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
 from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import collect
-from minicomp.ir.graph import FusedOp, Graph
+from minicomp.ir.graph import Graph
 from minicomp.ir.stmt import For, If, Store
 from minicomp.ir.types import PointerType, to_torch
-from minicomp.passes.graph.fusion import fuse
 from minicomp.schedule.cpu import CHUNK, schedule_cpu
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("schedule-cache"))
-
-
-def one_group(g: Graph) -> FusedOp:
-    (op,) = fuse(g).nodes
-    assert isinstance(op, FusedOp)
-    return op
 
 
 def schedule(g: Graph, **strides) -> Function:
@@ -55,38 +49,7 @@ def run_kernel(f: Function, cache_dir: str, tensors: dict, sizes: dict | None = 
     lib.kernel(f.name)(*args)
 
 
-def poisoned(shape, dtype=torch.float32) -> torch.Tensor:
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype)
-    return torch.full(shape, -12345, dtype=dtype)
-
-
 # --- graphs --------------------------------------------------------------------------------
-
-
-def scale_graph(shape) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", shape)
-    y = b.compute("y", shape, lambda *i: x[i] * 2.0 + 1.0)
-    b.output(y)
-    return b.build()
-
-
-def broadcast_add(rows=4, cols=8) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", (rows, cols))
-    y = b.input("y", (1, cols))
-    z = b.compute("z", (rows, cols), lambda i, j: x[i, j] + y[0, j])
-    b.output(z)
-    return b.build()
-
-
-def row_reduce(kind: str, rows=4, cols=16, dtype=None) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", (rows, cols), *(() if dtype is None else (dtype,)))
-    s = b.compute("s", (rows, 1), lambda i, j: reduce(kind, (cols,), lambda k: x[i, k]))
-    b.output(s)
-    return b.build()
 
 
 # --- structure -----------------------------------------------------------------------------
@@ -137,14 +100,6 @@ def test_full_reduction_splits_into_parallel_chunks_with_reduction_clauses():
     assert outer.kind == "parallel" and inner.kind == "vectorize"
     assert outer.reductions and outer.reductions == inner.reductions
     assert outer.reductions[0][0] == "add"
-
-
-def full_2d_sum(rows, cols) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", (rows, cols))
-    s = b.compute("s", (1, 1), lambda i, j: reduce("sum", (rows, cols), lambda r, c: x[r, c]))
-    b.output(s)
-    return b.build()
 
 
 def test_full_reduction_over_two_dims_puts_the_clause_on_the_parallel_loop():

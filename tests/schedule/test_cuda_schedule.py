@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from graph_builder import GraphBuilder
+from schedule_graphs import full_2d_sum, one_group, poisoned, row_reduce, scale_graph
 
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
@@ -18,17 +19,10 @@ from minicomp.ir.compute import reduce
 from minicomp.ir.evaluate import np_dtype, to_dtype
 from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import Functor, collect
-from minicomp.ir.graph import FusedOp, Graph
+from minicomp.ir.graph import Graph
 from minicomp.ir.types import PointerType, i64
-from minicomp.passes.graph.fusion import fuse
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.schedule.cuda import BLOCK, MAX_GRID, WARP, WARPS, schedule_cuda
-
-
-def one_group(g: Graph) -> FusedOp:
-    (op,) = fuse(g).nodes
-    assert isinstance(op, FusedOp)
-    return op
 
 
 def schedule(g: Graph, **strides) -> Function:
@@ -266,12 +260,6 @@ def interpret(f: Function, tensors: dict, sizes: dict | None = None, grid: int |
     Lockstep(grid or full_grid, block, buffers, sizes).run(f.body)
 
 
-def poisoned(shape, dtype=torch.float32) -> torch.Tensor:
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype)
-    return torch.full(shape, -12345, dtype=dtype)
-
-
 def _have(*modules: str) -> bool:
     try:
         return all(importlib.util.find_spec(m) is not None for m in modules)
@@ -326,23 +314,6 @@ def runner(request, cache_dir):
 # --- graphs ------------------------------------------------------------------------------
 
 
-def scale_graph(shape) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", shape)
-    y = b.compute("y", shape, lambda *i: x[i] * 2.0 + 1.0)
-    b.output(y)
-    return b.build()
-
-
-def broadcast_add(rows=4, cols=8) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", (rows, cols))
-    y = b.input("y", (1, cols))
-    z = b.compute("z", (rows, cols), lambda i, j: x[i, j] + y[0, j])
-    b.output(z)
-    return b.build()
-
-
 def symbolic_broadcast_add() -> Graph:
     b = GraphBuilder()
     n, m = b.symbol("n"), b.symbol("m")
@@ -354,26 +325,10 @@ def _add_into(b, x, y, shape) -> Graph:
     return b.build()
 
 
-def row_reduce(kind: str, rows=4, cols=16, dtype=None) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", (rows, cols), *(() if dtype is None else (dtype,)))
-    s = b.compute("s", (rows, 1), lambda i, j: reduce(kind, (cols,), lambda k: x[i, k]))
-    b.output(s)
-    return b.build()
-
-
 def full_sum(n) -> Graph:
     b = GraphBuilder()
     x = b.input("x", (n,))
     b.output(b.compute("s", (), lambda: reduce("sum", (n,), lambda k: x[k])))
-    return b.build()
-
-
-def full_2d_sum(rows, cols) -> Graph:
-    b = GraphBuilder()
-    x = b.input("x", (rows, cols))
-    s = b.compute("s", (1, 1), lambda i, j: reduce("sum", (rows, cols), lambda r, c: x[r, c]))
-    b.output(s)
     return b.build()
 
 
