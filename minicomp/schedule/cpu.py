@@ -108,13 +108,19 @@ class CpuKernelBuilder:
         parallel_inner = not op.outer_vars
         full = [s for s in op.stages if isinstance(s, StoreStage) and s.inner]
         reuse = self.plan_reuse(full)
+        # Values kept in an output row, by their expression: later passes read them back.
+        saved: dict[Expr, Expr] = {}
         stmts: list[Stmt] = []
         for st in op.stages:
             if isinstance(st, ReduceStage):
-                stmts.extend(self.reduce_stage(st, inner, parallel_inner, reuse.get(st)))
+                keep = reuse.get(st)
+                stmts.extend(self.reduce_stage(st, inner, parallel_inner, keep, saved))
+                if keep is not None:
+                    buf, strides = self.out_bufs[keep.output]
+                    saved[self.expr(st.body)] = Load(buf, offset(keep.indices, strides))
         stmts.extend(self.store(s) for s in op.stages if isinstance(s, StoreStage) and not s.inner)
         if full:
-            body = seq(*(self.reusing_store(s, reuse) for s in full))
+            body = seq(*(self.reusing_store(s, reuse, saved) for s in full))
             stmts.append(self.nest(inner, body, parallel=parallel_inner))
         return self.nest(
             list(zip(op.outer_vars, op.outer_extents)), seq(*stmts), parallel=True, vector=False
@@ -123,15 +129,16 @@ class CpuKernelBuilder:
     def plan_reuse(self, full: list[StoreStage]) -> dict[ReduceStage, StoreStage]:
         """Reduce stages whose (costly) element value a row store repeats.
 
-        Such a value is written to the output row while reducing and read back by the
-        store instead of being computed again (softmax's exp). Only when the output type
-        holds the value exactly, so results do not change.
+        Such a value is written to the output row by the first pass computing it, and the
+        later passes and the store read it back instead of computing it again (softmax's
+        exp; an erf-GELU in front of a layer norm). Only when the output type holds the
+        value exactly, so results do not change.
         """
         reuse: dict[ReduceStage, StoreStage] = {}
         stages = [s for s in self.op.stages if isinstance(s, ReduceStage)]
         for store in full:
             out_dtype = self.op.outputs[store.output].dtype
-            for st in reversed(stages):
+            for st in stages:
                 if (
                     st not in reuse
                     and st.kind in _CLAUSE
@@ -143,19 +150,25 @@ class CpuKernelBuilder:
                     break
         return reuse
 
-    def reusing_store(self, st: StoreStage, reuse: dict) -> Stmt:
+    def reusing_store(self, st: StoreStage, reuse: dict, saved: dict) -> Stmt:
+        """The store, reading back the values kept in its own output row."""
         stmt = self.store(st)
-        for red, store in reuse.items():
-            if store is st:
-                buf, strides = self.out_bufs[st.output]
-                saved = Load(buf, offset(st.indices, strides))
-                stmt = stmt.replace(value=substitute(stmt.value, {self.expr(red.body): saved}))
-        return stmt
+        own = {
+            self.expr(red.body): saved[self.expr(red.body)]
+            for red, store in reuse.items()
+            if store is st
+        }
+        return stmt.replace(value=substitute(stmt.value, own)) if own else stmt
 
     def reduce_stage(
-        self, st: ReduceStage, inner, parallel: bool, keep: StoreStage | None = None
+        self,
+        st: ReduceStage,
+        inner,
+        parallel: bool,
+        keep: StoreStage | None = None,
+        saved: dict | None = None,
     ) -> list[Stmt]:
-        value = self.expr(st.body)
+        value = substitute(self.expr(st.body), saved or {})
         if st.kind in ("argmax", "argmin"):
             best = Var(f"{st.var.name}_v", value.dtype)
             better = arg_better(st.kind, value, best)
