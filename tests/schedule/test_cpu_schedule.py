@@ -274,3 +274,28 @@ def test_a_value_the_output_type_cannot_hold_exactly_is_recomputed():
 
     f = schedule(_softmax_graph(out_dtype=f16))
     assert str(f).count("exp(") == 2
+
+
+def test_a_costly_value_every_pass_of_a_row_uses_is_computed_once(cache_dir):
+    # A layer norm over an erf-GELU: the sum, the variance and the store all need gelu(x).
+    b = GraphBuilder()
+    x = b.input("x", (5, 40))
+    g = b.compute("g", (5, 40), lambda i, j: x[i, j] * E.call("erf", x[i, j] * 0.7))
+    mean = b.compute("mean", (5, 1), lambda i, j: reduce("sum", (40,), lambda k: g[i, k]) / 40.0)
+    var = b.compute(
+        "var",
+        (5, 1),
+        lambda i, j: reduce(
+            "sum", (40,), lambda k: (g[i, k] - mean[i, 0]) * (g[i, k] - mean[i, 0])
+        ),
+    )
+    b.output(b.compute("y", (5, 40), lambda i, j: (g[i, j] - mean[i, 0]) / (var[i, 0] + 1.0)))
+    f = schedule(b.build())
+    assert str(f).count("erf(") == 1
+    xs = torch.randn(5, 40)
+    out = poisoned((5, 40))
+    run_kernel(f, cache_dir, {"x": xs, "y": out})
+    gs = xs * torch.erf(xs * 0.7)
+    m = gs.mean(1, keepdim=True)
+    expected = (gs - m) / (((gs - m) ** 2).sum(1, keepdim=True) + 1.0)
+    torch.testing.assert_close(out, expected)
