@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minicomp.backends import c_names
 from minicomp.backends.cpu import compiler
 from minicomp.ir.expr import Call
 from minicomp.ir.func import Function
@@ -60,21 +61,7 @@ _C_SCALARS = {
     "unsigned long long": ctypes.c_uint64,
     "uint64_t": ctypes.c_uint64,
 }
-_IR_SCALARS = {
-    "f32": "float",
-    "f64": "double",
-    "f16": "uint16_t",
-    "bf16": "uint16_t",
-    "bool": "bool",
-    "i8": "int8_t",
-    "i16": "int16_t",
-    "i32": "int32_t",
-    "i64": "int64_t",
-    "u8": "uint8_t",
-    "u16": "uint16_t",
-    "u32": "uint32_t",
-    "u64": "uint64_t",
-}
+_IR_SCALARS = c_names.C_TYPES  # the C spelling of each IR scalar type
 
 
 class EmulatorError(RuntimeError):
