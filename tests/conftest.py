@@ -28,9 +28,20 @@ def _target_param(name: str):
 
 
 @pytest.fixture(params=[_target_param(name) for name in selected_targets()])
-def target(request) -> str:
-    """The minicomp target a correctness test compiles for: cpu, cuda-emu or cuda."""
-    return request.param
+def target(request):
+    """The minicomp target a correctness test compiles for: cpu, cuda-emu or cuda.
+
+    On cuda, tensors a test creates land on the GPU (the default device is cuda meanwhile).
+    """
+    if request.param != "cuda":
+        yield request.param
+        return
+    previous = torch.get_default_device()
+    torch.set_default_device("cuda")
+    try:
+        yield request.param
+    finally:
+        torch.set_default_device(previous)
 
 
 # The OpInfo sweep records each op's outcome as user properties, which also reach the

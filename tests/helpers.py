@@ -81,6 +81,10 @@ def check_compiled(
     a module's float32 parameters would not be upcast). kwargs go to `assert_same`
     (check_stride, equal_nan, ...).
     """
+    if target == "cuda":
+        args = pytree.tree_map_only(torch.Tensor, lambda t: t.to("cuda"), args)
+        if isinstance(fn, torch.nn.Module):
+            fn.to("cuda")
     reference_args = clone_inputs(args)
     if reference_dtype is not None:
         reference_args = _upcast(reference_args, reference_dtype)

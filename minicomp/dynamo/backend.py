@@ -52,9 +52,12 @@ def compile_aten_graph(
     try:
         # AOTAutograd calls compilers with its fake mode active; constants are real tensors
         # and folding computes with them, so compile outside it.
+        static = _static_inputs() if kind == "forward" else ()
         with unset_fake_temporarily():
             graph = import_graph(gm)
-            plan = compile_graph(graph, options, record)
+            plan = record.plan = compile_graph(
+                graph, options, record, device_index=_cuda_index(gm), static_inputs=static
+            )
     except Exception as e:
         record.error = f"{type(e).__name__}: {e}"
         if options.fallback == "error":
@@ -85,6 +88,26 @@ def compile_aten_graph(
 
     run._boxed_call = True  # AOTAutograd passes a list it lets us free
     return run
+
+
+def _cuda_index(gm: torch.fx.GraphModule) -> int | None:
+    """The CUDA device of the graph's tensor inputs (None if none is on CUDA)."""
+    indices = set()
+    for n in gm.graph.nodes:
+        val = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            indices.add(val.device.index if val.device.index is not None else 0)
+    if len(indices) > 1:
+        raise ValueError(f"the graph's inputs are on several CUDA devices: {sorted(indices)}")
+    return indices.pop() if indices else None
+
+
+def _static_inputs() -> tuple[int, ...]:
+    """Positions of the forward graph's inputs with stable addresses (parameters, buffers),
+    as AOTAutograd recorded them."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    return tuple(getattr(meta, "static_input_indices", None) or ())
 
 
 def _boxed(gm: torch.fx.GraphModule) -> Callable:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,8 @@ class CompileRecord:
     fallbacks: dict[str, str] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    target: str = ""
+    plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
     trace: bool = False  # keep the graph text after every pass (explain, verbose)
 
 
@@ -48,7 +50,7 @@ def schedule_graph(graph: Graph, target: str, layouts: dict) -> list[Function]:
 
 
 def build_kernels(
-    kernels: list[Function], target: str, options: Options
+    kernels: list[Function], target: str, options: Options, device_index: int | None = None
 ) -> tuple[dict[str, Callable], str]:
     """Compile the kernels into one binary; callables by kernel name, and the source.
 
@@ -66,28 +68,83 @@ def build_kernels(
     if target == "cuda-emu":
         from minicomp.backends.cuda.codegen import render_module
         from minicomp.backends.cuda.emu import build_emulated
+        from minicomp.backends.cuda.module import launch_dims
 
         source = render_module(module)
         emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
-        return {k.name: _emulated_launcher(emu, k) for k in kernels}, source
-    raise NotImplementedError(
-        "the cuda target compiles kernels (minicomp.backends.cuda) but cannot launch them "
-        "yet; use options={'target': 'cuda-emu'} to run the same CUDA kernels on the CPU"
-    )
+        return {k.name: _emulated_launcher(emu, k.name, launch_dims(k)) for k in kernels}, source
+    if target == "cuda":
+        from minicomp.backends.cuda.module import build
+
+        index = torch.cuda.current_device() if device_index is None else device_index
+        cuda = build(module, device_index=index, cache_dir=options.cache_dir, arch=options.arch)
+        return {k.name: cuda.kernel(k.name) for k in kernels}, cuda.source
+    raise ValueError(f"unknown target {target!r}")
 
 
-def _emulated_launcher(emu, kernel: Function) -> Callable:
-    """A callable launching `kernel` in the emulator, its grid computed from the sizes."""
-    symbols = [p.name for p in kernel.params if isinstance(p.type, T.DataType)]
-    buffers = len(kernel.params) - len(symbols)
-    grid = dims_fn(kernel.attr("grid_dim"))
-    block = dims_fn(kernel.attr("block_dim"))
+def _emulated_launcher(emu, name: str, dims: Callable) -> Callable:
+    """A callable launching kernel `name` in the emulator, its grid computed from the sizes."""
 
     def launch(*args: Any) -> None:
-        env = dict(zip(symbols, args[buffers:]))
-        emu.launch(kernel.name, grid(env), block(env), args)
+        grid, block = dims(args)
+        emu.launch(name, grid, block, args)
 
     return launch
+
+
+def graph_devices(graph: Graph) -> set[str]:
+    """The device types of every tensor value of the graph."""
+    values = [v for v in graph.inputs if isinstance(v, Value)]
+    values += [v for n in graph.nodes for v in n.outputs]
+    return {v.type.device for v in values}
+
+
+def resolve_target(requested: str, graph: Graph) -> str:
+    """The target that runs `graph`: `requested`, or for "auto" the device its tensors are on.
+
+    Raises ValueError when the target cannot run the graph's tensors where they are.
+    """
+    devices = graph_devices(graph)
+    if requested == "auto":
+        return "cuda" if "cuda" in devices else "cpu"
+    if requested in ("cpu", "cuda-emu") and "cuda" in devices:
+        raise ValueError(
+            f"target {requested!r} runs kernels on CPU tensors, but this graph has tensors on "
+            "cuda; use target='cuda' (or 'auto')"
+        )
+    if requested == "cuda" and devices and "cuda" not in devices:
+        raise ValueError(
+            f"target 'cuda' needs tensors on a CUDA device; this graph's are on "
+            f"{', '.join(sorted(devices))}; use target='cpu' or 'cuda-emu' (or 'auto')"
+        )
+    return requested
+
+
+def _kernel_device(target: str) -> str:
+    return "cuda" if target == "cuda" else "cpu"
+
+
+def place_constants(graph: Graph, target: str) -> Graph:
+    """`graph` with the constants its kernels read moved to the target's device (PyTorch lets
+    a CPU scalar tensor meet CUDA tensors; a kernel cannot read host memory); raises
+    ValueError for a kernel reading a graph input on another device."""
+    want = _kernel_device(target)
+    moved = dict(graph.constants)
+    changed = False
+    for n in graph.nodes:
+        if not isinstance(n, FusedOp):
+            continue
+        for v in (*n.inputs, *n.outputs):
+            if v.type.device == want:
+                continue
+            t = moved.get(v.name)
+            if t is None:
+                raise ValueError(
+                    f"kernel {n.name} would touch {v.name} on {v.type.device}, but the "
+                    f"{target} target runs kernels on {want} tensors"
+                )
+            moved[v.name], changed = t.to(want), True
+    return graph.replace(constants=moved) if changed else graph
 
 
 class PlanBuilder:
@@ -228,25 +285,44 @@ def _args_builder(n: ExternOp, reads: list[int]) -> Callable:
     return build
 
 
-def compile_graph(graph: Graph, options: Options, record: CompileRecord) -> Plan:
-    """The plan running `graph`: passes and fusion, one kernel per group, built and linked."""
+def compile_graph(
+    graph: Graph,
+    options: Options,
+    record: CompileRecord,
+    *,
+    device_index: int | None = None,
+    static_inputs: Sequence[int] = (),
+) -> Callable:
+    """The plan running `graph`: passes and fusion, one kernel per group, built and linked.
+
+    `device_index` is the CUDA device the graph's tensors are on; `static_inputs` are the
+    positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
+    in place.
+    """
     from minicomp.passes.graph.fusion import fuse
-    from minicomp.passes.pipeline import DEFAULT_PASSES, run_passes
+    from minicomp.passes.pipeline import passes_for, run_passes
 
     t0 = time.perf_counter()
+    target = resolve_target(options.target, graph)
+    record.target = target
     trace = record.passes if record.trace else None
-    graph = run_passes(graph, list(DEFAULT_PASSES) + [fuse], trace=trace)
+    graph = run_passes(graph, passes_for(target) + [fuse], trace=trace)
+    graph = place_constants(graph, target)
     record.graph = graph
-    target = "cpu" if options.target == "auto" else options.target
     layouts = layouts_for(graph)
     t1 = time.perf_counter()
     kernels = [simplify_indices(k) for k in schedule_graph(graph, target, layouts)]
     record.kernels = kernels
     t2 = time.perf_counter()
-    fns, record.source = build_kernels(kernels, target, options)
+    fns, record.source = build_kernels(kernels, target, options, device_index)
     t3 = time.perf_counter()
     record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
     symbols = {
         k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)] for k in kernels
     }
-    return PlanBuilder(graph, layouts, fns, symbols).build()
+    plan = PlanBuilder(graph, layouts, fns, symbols).build()
+    if target == "cuda" and options.cuda_graphs:
+        from minicomp.runtime.cuda_graphs import GraphedPlan
+
+        return GraphedPlan(plan, static_inputs)
+    return plan

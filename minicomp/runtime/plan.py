@@ -141,6 +141,13 @@ class Plan:
         return first, last
 
     def __call__(self, *args: Any) -> list:
+        slots, env = self.prepare(args)
+        self.run(self.steps, slots, env)
+        return self.collect(slots, env)
+
+    def prepare(self, args: Sequence[Any]) -> tuple[list, Env]:
+        """The slots of one call (inputs, constants, workspace views, fresh outputs) and the
+        size binding."""
         env = self.bind(args)
         slots: list[Any] = [None] * len(self.slots)
         for k, t in self.constants.items():
@@ -162,13 +169,23 @@ class Plan:
                     slots[k] = ws[off : off + nbytes].view(info.dtype).view(info.shape(env))
                 else:
                     slots[k] = base + off
+            # Bare addresses keep no reference: the workspace lives as long as the slots.
+            slots.append(ws)
         for k in self.fresh:
             info = self.slots[k]
             slots[k] = torch.empty_strided(
                 info.shape(env), info.strides(env), dtype=info.dtype, device=info.device
             )
-        for step in self.steps:
+        return slots, env
+
+    @staticmethod
+    def run(steps: Sequence[Step], slots: list, env: Env) -> None:
+        """Run `steps` in order over the slots of one call."""
+        for step in steps:
             step.run(slots, env)
+
+    def collect(self, slots: list, env: Env) -> list:
+        """The graph's outputs, from the slots of a finished call."""
         return [self._output(o, slots, env) for o in self.outputs]
 
     @staticmethod

@@ -4,37 +4,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any
 
 from minicomp import config
 from minicomp.backends.cpu import compiler
 from minicomp.backends.cpu.codegen import render_module
+from minicomp.backends.ctypes_params import SCALAR_CTYPES, param_ctype
 from minicomp.ir.func import Function, Module
-from minicomp.ir.types import PointerType
-
-# Half-precision scalars travel as their uint16 bit patterns, as the C code stores them.
-_SCALAR_CTYPES = {
-    "float32": ctypes.c_float,
-    "float64": ctypes.c_double,
-    "float16": ctypes.c_uint16,
-    "bfloat16": ctypes.c_uint16,
-    "bool": ctypes.c_bool,
-    "int8": ctypes.c_int8,
-    "int16": ctypes.c_int16,
-    "int32": ctypes.c_int32,
-    "int64": ctypes.c_int64,
-    "uint8": ctypes.c_uint8,
-    "uint16": ctypes.c_uint16,
-    "uint32": ctypes.c_uint32,
-    "uint64": ctypes.c_uint64,
-}
-
-
-def param_ctype(param) -> Any:
-    """The ctypes type of a kernel parameter: c_void_p (an integer address) for pointers."""
-    if isinstance(param.type, PointerType):
-        return ctypes.c_void_p
-    return _SCALAR_CTYPES[param.type.name]
 
 
 def _checked(cfunc: Callable, f: Function) -> Callable:
@@ -73,7 +48,7 @@ class CpuModule:
                 raise ValueError(f"{name} is a device function, not callable from Python")
             cfunc = getattr(self.library, name)
             cfunc.argtypes = [param_ctype(p) for p in f.params]
-            cfunc.restype = None if f.ret is None else _SCALAR_CTYPES[f.ret.name]
+            cfunc.restype = None if f.ret is None else SCALAR_CTYPES[f.ret.name]
             fn = self._kernels[name] = _checked(cfunc, f)
         return fn
 

@@ -1,0 +1,249 @@
+"""The CUDA driver API through ctypes: PyTorch's primary context, modules and kernel launches.
+
+libcuda is called directly rather than through cuda-python's driver bindings: a launch is one
+foreign call with argument buffers prepared once, which keeps the host cost per kernel low,
+and the handful of entry points used here are stable across CUDA 12 and 13 drivers.
+
+Every calling thread needs the device's primary context current (autograd runs backward on a
+thread of its own); `ensure_context` makes it so, once per thread and device. Kernels launch
+on PyTorch's current stream, read at every launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the driver's error."""
+
+
+_void_p = ctypes.c_void_p
+_uint = ctypes.c_uint
+_int = ctypes.c_int
+
+# name: (argument types); every entry point returns a CUresult (an int).
+_SIGNATURES: dict[str, tuple] = {
+    "cuInit": (_uint,),
+    "cuDeviceGet": (ctypes.POINTER(_int), _int),
+    "cuDevicePrimaryCtxRetain": (ctypes.POINTER(_void_p), _int),
+    "cuCtxGetCurrent": (ctypes.POINTER(_void_p),),
+    "cuCtxSetCurrent": (_void_p,),
+    "cuModuleLoadData": (ctypes.POINTER(_void_p), ctypes.c_char_p),
+    "cuModuleGetFunction": (ctypes.POINTER(_void_p), _void_p, ctypes.c_char_p),
+    "cuModuleUnload": (_void_p,),
+    "cuFuncGetAttribute": (ctypes.POINTER(_int), _int, _void_p),
+    "cuFuncSetAttribute": (_void_p, _int, _int),
+    "cuLaunchKernel": (
+        _void_p,
+        _uint,
+        _uint,
+        _uint,
+        _uint,
+        _uint,
+        _uint,
+        _uint,
+        _void_p,
+        ctypes.POINTER(_void_p),
+        ctypes.POINTER(_void_p),
+    ),
+    "cuGetErrorName": (_int, ctypes.POINTER(ctypes.c_char_p)),
+    "cuGetErrorString": (_int, ctypes.POINTER(ctypes.c_char_p)),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def libcuda() -> ctypes.CDLL:
+    """The driver library with typed entry points, initialised; raises CudaDriverError."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise CudaDriverError(
+            f"the CUDA driver (libcuda.so.1) cannot be loaded: {e}; the cuda target needs an "
+            "NVIDIA GPU and driver (options={'target': 'cuda-emu'} runs CUDA kernels on the CPU)"
+        ) from None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = list(argtypes)
+        fn.restype = _int
+    global _lib
+    _lib = lib
+    check(lib.cuInit(0), "cuInit")
+    return lib
+
+
+_lib: ctypes.CDLL | None = None  # set once loaded, so errors of cuInit itself get described
+
+
+def error_text(code: int) -> str:
+    """The driver's name and description of a CUresult, like "CUDA_ERROR_INVALID_VALUE: ..."."""
+    lib = _lib
+    if lib is None:
+        return f"CUresult {code}"
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    lib.cuGetErrorName(code, ctypes.byref(name))
+    lib.cuGetErrorString(code, ctypes.byref(text))
+    parts = [p.value.decode() for p in (name, text) if p.value]
+    return ": ".join(parts) if parts else f"CUresult {code}"
+
+
+def check(code: int, what: str) -> None:
+    """Raise CudaDriverError naming `what` when a driver call did not succeed."""
+    if code != 0:
+        raise CudaDriverError(f"{what} failed: {error_text(code)}")
+
+
+_retained: dict[int, int] = {}
+_retain_lock = threading.Lock()
+_thread = threading.local()
+
+
+def _primary_context(index: int) -> int:
+    """Device `index`'s primary context (the one PyTorch's runtime uses), retained once."""
+    with _retain_lock:
+        ctx = _retained.get(index)
+        if ctx is None:
+            lib = libcuda()
+            # PyTorch initialises CUDA first, so its and our view of the device agree.
+            torch.cuda.init()
+            dev, handle = _int(), _void_p()
+            check(lib.cuDeviceGet(ctypes.byref(dev), index), f"cuDeviceGet({index})")
+            check(
+                lib.cuDevicePrimaryCtxRetain(ctypes.byref(handle), dev), "cuDevicePrimaryCtxRetain"
+            )
+            ctx = _retained[index] = handle.value
+        return ctx
+
+
+def ensure_context(index: int) -> None:
+    """Make device `index`'s primary context current on the calling thread."""
+    current = getattr(_thread, "device", None)
+    if current == index:
+        return
+    ctx = _primary_context(index)
+    lib = libcuda()
+    have = _void_p()
+    check(lib.cuCtxGetCurrent(ctypes.byref(have)), "cuCtxGetCurrent")
+    if have.value != ctx:
+        check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _thread.device = index
+
+
+def device_arch(index: int) -> str:
+    """The architecture of device `index`, like "sm_90"."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+def _stream_reader() -> Callable[[int], int]:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+class LoadedModule:
+    """A cubin loaded into a device's primary context; `function(name)` gives kernel handles."""
+
+    def __init__(self, cubin: bytes, device_index: int):
+        ensure_context(device_index)
+        handle = _void_p()
+        check(libcuda().cuModuleLoadData(ctypes.byref(handle), cubin), "cuModuleLoadData")
+        self.handle = handle.value
+        self.device_index = device_index
+        self._functions: dict[str, int] = {}
+
+    def function(self, name: str) -> int:
+        """The CUfunction handle of kernel `name`."""
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = _void_p()
+            check(
+                libcuda().cuModuleGetFunction(ctypes.byref(handle), self.handle, name.encode()),
+                f"cuModuleGetFunction({name})",
+            )
+            fn = self._functions[name] = handle.value
+        return fn
+
+    def attribute(self, name: str, attribute: int) -> int:
+        """A CUfunction attribute of kernel `name`."""
+        value = _int()
+        check(
+            libcuda().cuFuncGetAttribute(ctypes.byref(value), attribute, self.function(name)),
+            f"cuFuncGetAttribute({name})",
+        )
+        return value.value
+
+    def set_max_dynamic_shared(self, name: str, nbytes: int) -> None:
+        """Let kernel `name` use `nbytes` of dynamic shared memory (needed above 48 KiB)."""
+        check(
+            libcuda().cuFuncSetAttribute(
+                self.function(name), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes
+            ),
+            f"cuFuncSetAttribute({name}, max dynamic shared memory {nbytes})",
+        )
+
+    # Modules live as long as the compiled graphs holding them; unloading at interpreter exit
+    # races the driver's own teardown, so they are left to the process's end.
+
+
+class Launcher:
+    """Launches one kernel on PyTorch's current stream.
+
+    Called with the kernel's arguments (integer addresses for pointers, then numbers);
+    `dims(args)` gives (grid, block) for them. The ctypes argument buffers are built once per
+    calling thread and refilled in place at every launch.
+    """
+
+    def __init__(
+        self,
+        module: LoadedModule,
+        name: str,
+        ctypes_: Sequence[Any],
+        dims: Callable[[Sequence[Any]], tuple[tuple, tuple]],
+        shared_bytes: int = 0,
+    ):
+        self.module = module
+        self.name = name
+        self.function = module.function(name)
+        self.ctypes = tuple(ctypes_)
+        self.dims = dims
+        self.shared_bytes = shared_bytes
+        self.device_index = module.device_index
+        self._stream = _stream_reader()
+        self._launch = libcuda().cuLaunchKernel
+        self._local = threading.local()
+
+    def _buffers(self) -> tuple[list, Any]:
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            ensure_context(self.device_index)
+            values = [t() for t in self.ctypes]
+            params = (_void_p * max(len(values), 1))(*(ctypes.addressof(v) for v in values))
+            buffers = self._local.buffers = (values, params)
+        return buffers
+
+    def __call__(self, *args: Any) -> None:
+        if len(args) != len(self.ctypes):
+            raise TypeError(
+                f"kernel {self.name} takes {len(self.ctypes)} arguments, {len(args)} given"
+            )
+        values, params = self._buffers()
+        for v, a in zip(values, args):
+            v.value = a
+        (gx, gy, gz), (bx, by, bz) = self.dims(args)
+        stream = self._stream(self.device_index)
+        code = self._launch(
+            self.function, gx, gy, gz, bx, by, bz, self.shared_bytes, stream, params, None
+        )
+        if code != 0:
+            check(code, f"launching kernel {self.name} (grid {(gx, gy, gz)}, block {(bx, by, bz)})")

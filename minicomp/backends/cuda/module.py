@@ -1,0 +1,85 @@
+"""Building a kernel-IR module for the cuda target: CUDA C, NVRTC cubin, loaded and launchable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from minicomp.backends.ctypes_params import param_ctype
+from minicomp.backends.cuda import driver
+from minicomp.backends.cuda.codegen import render_module
+from minicomp.backends.cuda.nvrtc import CudaBinary, compile_cuda, supported_archs
+from minicomp.ir import types as T
+from minicomp.ir.func import Function, Module
+from minicomp.runtime.symbols import compile_dims
+
+Dims = tuple[tuple[int, int, int], tuple[int, int, int]]
+
+
+def launch_dims(kernel: Function) -> Callable[[Sequence[Any]], Dims]:
+    """(grid, block) of `kernel` as a function of its arguments (sizes are the trailing ones)."""
+    grid, block = kernel.attr("grid_dim"), kernel.attr("block_dim")
+    if all(isinstance(d, int) for d in (*grid, *block)):
+        fixed = (tuple(grid), tuple(block))
+        return lambda args: fixed
+    symbols = [p.name for p in kernel.params if isinstance(p.type, T.DataType)]
+    first = len(kernel.params) - len(symbols)
+    grid_fn, block_fn = compile_dims(list(grid)), compile_dims(list(block))
+
+    def dims(args: Sequence[Any]) -> Dims:
+        env = dict(zip(symbols, args[first:]))
+        return grid_fn(env), block_fn(env)
+
+    return dims
+
+
+def pick_arch(device_index: int) -> str:
+    """The architecture to compile for on device `device_index`: its own when NVRTC supports it,
+    else the newest supported one of the same major version (cubins run on later minors)."""
+    arch = driver.device_arch(device_index)
+    supported = supported_archs()
+    if arch in supported:
+        return arch
+    major, minor = int(arch[3:-1]), int(arch[-1])
+    same_major = [
+        a for a in supported if int(a[3:-1]) == major and int(a[-1]) <= minor and a[-1].isdigit()
+    ]
+    if not same_major:
+        raise driver.CudaDriverError(
+            f"NVRTC cannot compile for this device ({arch}); it supports {', '.join(supported)}"
+        )
+    return max(same_major)
+
+
+class CudaModule:
+    """A compiled, loaded module: its CUDA `source`, the `binary`, and launchable kernels."""
+
+    def __init__(self, module: Module, source: str, binary: CudaBinary, device_index: int):
+        self.module = module
+        self.source = source
+        self.binary = binary
+        self.loaded = driver.LoadedModule(binary.cubin, device_index)
+
+    def kernel(self, name: str) -> driver.Launcher:
+        """Kernel `name` as a callable: integer addresses for pointers, then numbers; it launches
+        on PyTorch's current stream."""
+        f = self.module.function(name)
+        shared = f.attr("dynamic_smem") or 0
+        if shared:
+            self.loaded.set_max_dynamic_shared(name, shared)
+        return driver.Launcher(
+            self.loaded, name, [param_ctype(p) for p in f.params], launch_dims(f), shared
+        )
+
+    def __repr__(self) -> str:
+        return f"CudaModule({self.module.name!r}, arch={self.binary.arch!r})"
+
+
+def build(
+    module: Module, *, device_index: int, cache_dir: str, arch: str | None = None
+) -> CudaModule:
+    """Render `module` to CUDA C, compile it with NVRTC (cached) and load it on the device."""
+    source = render_module(module)
+    arch = arch or pick_arch(device_index)
+    binary = compile_cuda(source, arch=arch, name=module.name, cache_dir=cache_dir)
+    return CudaModule(module, source, binary, device_index)
