@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every GPU check in one call (device time is scarce): the CUDA test suite, then the benchmark.
+# Logs and the JSON go to $OUT (the device tool's folder) or benchmarks/results/gpu-run.
+#   bash benchmarks/gpu_run.sh [tests|bench|all]
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-benchmarks/results/gpu-run}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 MINICOMP_CACHE_DIR=${MINICOMP_CACHE_DIR:-/tmp/minicomp-cache}
+# The image has every dependency but no network: register the package (and its
+# torch_dynamo_backends entry point) without fetching anything.
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$out/install.txt" 2>&1 \
+    || export PYTHONPATH=$PWD
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; git rev-parse HEAD; date -u; } \
+    >"$out/device.txt" 2>&1
+python3 -c "from minicomp.backends.cuda import nvrtc; print('nvrtc', nvrtc.nvrtc_version())" \
+    >>"$out/device.txt" 2>&1
+cat "$out/device.txt"
+if [ "$what" != bench ]; then
+    MINICOMP_TEST_TARGETS=cuda timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests \
+        2>&1 | tee "$out/cuda-tests.txt" | tail -40
+fi
+if [ "$what" != tests ]; then
+    timeout 300 python3 benchmarks/cuda_bench.py --repeat 30 --out "$out/cuda-bench.json" \
+        2>&1 | tee "$out/cuda-bench.txt"
+fi

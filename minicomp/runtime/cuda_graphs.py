@@ -1,0 +1,240 @@
+"""Running a CUDA plan through CUDA graphs (ARCHITECTURE.md decision 8).
+
+The first call runs the plan as it is (a warm-up: cuBLAS handles, lazy ATen state). The second
+captures it and replays it, and every later call replays:
+- activation inputs are copied into static buffers the graph was captured with; parameters and
+  buffers (AOTAutograd's static inputs) are captured in place, and a call passing one at a new
+  address captures again (at most MAX_CAPTURES times, then the plan runs uncaptured);
+- the workspace and the kernels' output tensors are allocated once, outside the capture;
+- steps that cannot be captured (an ATen op that synchronises with the host, touches CPU
+  tensors or has host effects) split the plan into segments: each run of capturable steps is
+  one graph, the others run eagerly between replays and their results are copied into the
+  tensors the next graph was captured with;
+- outputs are copied out of the graph's memory, so a result stays valid after the next call.
+Plans with symbolic sizes are not captured (one graph per size binding is future work).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minicomp.runtime.plan import ExternStep, KernelStep, Plan, Step
+
+MAX_CAPTURES = 8
+
+# ATen ops whose CUDA implementations wait for the device or read results on the host.
+SYNCING_OPS = frozenset(
+    {
+        "_local_scalar_dense",
+        "item",
+        "equal",
+        "is_nonzero",
+        "nonzero",
+        "nonzero_static",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "unique_dim",
+        "bincount",
+        "histc",
+        "repeat_interleave",
+        "allclose",
+        "_assert_scalar",
+        "sym_constrain_range",
+    }
+)
+
+
+def capturable(step: Step, devices: Sequence[str]) -> bool:
+    """Whether `step` can be recorded in a CUDA graph; `devices` gives each slot's device."""
+    if isinstance(step, KernelStep):
+        return True
+    if not isinstance(step, ExternStep):
+        return False
+    target = step.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False  # higher-order ops (with_effects...) and Python callables
+    if target._schema.name.split("::")[-1] in SYNCING_OPS:
+        return False
+    touched = set(step.reads) | set(step.outputs)
+    return all(devices[k] != "cpu" for k in touched)
+
+
+def segments(steps: Sequence[Step], devices: Sequence[str]) -> list[tuple[bool, list[Step]]]:
+    """`steps` cut into maximal runs of capturable and uncapturable steps, in order."""
+    out: list[tuple[bool, list[Step]]] = []
+    for step in steps:
+        ok = capturable(step, devices)
+        if out and out[-1][0] == ok:
+            out[-1][1].append(step)
+        else:
+            out.append((ok, [step]))
+    return out
+
+
+class TorchGraph:
+    """A torch.cuda.CUDAGraph capturing one segment; segments of a plan share a memory pool."""
+
+    def __init__(self, pool: Any):
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    def capture(self, fn: Callable[[], None]) -> None:
+        """Record what `fn` launches (it does not run)."""
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            fn()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def torch_graphs() -> Callable[[], TorchGraph]:
+    """A factory of TorchGraphs sharing one new memory pool."""
+    pool = torch.cuda.graph_pool_handle()
+    return lambda: TorchGraph(pool)
+
+
+@dataclass
+class _Segment:
+    graph: Any  # a captured graph, or None for steps run eagerly
+    steps: list[Step]
+    fixed: dict[int, torch.Tensor]  # eager segments: the tensors later graphs read
+
+
+class _Captured:
+    """One capture of a plan: static buffers, the fixed slots, the segments."""
+
+    def __init__(self, plan: Plan, args: Sequence[Any], static: set[int], new_graph):
+        self.plan = plan
+        self.copied: list[tuple[int, torch.Tensor]] = []  # (argument position, static buffer)
+        self.in_place: dict[int, int] = {}  # argument position -> captured address
+        call_args = list(args)
+        for pos, ((kind, _), a) in enumerate(zip(plan.inputs, args)):
+            if kind != "tensor":
+                continue
+            if pos in static:
+                self.in_place[pos] = a.data_ptr()
+            else:
+                buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                self.copied.append((pos, buf.copy_(a)))
+                call_args[pos] = buf
+        self.slots, self.env = plan.prepare(call_args)
+        self.segments: list[_Segment] = []
+        devices = [info.device for info in plan.slots]
+        for ok, steps in segments(plan.steps, devices):
+            if ok:
+                graph = new_graph()
+                graph.capture(lambda steps=steps: plan.run(steps, self.slots, self.env))
+                graph.replay()
+                self.segments.append(_Segment(graph, steps, {}))
+            else:
+                plan.run(steps, self.slots, self.env)
+                outs = {k for s in steps for k in s.outputs}
+                fixed = {k: self.slots[k] for k in outs if isinstance(self.slots[k], torch.Tensor)}
+                self.segments.append(_Segment(None, steps, fixed))
+
+    def outputs(self) -> list:
+        """The graph's outputs as the slots hold them now, copied out."""
+        return [_detach(o) for o in self.plan.collect(self.slots, self.env)]
+
+    def matches(self, args: Sequence[Any]) -> bool:
+        """Whether every in-place input is still at its captured address."""
+        return all(args[pos].data_ptr() == ptr for pos, ptr in self.in_place.items())
+
+    def replay(self, args: Sequence[Any]) -> list:
+        """Run the captured plan on new arguments and return its outputs."""
+        for pos, buf in self.copied:
+            buf.copy_(args[pos])
+        slots = self.slots
+        for seg in self.segments:
+            if seg.graph is not None:
+                seg.graph.replay()
+                continue
+            self.plan.run(seg.steps, slots, self.env)
+            for k, t in seg.fixed.items():
+                if slots[k] is not t:
+                    t.copy_(slots[k])
+                    slots[k] = t
+        return self.outputs()
+
+
+def _detach(out: Any) -> Any:
+    """A copy of an output living in the graph's memory (anything else as it is)."""
+    return out.clone() if isinstance(out, torch.Tensor) else out
+
+
+class GraphedPlan:
+    """A CUDA plan run by CUDA graphs: warm-up on the first call, capture on the second,
+    replay after (see the module docstring)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        static_inputs: Sequence[int] = (),
+        *,
+        new_graph: Callable[[], Any] | None = None,
+    ):
+        self.plan = plan
+        self.static = set(static_inputs)
+        self._new_graph = new_graph
+        self.calls = 0
+        self.captures = 0
+        self.captured: _Captured | None = None
+        self.enabled, self.reason = _supported(plan)
+
+    def __call__(self, *args: Any) -> list:
+        if not self.enabled or _capturing():
+            return self.plan(*args)
+        self.calls += 1
+        if self.calls == 1:
+            return self.plan(*args)
+        if self.captured is None or not self.captured.matches(args):
+            if self.captures == MAX_CAPTURES:
+                self.enabled, self.reason = False, f"inputs moved {MAX_CAPTURES} times"
+                warnings.warn(
+                    "minicomp: parameters of a compiled graph keep changing address; "
+                    "it runs without CUDA graphs from now on",
+                    stacklevel=2,
+                )
+                return self.plan(*args)
+            self.captured = None  # free the old capture's memory before the new one
+            new_graph = self._new_graph or torch_graphs()
+            # Capturing runs the plan once: segment by segment, each graph is replayed right
+            # after its capture so the eager steps between them see real values.
+            self.captured = _Captured(self.plan, args, self._static_in_place(), new_graph)
+            self.captures += 1
+            return self.captured.outputs()
+        return self.captured.replay(args)
+
+    def _static_in_place(self) -> set[int]:
+        """Static inputs that the plan reads as they are (not through a strided copy)."""
+        checked = set(self.plan.checked_inputs)
+        out = set()
+        for pos, (kind, slot) in enumerate(self.plan.inputs):
+            if kind == "tensor" and pos in self.static and slot not in checked:
+                out.add(pos)
+        return out
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _supported(plan: Plan) -> tuple[bool, str]:
+    """Whether a plan can be captured, and why not."""
+    if plan.shape_binders or any(kind == "symbol" for kind, _ in plan.inputs):
+        return False, "symbolic sizes"
+    inputs = {slot for kind, slot in plan.inputs if kind == "tensor"}
+    for step in plan.steps:
+        target = getattr(step, "target", None)
+        schema = getattr(target, "_schema", None)
+        if schema is not None and schema.is_mutable and inputs & set(step.reads):
+            return False, f"{schema.name} mutates an input"
+    return True, ""
