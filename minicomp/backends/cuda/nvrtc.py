@@ -8,7 +8,9 @@ NVRTC's version, the options, the architecture and CODEGEN_VERSION.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import glob
 import json
 import os
 import re
@@ -97,7 +99,24 @@ def clear_memory_cache() -> None:
 
 @functools.lru_cache(maxsize=1)
 def _nvrtc():
-    """The cuda.bindings.nvrtc module, checked to reach a loadable NVRTC library."""
+    """The cuda.bindings.nvrtc module, checked to reach a loadable NVRTC library.
+
+    MINICOMP_NVRTC_LIBRARY names a libnvrtc to use instead of the one cuda-python would find
+    (a CUDA toolkit's, or another wheel's); it is loaded first, and cuda-python binds to it.
+    """
+    library = os.environ.get("MINICOMP_NVRTC_LIBRARY")
+    if library:
+        # libnvrtc opens its builtins library by bare name at the first compile: load the one
+        # beside it first, so it need not be on the loader's path.
+        folder = os.path.dirname(library)
+        builtins = sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so.*")))
+        try:
+            for path in [b for b in builtins if ".alt." not in b] + [library]:
+                ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+        except OSError as err:
+            raise NvrtcUnavailableError(
+                f"MINICOMP_NVRTC_LIBRARY={library} cannot be loaded: {err}"
+            ) from err
     try:
         from cuda.bindings import nvrtc
     except ImportError as err:

@@ -1,0 +1,93 @@
+"""Generated kernels compile with every NVRTC major installed (12 from the runtime dependency,
+13 from the dev extras, as on the GPU machines), each loaded through MINICOMP_NVRTC_LIBRARY in
+a process of its own."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+nvrtc = pytest.importorskip("minicomp.backends.cuda.nvrtc")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = r"""
+import os, sys, tempfile
+import torch
+import minicomp
+from minicomp.backends.cuda import nvrtc
+from minicomp.backends.errors import CompileError
+
+major = int(sys.argv[1])
+assert nvrtc.nvrtc_version()[0] == major, nvrtc.nvrtc_version()
+x, h = torch.randn(6, 300), torch.randn(4, 2048).half()
+fns = [
+    (lambda x: torch.softmax(x * 0.5, -1), x),
+    (lambda x: torch.nn.functional.layer_norm(x, (300,)), x),
+    (lambda x: (x.argmax(1), x.sum(), (x > 0).any(1)), x),
+    (lambda h: torch.nn.functional.gelu(h * 2, approximate="tanh"), h),
+    (lambda h: h.float().pow(2).mean(-1).bfloat16(), h),
+]
+cache = tempfile.mkdtemp()
+kernels = 0
+for fn, arg in fns:
+    report = minicomp.explain(fn, arg, options={"target": "cuda-emu", "fallback": "error"})
+    for source in (r.source for r in report.records if r.source):
+        for arch in ("sm_80", "sm_90"):
+            binary = nvrtc.compile_cuda(source, arch=arch, cache_dir=cache)
+            for name, res in binary.resources.items():
+                assert res.spill_stores == res.spill_loads == 0, (name, res)
+                kernels += 1
+try:
+    nvrtc.compile_cuda("__global__ void k() { undefined_thing(); }", arch="sm_90", cache_dir=cache)
+except CompileError as e:
+    assert "undefined_thing" in str(e), str(e)
+else:
+    raise AssertionError("a bad source compiled")
+print(f"nvrtc {major}: {kernels} kernel builds, no spills")
+"""
+
+
+def installed_nvrtc_libraries() -> dict[int, str]:
+    """libnvrtc of each major installed as an nvidia-* wheel, by major."""
+    try:
+        import nvidia
+    except ImportError:
+        return {}
+    found = {}
+    for root in nvidia.__path__:
+        for path in glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.*")):
+            match = re.search(r"libnvrtc\.so\.(\d+)$", path)
+            if match:
+                found[int(match[1])] = path
+    return found
+
+
+LIBRARIES = installed_nvrtc_libraries()
+
+
+@pytest.mark.parametrize("major", [12, 13])
+def test_generated_kernels_compile_with_nvrtc(major):
+    if major not in LIBRARIES:
+        pytest.skip(f"no NVRTC {major} wheel installed")
+    env = {**os.environ, "MINICOMP_NVRTC_LIBRARY": LIBRARIES[major], "PYTHONPATH": ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(major)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(done.stdout.strip())
+
+
+def test_a_missing_nvrtc_library_is_named():
+    env = {**os.environ, "MINICOMP_NVRTC_LIBRARY": "/nowhere/libnvrtc.so.99", "PYTHONPATH": ROOT}
+    code = "from minicomp.backends.cuda import nvrtc; nvrtc.nvrtc_version()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "MINICOMP_NVRTC_LIBRARY=/nowhere/libnvrtc.so.99 cannot be loaded" in done.stderr
