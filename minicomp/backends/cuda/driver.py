@@ -64,18 +64,24 @@ _SIGNATURES: dict[str, tuple] = {
 @functools.lru_cache(maxsize=1)
 def libcuda() -> ctypes.CDLL:
     """The driver library with typed entry points, initialised; raises CudaDriverError."""
+    return load_driver("libcuda.so.1")
+
+
+def load_driver(path: str) -> ctypes.CDLL:
+    """The driver library at `path` (a name the loader finds, or a file), typed and
+    initialised."""
+    global _lib
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = ctypes.CDLL(path)
     except OSError as e:
         raise CudaDriverError(
-            f"the CUDA driver (libcuda.so.1) cannot be loaded: {e}; the cuda target needs an "
+            f"the CUDA driver ({path}) cannot be loaded: {e}; the cuda target needs an "
             "NVIDIA GPU and driver (options={'target': 'cuda-emu'} runs CUDA kernels on the CPU)"
         ) from None
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = list(argtypes)
         fn.restype = _int
-    global _lib
     _lib = lib
     check(lib.cuInit(0), "cuInit")
     return lib
