@@ -11,6 +11,7 @@ from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import fold_constants
 from minicomp.passes.graph.simplify_views import simplify_views
+from minicomp.passes.graph.split_reductions import split_reductions
 
 GraphPass = Callable[[Graph], Graph]
 
@@ -25,6 +26,17 @@ DEFAULT_PASSES: list[GraphPass] = [
     eliminate_dead_code,
     alias_views,
 ]
+
+# Passes a target adds after the default ones (before fusion).
+TARGET_PASSES: dict[str, list[GraphPass]] = {
+    "cuda": [split_reductions],
+    "cuda-emu": [split_reductions],
+}
+
+
+def passes_for(target: str) -> list[GraphPass]:
+    """The graph passes run before fusion when compiling for `target`."""
+    return list(DEFAULT_PASSES) + TARGET_PASSES.get(target, [])
 
 
 def run_passes(graph: Graph, passes: Sequence[GraphPass], *, trace: list | None = None) -> Graph:

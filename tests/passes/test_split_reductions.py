@@ -1,0 +1,271 @@
+"""Two-pass reductions (CUDA targets): which reductions split, into what, and that split graphs
+and compiled cuda-emu functions compute what unsplit ones and PyTorch eager do."""
+
+import numpy as np
+import pytest
+import torch
+from graph_builder import GraphBuilder, evaluate_graph, random_inputs
+from helpers import check_compiled, compile_minicomp
+
+import minicomp
+from minicomp import config
+from minicomp.dynamo.backend import recording
+from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.ir import types as T
+from minicomp.ir.compute import reduce
+from minicomp.ir.expr import Expr, cast
+from minicomp.ir.graph import ComputeOp, FusedOp, Graph
+from minicomp.passes.graph.split_reductions import (
+    MIN_LENGTH,
+    SYMBOLIC_CHUNK,
+    chunk_size,
+    split_reductions,
+)
+from minicomp.passes.pipeline import passes_for
+
+EMU = "cuda-emu"
+# Just above the threshold, and not a multiple of any chunk (the guarded path).
+ODD = MIN_LENGTH + 3
+
+
+# --- graphs --------------------------------------------------------------------------------
+
+
+def row_reduction(kind, rows, length, dtype=T.f32, acc=None, keep_rows=True) -> Graph:
+    """`out[i] = kind over k of x[i, k]` (accumulated in `acc`, cast back to x's type)."""
+    b = GraphBuilder()
+    x = b.input("x", (rows, length), dtype)
+    acc = acc or dtype
+    shape = (rows, 1) if keep_rows else (rows,)
+
+    def body(i, *_):
+        total = reduce(kind, (length,), lambda k: cast(x[i, k], acc))
+        return cast(total, T.i64 if kind.startswith("arg") else dtype)
+
+    b.output(b.compute("out", shape, body))
+    return b.build()
+
+
+def full_reduction(kind, shape, dtype=T.f32) -> Graph:
+    b = GraphBuilder()
+    x = b.input("x", shape, dtype)
+    b.output(b.compute("out", (), lambda: reduce(kind, shape, lambda *r: x[r])))
+    return b.build()
+
+
+def computes(g: Graph) -> list[ComputeOp]:
+    return [n for n in g.nodes if isinstance(n, ComputeOp)]
+
+
+def assert_split_close(g: Graph, inputs=None, seed=0, exact=False, **sizes):
+    """The split graph evaluates like `g` (within float reassociation error, or exactly)."""
+    s = split_reductions(g)
+    assert len(computes(s)) == len(computes(g)) + 1
+    inputs = random_inputs(g, seed, sizes) if inputs is None else inputs
+    for a, e in zip(evaluate_graph(s, inputs, sizes), evaluate_graph(g, inputs, sizes)):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        if exact:
+            np.testing.assert_array_equal(a, e)
+        else:
+            np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-3)
+    return s
+
+
+# --- when to split -------------------------------------------------------------------------
+
+
+def test_chunk_rule():
+    assert chunk_size(1, 2**24) == 16384  # 1024 chunks
+    assert chunk_size(2, 2**22) == 8192  # 2 rows x 512 chunks
+    assert chunk_size(1, MIN_LENGTH) == 2048  # never shorter than 2048
+    assert chunk_size(256, 2**20) == 2**18  # 4 chunks per row
+    assert chunk_size(1, MIN_LENGTH - 1) is None
+    assert chunk_size(257, 2**20) is None
+    assert chunk_size(0, 2**20) is None
+    n = GraphBuilder().symbol("n")
+    assert chunk_size(1, n) == SYMBOLIC_CHUNK
+    assert chunk_size(n, 2**20) is None
+
+
+def test_short_rows_many_rows_and_symbolic_rows_are_left_alone():
+    for g in (row_reduction("sum", 2, MIN_LENGTH - 1), row_reduction("sum", 512, MIN_LENGTH)):
+        assert split_reductions(g) is g
+    b = GraphBuilder()
+    n = b.symbol("n")
+    x = b.input("x", (n, MIN_LENGTH))
+    b.output(b.compute("out", (n,), lambda i: reduce("sum", (MIN_LENGTH,), lambda k: x[i, k])))
+    g = b.build()
+    assert split_reductions(g) is g
+
+
+def test_the_pass_runs_for_the_cuda_targets_only():
+    for target in ("cuda", "cuda-emu"):
+        assert split_reductions in passes_for(target)
+    assert split_reductions not in passes_for("cpu")
+
+
+# --- what the split looks like --------------------------------------------------------------
+
+
+def test_full_sum_splits_into_partials_and_a_final_reduction():
+    g = full_reduction("sum", (ODD,))
+    s = assert_split_close(g)
+    partial, final = computes(s)
+    assert partial.outputs[0].shape == (17,) and partial.inputs == g.nodes[0].inputs
+    assert final.outputs == g.nodes[0].outputs and final.inputs == partial.outputs
+    assert s.outputs == g.outputs
+    # Reads past the end sit in the untaken branch of a Select, clamped into bounds.
+    assert "min(" in repr(partial.definition.body)
+
+
+def test_row_sum_keeps_its_rows_and_its_accumulator_type():
+    g = row_reduction("sum", 2, 2**17 + 100, T.f16, acc=T.f32)
+    s = assert_split_close(g)
+    partial, final = computes(s)
+    # f16 rows accumulate in f32: so do the partials, and the final op casts back.
+    assert partial.outputs[0].type.dtype == T.f32
+    assert partial.outputs[0].shape == (2, 1, 65)
+    assert final.outputs[0].type.dtype == T.f16
+
+
+def test_reduction_over_several_axes_unravels_the_chunk_index():
+    assert_split_close(full_reduction("sum", (37, 1, 1031)))
+    assert_split_close(full_reduction("max", (1031, 37)), exact=True)
+
+
+@pytest.mark.parametrize("kind", ["max", "min", "prod", "any", "all"])
+def test_guarded_elements_are_the_identity(kind):
+    # All-negative max, all-positive min, all-true all: a wrong fill value would win.
+    rng = np.random.default_rng(1)
+    x = rng.uniform(1.0, 2.0, (3, ODD)).astype(np.float32)
+    if kind == "max":
+        x = -x
+    if kind == "prod":
+        x = (1 + (x - 1.5) * 1e-4).astype(np.float32)
+    acc = T.boolean if kind in ("any", "all") else None
+    g = row_reduction(kind, 3, ODD, acc=acc)
+    assert_split_close(g, {"x": x}, exact=kind != "prod")
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+def test_arg_reductions_keep_first_of_ties_and_first_nan(kind):
+    rng = np.random.default_rng(2)
+    x = rng.integers(-3, 4, (2, ODD)).astype(np.float32)
+    g = row_reduction(kind, 2, ODD, keep_rows=False)
+    assert_split_close(g, {"x": x}, exact=True)
+    x[0, [5000, 20000, ODD - 1]] = np.nan
+    x[1, ODD - 1] = np.nan
+    assert_split_close(g, {"x": x}, exact=True)
+
+
+def test_symbolic_length_splits_into_a_symbolic_number_of_chunks():
+    b = GraphBuilder()
+    n = b.symbol("n")
+    x = b.input("x", (n,))
+    b.output(b.compute("out", (), lambda: reduce("sum", (n,), lambda k: x[k])))
+    g = b.build()
+    s = split_reductions(g)
+    partial, _ = computes(s)
+    (chunks,) = partial.outputs[0].shape
+    assert isinstance(chunks, Expr)
+    for size in (5000, 3 * SYMBOLIC_CHUNK, 70001):
+        assert_split_close(g, n=size)
+
+
+# --- fusion and kernels ---------------------------------------------------------------------
+
+
+def test_producers_fuse_into_the_partial_and_consumers_into_the_final_kernel():
+    b = GraphBuilder()
+    x, y = b.input("x", (ODD,)), b.input("y", (ODD,))
+    m = b.compute("mul", (ODD,), lambda i: x[i] * y[i])
+    t = b.compute("total", (), lambda: reduce("sum", (ODD,), lambda k: m[k]))
+    b.output(b.compute("half", (), lambda: t[()] * 0.5))
+    g = b.build()
+    record = CompileRecord()
+    plan = compile_graph(g, config.resolve({"target": EMU}), record)
+    first, second = [n for n in record.graph.nodes if isinstance(n, FusedOp)]
+    assert len(record.graph.nodes) == 2 and len(record.kernels) == 2
+    assert set(first.members) == {"mul", "total"} and first.inner_extents == (2048,)
+    assert set(second.members) == {"total", "half"}
+    inputs = random_inputs(g, seed=3)
+    (expected,) = evaluate_graph(g, inputs)
+    (actual,) = plan(*(torch.from_numpy(inputs[v.name]) for v in g.inputs))
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_explain_counts_two_kernels_for_a_long_sum():
+    x = torch.randn(2**16)
+    assert minicomp.explain(lambda x: x.sum(), x, options={"target": EMU}).kernel_count == 2
+    short = torch.randn(1000)
+    assert minicomp.explain(lambda x: x.sum(), short, options={"target": EMU}).kernel_count == 1
+
+
+# --- end to end on cuda-emu against eager ----------------------------------------------------
+
+
+def test_full_reductions():
+    # One compilation for every kind (compiling dominates the emulator's test time).
+    def fn(x):
+        stats = (x.sum(), x.amax(), x.amin(), x.mean(), x.pow(2).sum().sqrt())
+        return stats + (x.argmax(), x.argmin())
+
+    check_compiled(fn, torch.randn(2**16 + 77), target=EMU, rtol=1e-4, atol=1e-3)
+
+
+def test_prod_near_one():
+    x = 1 + 1e-3 * torch.randn(ODD)
+    check_compiled(torch.prod, x, target=EMU, rtol=1e-4, atol=0)
+
+
+def test_any_and_all():
+    x = torch.zeros(ODD, dtype=torch.bool)
+    check_compiled(lambda x: (x.any(), x.all(), (~x).all()), x, target=EMU)
+    x[ODD - 2] = True
+    check_compiled(lambda x: (x.any(), (~x).all()), x, target=EMU)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_sums(dtype):
+    x = torch.rand(2**17 + 1000).to(dtype)
+    # One unit in the last place of the result: the accumulation order differs from eager's.
+    tol = {"rtol": 2e-3, "atol": 0} if dtype == torch.float16 else {}
+    check_compiled(torch.sum, x, target=EMU, reference_dtype=torch.float64, **tol)
+
+
+def test_row_and_column_reductions():
+    def fn(x, t):
+        rows = (x.sum(dim=1), x.sum(dim=1, keepdim=True), torch.max(x.round(), dim=1))
+        return rows + (t.sum(dim=0),)
+
+    x, t = torch.randn(2, 2**16 + 5), torch.randn(ODD, 3)
+    check_compiled(fn, x, t, target=EMU, rtol=1e-4, atol=1e-3)
+
+
+def test_int_sums():
+    # int32 sums to int64, and the split keeps the int64 accumulator.
+    i64 = torch.randint(-(2**40), 2**40, (ODD,))
+    i32 = torch.randint(2**30, 2**31 - 1, (ODD,), dtype=torch.int32)
+    check_compiled(lambda a, b: (a.sum(), b.sum()), i64, i32, target=EMU)
+
+
+def test_row_statistics_chained_through_split_reductions():
+    # Each statistic's second reduction reads the first one's split result.
+    def fn(x):
+        norm = torch.nn.functional.layer_norm(x, x.shape[-1:])
+        return torch.softmax(x, -1), x.var(), torch.logsumexp(x, -1), norm
+
+    check_compiled(fn, torch.randn(1, ODD), target=EMU, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_length_reuses_one_compilation():
+    records: list = []
+    with recording(records):
+        compiled = compile_minicomp(lambda x: x.sum(), EMU, dynamic=True)
+        for n in (50_000, 3 * SYMBOLIC_CHUNK + 1):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), x.sum(), rtol=1e-4, atol=1e-3)
+    (record,) = records
+    assert len(record.kernels) == 2
+    partial = record.graph.nodes[0]
+    assert isinstance(partial.outer_extents[0], Expr)
