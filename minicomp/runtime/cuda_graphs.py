@@ -116,13 +116,18 @@ class _Captured:
         self.copied: list[tuple[int, torch.Tensor]] = []  # (argument position, static buffer)
         self.in_place: dict[int, int] = {}  # argument position -> captured address
         call_args = list(args)
-        for pos, ((kind, _), a) in enumerate(zip(plan.inputs, args)):
+        env = plan.bind(args)
+        checked = set(plan.checked_inputs)
+        for pos, ((kind, slot), a) in enumerate(zip(plan.inputs, args)):
             if kind != "tensor":
                 continue
-            if pos in static:
+            # A buffer in the layout the kernels expect: the plan's own restriding copy would
+            # happen outside the graph, once.
+            want = plan.slots[slot].strides(env) if slot in checked else tuple(a.stride())
+            if pos in static and (tuple(a.stride()) == want or a.numel() <= 1):
                 self.in_place[pos] = a.data_ptr()
             else:
-                buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                buf = torch.empty_strided(a.shape, want, dtype=a.dtype, device=a.device)
                 self.copied.append((pos, buf.copy_(a)))
                 call_args[pos] = buf
         self.slots, self.env = plan.prepare(call_args)
@@ -208,19 +213,10 @@ class GraphedPlan:
             new_graph = self._new_graph or torch_graphs()
             # Capturing runs the plan once: segment by segment, each graph is replayed right
             # after its capture so the eager steps between them see real values.
-            self.captured = _Captured(self.plan, args, self._static_in_place(), new_graph)
+            self.captured = _Captured(self.plan, args, self.static, new_graph)
             self.captures += 1
             return self.captured.outputs()
         return self.captured.replay(args)
-
-    def _static_in_place(self) -> set[int]:
-        """Static inputs that the plan reads as they are (not through a strided copy)."""
-        checked = set(self.plan.checked_inputs)
-        out = set()
-        for pos, (kind, slot) in enumerate(self.plan.inputs):
-            if kind == "tensor" and pos in self.static and slot not in checked:
-                out.add(pos)
-        return out
 
 
 def _capturing() -> bool:
