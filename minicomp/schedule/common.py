@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from minicomp.ir.compute import TensorElement
-from minicomp.ir.expr import Dim, Expr, Load, Var, binary, cast, const, dim_expr
-from minicomp.ir.functor import Mutator, collect
+from minicomp.ir.expr import Binary, Dim, Expr, Load, Select, Var, binary, cast, const, dim_expr
+from minicomp.ir.functor import Mutator, Visitor, collect
 from minicomp.ir.graph import FusedOp, Value
 from minicomp.ir.types import DataType, PointerType, boolean, i64
 
@@ -118,3 +118,30 @@ def flat_index(vars_: Sequence[Var], extents: Sequence[Dim]) -> Expr:
     for v, x in zip(vars_, extents):
         total = total * dim_expr(x) + v
     return total
+
+
+class _Unconditional(Visitor):
+    def __init__(self):
+        super().__init__()
+        self.found: dict[TensorElement, None] = {}
+
+    def visit_TensorElement(self, e: TensorElement) -> None:
+        self.found[e] = None
+        self.visit(e.indices)
+
+    def visit_Select(self, e: Select) -> None:
+        self.visit(e.cond)
+
+    def visit_Binary(self, e: Binary) -> None:
+        self.visit(e.a)
+        if e.op not in ("and", "or"):
+            self.visit(e.b)
+
+
+def unconditional_elements(exprs: Sequence[Expr]) -> list[TensorElement]:
+    """The tensor elements every evaluation of `exprs` reads, in visiting order: those outside
+    the branches of a select and the right operands of `and`/`or` (C evaluates those only
+    sometimes, so a read there may be out of bounds when its guard is false)."""
+    v = _Unconditional()
+    v.visit(tuple(exprs))
+    return list(v.found)

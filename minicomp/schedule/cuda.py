@@ -7,11 +7,27 @@ Launch indices are i32 intrinsics, widened to i64 before any index arithmetic.
 Injective groups: the outer domain is flattened; thread `t` of block `b` handles flat index
 `b * BLOCK + t`, unravelled into the outer variables with idiv/imod. When the block count is
 static and fits gridDim.x the kernel is one guarded step (`if flat < numel`); otherwise the
-grid is capped at MAX_GRID and a grid-stride loop covers the rest. A later vectorised
-variant slots in at `CudaKernelBuilder.injective`: where the innermost output dim is
-contiguous in every buffer and a multiple of VEC elements, each thread takes VEC consecutive
-flat indices (`flat * VEC + k`), the unravel runs once per thread, and the loads and stores
-of the VEC elements become one 16-byte access through an intrinsic; nothing else changes.
+grid is capped at MAX_GRID and a grid-stride loop covers the rest.
+
+Vectorised injective groups: VEC = 16 bytes / the widest output element (at most MAX_VEC).
+When the innermost non-unit outer dim is static and a multiple of VEC, and at least one
+output is stored along it with stride 1 (its other strides multiples of VEC), each thread
+takes VEC consecutive elements: flat index `f` of the same grid scheme (over numel / VEC)
+covers elements `f * VEC + k`, k < VEC, which share every outer coordinate but the
+innermost, `base + k`; the unravel runs once per thread. Reads of an input whose index along
+the innermost dim is that variable itself, with stride 1, and that every element evaluates
+(not under a select branch or the right side of && / ||), become one vector load into a
+local register array before the elements (`load_vec`); the elements are computed in an
+unrolled loop into a register array per vectorised output, written by one vector store
+after it (`store_vec`); other reads and stores stay scalar, per element. A vector access
+is 2 to 16 bytes (32 for an input twice as wide as the widest output: two 16-byte accesses)
+and must be aligned to its size (16 at most): since the thread's first element is at a
+multiple of VEC elements from the buffer's start, that holds for every thread exactly when
+the buffer's base pointer is aligned, and symbolic strides of the other dims are multiples
+of VEC. The kernel tests that once per buffer at its start (`is_aligned`, a uniform flag)
+and copies between a misaligned buffer and its register array element by element instead,
+so a view with a storage offset stays correct at the cost of scalar accesses to that buffer
+only; the grid and the elements each thread takes are the same either way.
 
 Reduction groups (ReduceStages over the inner loops, then row stores), by inner extent:
 - large (>= LARGE_ROW) or symbolic: one row per block of BLOCK threads. Each thread folds a
@@ -25,16 +41,21 @@ Reduction groups (ReduceStages over the inner loops, then row stores), by inner 
 Later stages (softmax's sum after its max) and the row stores follow in the same kernel,
 reading the broadcast accumulators; scalar row stores are written by one thread.
 argmax/argmin reduce (value, index) pairs (NaN first, ties to the smaller index).
-Full reductions (no outer dims) run as one row on one block; splitting very long rows over
-many blocks (a two-pass reduction) is future work.
+Long reductions over few rows (a full `x.sum()`, or 2 rows of 2^22) arrive already split in
+two by the graph pass passes/graph/split_reductions.py (CUDA targets only): a partial group
+of R * C rows of CHUNK >= 2048 elements (a block each) and a final group reducing each row's
+C partials; this scheduler always reduces a row within one block or warp.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
+from minicomp.ir.compute import TensorElement
 from minicomp.ir.expr import (
     Call,
+    Const,
     Dim,
     Expr,
     Load,
@@ -44,13 +65,14 @@ from minicomp.ir.expr import (
     const,
     dim_expr,
     eq,
+    logical_and,
     maximum,
     minimum,
     ne,
     prod,
 )
 from minicomp.ir.func import Function
-from minicomp.ir.functor import substitute
+from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
 from minicomp.ir.stmt import (
     Assign,
@@ -64,7 +86,7 @@ from minicomp.ir.stmt import (
     While,
     seq,
 )
-from minicomp.ir.types import DataType, PointerType, i32, i64
+from minicomp.ir.types import DataType, PointerType, boolean, i32, i64
 from minicomp.schedule.common import (
     KernelSignature,
     Strides,
@@ -74,6 +96,7 @@ from minicomp.schedule.common import (
     lower_accesses,
     offset,
     signature,
+    unconditional_elements,
 )
 
 # Threads per block of every kernel.
@@ -84,6 +107,11 @@ WARPS = BLOCK // WARP
 LARGE_ROW = 1024
 # The largest gridDim.x; longer domains loop over the grid.
 MAX_GRID = 2**31 - 1
+# The widest vector store of an injective kernel, and the most elements a thread takes.
+VECTOR_BYTES = 16
+MAX_VEC = 8
+# An input twice as wide as the widest output still loads as vectors (two 16-byte accesses).
+MAX_LOAD_BYTES = 2 * VECTOR_BYTES
 # Shuffle deltas of a warp-wide tree, and of the tree over the WARPS partials.
 _WARP_DELTAS = tuple(WARP >> k for k in range(1, 6))
 _PARTIAL_DELTAS = tuple(d for d in _WARP_DELTAS if d < WARPS)
@@ -141,6 +169,34 @@ def unravel(flat: Expr, vars_: Sequence[Var], extents: Sequence[Dim]) -> list[St
     return out
 
 
+def vector_offset(
+    indices: Sequence[Expr], strides: Strides, var: Var, vec: int
+) -> tuple[Expr, list[Expr]] | None:
+    """The offset (at `var`) of an access at `indices` that reads VEC consecutive elements
+    as `var` runs over `var + k`, k < VEC (`var` a multiple of VEC), starting a multiple of
+    VEC elements into the buffer; with the conditions on symbolic strides left to check at
+    run time. None when the access is not such a vector.
+
+    That needs one index to be `var` itself, with stride 1, no other index mentioning it,
+    and the other terms of the offset multiples of VEC."""
+    along = [d for d, e in enumerate(indices) if e == var]
+    if len(along) != 1 or not _is_unit(strides[along[0]]):
+        return None
+    checks: list[Expr] = []
+    for d, (e, st) in enumerate(zip(indices, strides)):
+        if d == along[0] or isinstance(e, Const) and e.value == 0:
+            continue
+        if var in collect(e, Var):
+            return None
+        if isinstance(st, int):
+            step = st * e.value if isinstance(e, Const) else st
+            if step % vec:
+                return None
+        else:
+            checks.append(eq(dim_expr(st) % vec, 0))
+    return offset(indices, strides), checks
+
+
 def _grid_stride(var: Var, start: Expr, step: Expr, limit: Expr, body: Stmt) -> Stmt:
     """`for (var = start; var < limit; var += step) body` as a declaration and a while loop."""
     return seq(Declare(var, start), While(var < limit, seq(body, Assign(var, var + step))))
@@ -153,6 +209,21 @@ def _pair_better(kind: str, ov: Expr, oi: Expr, bv: Expr, bi: Expr) -> Expr:
     if ov.dtype.is_float:
         same = binary("or", same, binary("and", ne(ov, ov), ne(bv, bv)))
     return binary("or", arg_better(kind, ov, bv), binary("and", same, oi < bi))
+
+
+@dataclass(frozen=True)
+class _Vector:
+    """A buffer accessed VEC elements at a time: register `reg[k]` is element `first + k`;
+    `aligned` is the kernel-uniform flag saying whether the vector access may be used."""
+
+    buf: Var
+    first: Expr
+    reg: Var
+    aligned: Var
+
+
+def _unrolled(k: Var, vec: int, body: Stmt) -> Stmt:
+    return For(k, const(vec), body, "unroll")
 
 
 class CudaKernelBuilder:
@@ -189,13 +260,19 @@ class CudaKernelBuilder:
     # ---- injective groups ----
 
     def injective(self) -> tuple[Stmt, Dim, int]:
+        vectorised = self.vector_injective()
+        if vectorised is not None:
+            return vectorised
         op = self.op
-        numel = prod(op.outer_extents)
         flat = Var("flat", i64)
         body = seq(
             *unravel(flat, op.outer_vars, op.outer_extents),
             *(self.store(s) for s in self.stages),
         )
+        return self.flat_loop(flat, prod(op.outer_extents), body)
+
+    def flat_loop(self, flat: Var, numel: Dim, body: Stmt) -> tuple[Stmt, Dim, int]:
+        """`body` for each flat index in [0, numel) this thread takes, and the launch."""
         first = _launch("block_idx_x") * BLOCK + _launch("thread_idx_x")
         blocks = _ceil_div(numel, BLOCK)
         if isinstance(blocks, int) and blocks <= MAX_GRID:
@@ -203,6 +280,90 @@ class CudaKernelBuilder:
             return seq(Declare(flat, first), guarded), _grid(blocks), BLOCK
         step = _launch("grid_dim_x") * BLOCK
         return _grid_stride(flat, first, step, dim_expr(numel), body), _grid(blocks), BLOCK
+
+    # ---- vectorised injective groups ----
+
+    def vector_width(self) -> tuple[int, int] | None:
+        """(position of the innermost non-unit outer dim, VEC) where the vector scheme fits."""
+        op = self.op
+        dims = [d for d, x in enumerate(op.outer_extents) if not _is_unit(x)]
+        if not dims:
+            return None
+        vec = min(MAX_VEC, VECTOR_BYTES // max(v.dtype.nbytes for v in op.outputs))
+        extent = op.outer_extents[dims[-1]]
+        if vec < 2 or not isinstance(extent, int) or extent % vec:
+            return None
+        return dims[-1], vec
+
+    def vector_injective(self) -> tuple[Stmt, Dim, int] | None:
+        """The vectorised kernel (see the module docstring), or None where it does not fit."""
+        found = self.vector_width()
+        if found is None:
+            return None
+        pos, vec = found
+        op = self.op
+        var = op.outer_vars[pos]
+        planner = _VectorPlanner(var, vec)
+        stores = []
+        for st in self.stages:
+            buf, strides = self.out_bufs[st.output]
+            stores.append(planner.plan(buf, op.outputs[st.output].dtype, st.indices, strides))
+        if not any(stores):
+            return None
+        loads = self.vector_loads(planner)
+        k = Var("vk", i64)
+        lanes = const(vec, i32)
+        # Element k: vector reads come from the registers, the rest see the variable + k.
+        shifted: dict = {e: Load(a.reg, k) for e, a in loads.items()}
+        shifted[var] = var + k
+        elements = []
+        for st, vector in zip(self.stages, stores):
+            value = cast(self.expr(substitute(st.body, shifted)), op.outputs[st.output].dtype)
+            if vector is None:
+                buf, strides = self.out_bufs[st.output]
+                elements.append(Store(buf, offset(substitute(st.indices, shifted), strides), value))
+            else:
+                elements.append(Store(vector.reg, k, value))
+        body: list[Stmt] = list(self.vector_unravel(pos, vec))
+        for a in loads.values():
+            vector_load = Evaluate(Call("load_vec", (a.reg, Load(a.buf, a.first), lanes), i32))
+            scalar = _unrolled(k, vec, Store(a.reg, k, Load(a.buf, a.first + k)))
+            body.append(If(a.aligned, vector_load, scalar))
+        body.append(_unrolled(k, vec, seq(*elements)))
+        for a in filter(None, stores):
+            vector_store = Evaluate(Call("store_vec", (a.buf, a.first, a.reg, lanes), i32))
+            scalar = _unrolled(k, vec, Store(a.buf, a.first + k, Load(a.reg, k)))
+            body.append(If(a.aligned, vector_store, scalar))
+        extents = list(op.outer_extents)
+        extents[pos] //= vec
+        loop, grid, block = self.flat_loop(Var("flat", i64), prod(extents), seq(*body))
+        return seq(*planner.head, loop), grid, block
+
+    def vector_loads(self, planner: _VectorPlanner) -> dict[TensorElement, _Vector]:
+        """The reads done as vector loads: those every element evaluates (a read under a
+        guard may be out of bounds for some elements), at most two 16-byte accesses wide."""
+        loads = {}
+        for e in unconditional_elements([st.body for st in self.stages]):
+            if e.dtype.nbytes * planner.vec <= MAX_LOAD_BYTES:
+                buf, strides = self.buffers[e.tensor.name]
+                indices = tuple(self.expr(i) for i in e.indices)
+                access = planner.plan(buf, e.dtype, indices, strides)
+                if access is not None:
+                    loads[e] = access
+        return loads
+
+    def vector_unravel(self, pos: int, vec: int) -> list[Stmt]:
+        """Declarations of the outer variables at the thread's first element: `flat` counts
+        vectors, so the innermost variable is its coordinate times VEC."""
+        op = self.op
+        var = op.outer_vars[pos]
+        extents = list(op.outer_extents)
+        extents[pos] //= vec
+        chunk = Var(f"{var.name}_vec", i64)
+        vars_ = list(op.outer_vars)
+        vars_[pos] = chunk
+        out = unravel(Var("flat", i64), vars_, extents)
+        return [*out, Declare(var, chunk * vec if extents[pos] != 1 else const(0))]
 
     # ---- reduction groups ----
 
@@ -395,6 +556,41 @@ class CudaKernelBuilder:
             kind = "max" if st.kind == "argmax" else "min"
             return (identity(kind, accs[0].dtype), const(0))
         return (identity(st.kind, accs[0].dtype),)
+
+
+class _VectorPlanner:
+    """Decides which accesses of a vectorised kernel are vectors; declares their register
+    arrays and alignment flags (`head`, the kernel's first statements)."""
+
+    def __init__(self, var: Var, vec: int):
+        self.var, self.vec = var, vec
+        self.head: list[Stmt] = []
+        self.flags: dict[Expr, Var] = {}
+        self.names: set[str] = set()
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.names:
+            name, n = f"{base}_{n}", n + 1
+        self.names.add(name)
+        return name
+
+    def plan(self, buf: Var, dt: DataType, indices, strides: Strides) -> _Vector | None:
+        """The vector access of `buf` at `indices` (elements of type `dt`), or None."""
+        found = vector_offset(indices, strides, self.var, self.vec)
+        if found is None:
+            return None
+        first, checks = found
+        nbytes = min(self.vec * dt.nbytes, VECTOR_BYTES)
+        aligned = Call("is_aligned", (Load(buf, const(0)), const(nbytes, i32)), boolean)
+        cond = logical_and(aligned, *checks)
+        flag = self.flags.get(cond)
+        if flag is None:
+            flag = self.flags[cond] = Var(self.fresh(f"aligned_{buf.name}"), boolean)
+            self.head.append(Declare(flag, cond))
+        reg = Var(self.fresh(f"reg_{buf.name}"), PointerType(dt, "local"))
+        self.head.append(DeclareArray(reg, dt, self.vec, "local"))
+        return _Vector(buf, first, reg, flag)
 
 
 def schedule_cuda(op: FusedOp, layouts: Mapping[str, Strides]) -> Function:

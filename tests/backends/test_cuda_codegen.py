@@ -22,6 +22,7 @@ from minicomp.ir.types import (
     f64,
     i32,
     i64,
+    u8,
     u32,
 )
 
@@ -347,6 +348,18 @@ def helper_module() -> Module:
     fp = E.Var("fp", PointerType(f32))
     atomic = S.Evaluate(E.Call("atomic_max", (fp, E.const(0), E.Load(fp, E.const(1))), f32))
     kernels.append(Function("atomic_f32", (fp,), atomic))
+    # Vector copies of 2, 4, 8, 16 and 32 bytes through a register array.
+    for dt, lanes in ((u8, 2), (f16, 2), (f32, 2), (f32, 4), (f32, 8)):
+        src, dst = E.Var("src", PointerType(dt)), E.Var("dst", PointerType(dt))
+        reg = E.Var("reg", PointerType(dt, "local"))
+        count, first = E.const(lanes, i32), E.Load(src, E.const(0))
+        aligned = E.Call("is_aligned", (first, E.const(min(16, lanes * dt.nbytes), i32)), boolean)
+        copy = S.seq(
+            S.Evaluate(E.Call("load_vec", (reg, first, count), i32)),
+            S.Evaluate(E.Call("store_vec", (dst, E.const(0), reg, count), i32)),
+        )
+        body = S.seq(S.DeclareArray(reg, dt, lanes), S.If(aligned, copy))
+        kernels.append(Function(f"vector_{lanes * dt.nbytes}", (src, dst), body))
     return Module("helpers", tuple(kernels))
 
 

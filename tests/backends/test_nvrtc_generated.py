@@ -3,7 +3,7 @@
 The graphs are compiled for the cuda-emu target (which runs them here and checks the
 results against eager); the same CUDA source then goes through NVRTC for sm_80 and sm_90,
 and ptxas's report of registers, shared memory and spills is printed. No kernel of the
-auto-scheduler may spill.
+auto-scheduler may spill or keep a stack frame.
 """
 
 import pytest
@@ -41,7 +41,15 @@ def _ops():
     x = torch.randn(6, 300)
     h = torch.randn(4, 2048).half()
     b = torch.randn(3, 70).bfloat16()
+    v = torch.randn(16, 256)
+    r = torch.randn(256)
     return [
+        # Vectorised elementwise kernels (16-byte accesses; 32-byte loads of f32 under f16).
+        ("vec_f32", lambda v, r: torch.nn.functional.silu(v * r) + 1, (v, r)),
+        ("vec_f16_out", lambda v, h: v.sigmoid().half() * h, (v, v.half())),
+        ("vec_bf16", lambda b: torch.nn.functional.gelu(b) * 2, (v.bfloat16(),)),
+        ("vec_f64", lambda d: torch.exp(d) - d * d, (v.double(),)),
+        ("vec_bool", lambda v, r: (v > r) | (v < -1), (v, r)),
         ("softmax", lambda x: torch.softmax(x * 0.5, -1), (x,)),
         ("log_softmax", lambda x: torch.log_softmax(x, 0), (x,)),
         ("layer_norm", lambda x: torch.nn.functional.layer_norm(x, (300,)), (x,)),
@@ -74,6 +82,8 @@ def test_generated_kernels_compile_for_every_arch_without_spills(name, fn, args,
         report = minicomp.explain(fn, *args, options={"target": "cuda-emu", "fallback": "error"})
     sources = [r.source for r in report.records if r.source]
     assert sources and report.kernel_count > 0
+    if name.startswith("vec_"):
+        assert any("mc_store_vec" in s for s in sources), "no vectorised kernel"
     lines = []
     for source in sources:
         for arch in ARCHS:
@@ -84,4 +94,6 @@ def test_generated_kernels_compile_for_every_arch_without_spills(name, fn, args,
                     f"smem {res.shared_bytes:5d} spills {res.spill_stores}/{res.spill_loads}"
                 )
                 assert res.spill_stores == 0 and res.spill_loads == 0, lines[-1]
+                # No stack frame: local arrays (vector registers) stay in registers.
+                assert res.stack_bytes == 0, lines[-1]
     print("\n" + "\n".join(lines))

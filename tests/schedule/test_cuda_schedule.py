@@ -82,7 +82,8 @@ class Lockstep(Functor):
         gid = np.arange(n, dtype=np.int64)
         self.tid, self.bid = gid % block, gid // block
         self.env = {E.size_var(k): np.full(n, v, np.int64) for k, v in sizes.items()}
-        self.buffers, self.shared = buffers, {}
+        self.buffers, self.shared, self.local = buffers, {}, {}
+        self.lanes = np.arange(n)
         self.mask = self.current = np.ones(n, bool)
         self.epoch = 0
 
@@ -131,6 +132,8 @@ class Lockstep(Functor):
             return launch[e.name].astype(np.int32)
         if e.name in ("shfl_down_sync", "shfl_xor_sync"):
             return self.shuffle(e.name, *args)
+        if e.name == "is_aligned":
+            return self.address(e.args[0]) % int(args[1][0]) == 0
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in args]
         return getattr(torch, e.name)(*tensors).numpy()
 
@@ -143,11 +146,35 @@ class Lockstep(Functor):
         src = np.where(lane + d < WARP, lane + d, lane) if name == "shfl_down_sync" else lane ^ d
         return v.reshape(-1, WARP)[:, src].reshape(-1)
 
+    def address(self, first: E.Load) -> np.ndarray:
+        """The byte address of a buffer element, per thread (the vector intrinsics')."""
+        buf = self.buffers[first.buf.name]
+        return buf.ctypes.data + self.ev(first.index) * buf.itemsize
+
+    def vector(self, call: E.Call, m: np.ndarray) -> None:
+        """load_vec / store_vec: a register array from or to a buffer, aligned as on a GPU."""
+        if call.name == "load_vec":
+            reg, first, lanes = call.args
+        else:
+            buf, index, reg, lanes = call.args
+            first = E.Load(buf, index)
+        buffer, lanes = self.buffers[first.buf.name], lanes.value
+        align = min(16, lanes * buffer.itemsize)
+        assert np.all(self.address(first)[m] % align == 0), f"misaligned {call.name}"
+        span = self.ev(first.index)[m][:, None] + np.arange(lanes)
+        regs = self.local[reg]
+        if call.name == "load_vec":
+            regs[self.lanes[m], :lanes] = buffer[span]
+        else:
+            buffer[span] = regs[self.lanes[m], :lanes]
+
     def visit_Load(self, e):
         idx = self.ev(e.index)
         m = self.current
         out = np.zeros(self.n, np_dtype(e.dtype))
-        if e.buf in self.shared:
+        if e.buf in self.local:
+            out[m] = self.local[e.buf][self.lanes[m], idx[m]]
+        elif e.buf in self.shared:
             out[m] = self.shared[e.buf].read(self.bid[m], idx[m], self.tid[m], self.epoch)
         else:
             assert idx[m].min(initial=0) >= 0, "load out of bounds"
@@ -190,9 +217,14 @@ class Lockstep(Functor):
                 self.exec(s.body, alive)
         elif isinstance(s, S.Store):
             self.store(s, m)
+        elif isinstance(s, S.DeclareArray) and s.scope == "local":
+            fill = np.nan if s.dtype.is_float else 0x5A
+            self.local[s.var] = np.full((self.n, s.size), fill, np_dtype(s.dtype))
         elif isinstance(s, S.DeclareArray):
             assert s.scope == "shared"
             self.shared[s.var] = _Shared(self.grid, s.size, np_dtype(s.dtype))
+        elif isinstance(s, S.Evaluate) and s.expr.name in ("load_vec", "store_vec"):
+            self.vector(s.expr, m)
         elif isinstance(s, S.Evaluate):
             assert s.expr.name == "syncthreads"
             per_block = m.reshape(-1, self.block)
@@ -205,6 +237,9 @@ class Lockstep(Functor):
     def store(self, s: S.Store, m: np.ndarray) -> None:
         idx = self.ev(s.index)[m]
         value = to_dtype(self.ev(s.value), s.buf.type.elem)[m]
+        if s.buf in self.local:
+            self.local[s.buf][self.lanes[m], idx] = value
+            return
         if s.buf in self.shared:
             self.shared[s.buf].write(self.bid[m], idx, self.tid[m], value, self.epoch)
             return
@@ -389,8 +424,8 @@ def test_injective_kernel_is_one_guarded_element_per_thread():
 
 
 def test_injective_kernel_of_a_whole_number_of_blocks_has_no_guard():
-    f = schedule(scale_graph((4, BLOCK)))
-    assert f.attr("grid_dim") == (4, 1, 1)
+    f = schedule(scale_graph((BLOCK, 3)))  # 3 columns: not vectorised
+    assert f.attr("grid_dim") == (3, 1, 1)
     assert not collect(f.body, S.If)
 
 
@@ -633,6 +668,23 @@ def test_injective_kernel_with_unit_dims(runner):
     torch.testing.assert_close(out, x * 2 + 1)
 
 
+def test_vectorised_broadcast_add_over_misaligned_views(runner):
+    f = schedule(symbolic_rows_broadcast_add(64))
+    assert calls(f, "load_vec") and calls(f, "store_vec")
+    for n, offset, grid in ((37, 0, None), (37, 1, None), (300, 2, 1)):
+        x = torch.randn(n * 64 + offset)[offset:].view(n, 64)
+        y = torch.randn(1, 64)
+        out = poisoned((n, 64))
+        runner(f, {"x": x, "y": y, "z": out}, {"n": n}, grid=grid)
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+
+
+def symbolic_rows_broadcast_add(cols: int) -> Graph:
+    b = GraphBuilder()
+    n = b.symbol("n")
+    return _add_into(b, b.input("x", (n, cols)), b.input("y", (1, cols)), (n, cols))
+
+
 # --- NVRTC ---------------------------------------------------------------------------------
 
 
@@ -644,6 +696,8 @@ def every_test_kernel() -> list[Function]:
     kernels = [
         schedule(scale_graph((3, 5, 37))),
         schedule(scale_graph((4, BLOCK))),
+        schedule(scale_graph((BLOCK, 3))),
+        schedule(symbolic_rows_broadcast_add(64)),
         schedule(scale_graph((3, 1, 300))),
         permuted,
         schedule(softmax(5, 37)),

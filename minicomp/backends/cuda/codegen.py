@@ -8,6 +8,14 @@ of `threadIdx.x`..., since the IR types them i32 and unsigned arithmetic would c
 meaning of a subtraction or comparison. Loops of kind `parallel` and `vectorize` render as
 plain loops (a schedule maps parallelism onto threads before codegen); `unroll` gives
 `#pragma unroll`.
+
+Vector memory access is three intrinsics over a local register array (declared
+`alignas(16)`), each rendered through a device-header helper named by its byte count:
+`load_vec(reg, buf[i], lanes)` → `mc_load_vec<bytes>(reg, &buf[i])` (the Load names the
+first element; the buffer is only read), `store_vec(buf, i, reg, lanes)` →
+`mc_store_vec<bytes>(&buf[i], reg)`, and `is_aligned(buf[i], bytes)` →
+`mc_is_aligned(&buf[i], bytes)`. A vector is 2, 4, 8, 16 or 32 bytes (two 16-byte accesses)
+and its address must be aligned to its size, 16 at most.
 """
 
 from __future__ import annotations
@@ -80,6 +88,8 @@ CUDA_RESERVED = frozenset(
         "assert",
     )
 )
+# The sizes of the device header's vector access helpers.
+VECTOR_BYTES = (2, 4, 8, 16, 32)
 # Shuffles move 32- or 64-bit registers; narrower integers travel as int32.
 _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
@@ -133,7 +143,8 @@ class CudaRenderer(CLikeRenderer):
             return "__shared__ " + local
         if s.scope != "local":
             raise ValueError(f"unknown memory scope {s.scope!r} of array {s.var.name}")
-        return local
+        # Vector accesses copy whole register arrays as 16-byte words.
+        return "alignas(16) " + local
 
     def loop_pragmas(self, loops: list[S.For]) -> list[str]:
         return ["#pragma unroll"] if loops[0].kind == "unroll" else []
@@ -208,6 +219,46 @@ class CudaRenderer(CLikeRenderer):
         if dt == f32:
             return f"mc_atomic_max_f32({address}, {self.expr(value)})"
         raise ValueError(f"atomic_max is not available on {dt}")
+
+    # ---- vector memory access ----
+
+    def _address(self, first: E.Expr, what: str) -> str:
+        if not isinstance(first, E.Load):
+            raise ValueError(f"{what} takes the load of the first element: {first}")
+        return f"&{self.name_of(first.buf)}[{self.expr(first.index)}]"
+
+    def _vector_bytes(self, reg: E.Expr, elem: DataType, lanes: E.Expr, what: str) -> int:
+        if not isinstance(reg, E.Var) or not isinstance(reg.type, PointerType):
+            raise ValueError(f"{what} needs a register array, not {reg}")
+        if reg.type.elem != elem:
+            raise ValueError(f"{what} between a {reg.type.elem} array and a {elem} buffer")
+        if not isinstance(lanes, E.Const) or lanes.value * elem.nbytes not in VECTOR_BYTES:
+            raise ValueError(f"{what} of {lanes} {elem} lanes: not a vector size")
+        return lanes.value * elem.nbytes
+
+    def intrinsic_load_vec(self, e: E.Call) -> str:
+        if len(e.args) != 3:
+            raise ValueError(f"load_vec takes (register array, first element, lanes): {e}")
+        reg, first, lanes = e.args
+        address = self._address(first, "load_vec")
+        nbytes = self._vector_bytes(reg, first.dtype, lanes, "load_vec")
+        return f"mc_load_vec{nbytes}({self.name_of(reg)}, {address})"
+
+    def intrinsic_store_vec(self, e: E.Call) -> str:
+        if len(e.args) != 4:
+            raise ValueError(f"store_vec takes (buffer, index, register array, lanes): {e}")
+        buf, index, reg, lanes = e.args
+        if not isinstance(buf, E.Var) or not isinstance(buf.type, PointerType):
+            raise ValueError(f"store_vec needs a pointer variable as its buffer: {e}")
+        nbytes = self._vector_bytes(reg, buf.type.elem, lanes, "store_vec")
+        address = f"&{self.name_of(buf)}[{self.expr(index)}]"
+        return f"mc_store_vec{nbytes}({address}, {self.name_of(reg)})"
+
+    def intrinsic_is_aligned(self, e: E.Call) -> str:
+        if len(e.args) != 2 or not isinstance(e.args[1], E.Const):
+            raise ValueError(f"is_aligned takes (first element, constant bytes): {e}")
+        first, nbytes = e.args
+        return f"mc_is_aligned({self._address(first, 'is_aligned')}, {nbytes.value})"
 
 
 def render_module(module: Module) -> str:

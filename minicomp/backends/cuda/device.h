@@ -117,6 +117,38 @@ MC_DEVICE uint16_t mc_shfl_u16(uint16_t v, int src_lane) {
     return (uint16_t)__shfl_sync(0xffffffffu, (unsigned int)v, src_lane);
 }
 
+/* ---- vector memory access (the register side is an alignas(16) local array) ---- */
+
+/* Whether `p` is aligned to `bytes` (a power of two). */
+MC_DEVICE bool mc_is_aligned(const void* p, unsigned long long bytes) {
+    return ((unsigned long long)p & (bytes - 1ull)) == 0;
+}
+
+/* One access of N bytes as the built-in vector type T; emu.h has the host versions. */
+#ifndef MC_EMULATE
+#define MC_VECTOR_ACCESS(N, T)                                                    \
+    MC_DEVICE void mc_load_vec##N(void* dst, const void* src) {                   \
+        *(T*)dst = *(const T*)src;                                                \
+    }                                                                             \
+    MC_DEVICE void mc_store_vec##N(void* dst, const void* src) {                  \
+        *(T*)dst = *(const T*)src;                                                \
+    }
+MC_VECTOR_ACCESS(2, unsigned short)
+MC_VECTOR_ACCESS(4, unsigned int)
+MC_VECTOR_ACCESS(8, uint2)
+MC_VECTOR_ACCESS(16, uint4)
+/* 32 bytes (an input twice as wide as the output) are two 16-byte accesses. */
+MC_DEVICE void mc_load_vec32(void* dst, const void* src) {
+    ((uint4*)dst)[0] = ((const uint4*)src)[0];
+    ((uint4*)dst)[1] = ((const uint4*)src)[1];
+}
+MC_DEVICE void mc_store_vec32(void* dst, const void* src) {
+    ((uint4*)dst)[0] = ((const uint4*)src)[0];
+    ((uint4*)dst)[1] = ((const uint4*)src)[1];
+}
+#undef MC_VECTOR_ACCESS
+#endif
+
 /* ---- atomics the hardware lacks, by compare-and-swap on the enclosing 32-bit word ---- */
 
 /* Adds `v` to the 16-bit value at `p` (rounded once, like a store of the float32 sum) and

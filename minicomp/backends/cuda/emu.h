@@ -129,6 +129,9 @@ static thread_local uint3 tls_block_idx;
 static thread_local uint3 tls_block_dim;
 static thread_local uint3 tls_grid_dim;
 static thread_local Block* tls_block;  // null in plain (fiberless) mode
+// The first misaligned vector access of the block running on this OS thread (a GPU faults).
+static thread_local const void* tls_misaligned;
+static thread_local unsigned tls_misaligned_bytes;
 
 // Thrown only in plain mode, where the kernel runs on the worker's own stack.
 struct PlainModeBarrier {};
@@ -497,6 +500,12 @@ struct Worker {
     ~Worker() { release(); }
 };
 
+static std::string misaligned_error() {
+    if (!tls_misaligned) return "";
+    return format("misaligned %u-byte vector access at %p (a GPU raises a misaligned address "
+                  "error)", tls_misaligned_bytes, tls_misaligned);
+}
+
 // Runs block `linear` of the grid; returns an error message, or "" on success.
 static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
                              uint3 dim, unsigned linear, Worker& w) {
@@ -511,6 +520,7 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     tls_block_idx = b.idx;
     tls_block_dim = dim;
     tls_grid_dim = grid;
+    tls_misaligned = nullptr;
     if (!fibers) {
         try {
             run_plain(&b);
@@ -518,7 +528,7 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
             return "the kernel reached a barrier or warp collective but was launched without "
                    "fibers (its sync flag is wrong)";
         }
-        return "";
+        return misaligned_error();
     }
     if (!w.reserve(b.nthreads, b.stack_bytes)) {
         return format("cannot allocate %u fiber stacks of %zu bytes", b.nthreads, b.stack_bytes);
@@ -543,7 +553,7 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     tls_block = &b;
     run_fibers(&b);
     tls_block = nullptr;
-    return b.error;
+    return b.error.empty() ? misaligned_error() : b.error;
 }
 
 #ifdef MC_EMU_ASAN
@@ -728,6 +738,34 @@ static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+// ---- vector memory access (device.h's mc_load_vec<N> / mc_store_vec<N>) ----
+
+namespace mc_emu {
+// Copies `bytes` as one access would, noting an address the GPU could not access that way.
+static inline void vector_copy(void* dst, const void* src, unsigned bytes) {
+    uintptr_t align = bytes < 16 ? bytes : 16;
+    if (((uintptr_t)dst | (uintptr_t)src) % align && !tls_misaligned) {
+        tls_misaligned = (uintptr_t)src % align ? src : dst;
+        tls_misaligned_bytes = bytes;
+    }
+    memcpy(dst, src, bytes);
+}
+}  // namespace mc_emu
+
+#define MC_EMU_VECTOR_ACCESS(N)                                                   \
+    static inline void mc_load_vec##N(void* dst, const void* src) {               \
+        mc_emu::vector_copy(dst, src, N);                                         \
+    }                                                                             \
+    static inline void mc_store_vec##N(void* dst, const void* src) {              \
+        mc_emu::vector_copy(dst, src, N);                                         \
+    }
+MC_EMU_VECTOR_ACCESS(2)
+MC_EMU_VECTOR_ACCESS(4)
+MC_EMU_VECTOR_ACCESS(8)
+MC_EMU_VECTOR_ACCESS(16)
+MC_EMU_VECTOR_ACCESS(32)
+#undef MC_EMU_VECTOR_ACCESS
 
 // Tunes the runtime of this library: per-thread fiber stack bytes and OS worker threads.
 extern "C" void mc_emu_configure(unsigned long long stack_bytes, unsigned workers) {
