@@ -4,7 +4,7 @@
 `torch_dynamo_backends` entry point; importing minicomp is only needed for its API.
 """
 
-from minicomp import config
+from minicomp import config, script
 from minicomp.explain import Explanation, explain, explain_file
 
-__all__ = ["config", "explain", "explain_file", "Explanation"]
+__all__ = ["config", "explain", "explain_file", "Explanation", "script"]

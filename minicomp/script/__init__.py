@@ -1,0 +1,176 @@
+"""The script DSL: CUDA kernels written as typed Python functions, parsed into kernel IR.
+
+    import minicomp
+    from minicomp.script import attrs, blockIdx, dim, f32, i32, threadIdx
+
+    @minicomp.script
+    def add(a: f32[dim.n], b: f32[dim.n], out: f32[dim.n], n: i32):
+        attrs.grid_dim = (n + 255) // 256
+        attrs.block_dim = 256
+        i = blockIdx.x * 256 + threadIdx.x
+        if i < n:
+            out[i] = a[i] + b[i]
+
+    add(x, y, z)  # CUDA tensors run on the GPU, CPU tensors in the emulator
+
+`minicomp.script` is both this package and the decorator (`@minicomp.script` or
+`@minicomp.script(target="cuda-emu")`). A function that sets `attrs.grid_dim` and
+`attrs.block_dim` is a kernel; one that does not is a device function, callable from other
+script functions. `kernel.ir`, `kernel.module` and `kernel.source` (CUDA C) show what it
+became; `kernel.with_target("cuda-emu")` forces a target.
+
+Parameters: `f32[m, k]` is a contiguous row-major tensor; ints are static sizes, and
+`dim.m` (or the string "m", or the bare name under `from __future__ import annotations`)
+names an int parameter of the same function, a runtime size that binds from the tensors'
+shapes at launch (`dim.m` is the spelling linters accept). `ptr(f32)` is a raw pointer,
+`i32`, `f32`... a scalar. Names resolve to parameters and locals,
+then to the function's closure and globals: ints, floats, bools and tuples there are
+compile-time constants, so a template is a Python function returning a script kernel. A local
+assigned once with a compile-time value is itself a constant; `if` on a compile-time
+condition keeps only the branch taken; `for x in (a, b)` over a compile-time tuple repeats
+its body.
+
+Statements: assignment (the first declares a variable of the value's type; later ones must
+convert implicitly), augmented assignment, `x: f16 = ...`, tensor elements `a[i, j]` (a
+partial index gives a view), `if/elif/else`, `while`, `for i in range(...)` (1 to 3
+arguments, a compile-time step; `for i in unroll(range(4))` asks for full unrolling),
+`break`, `continue`, `return` (device functions, with a return annotation), and
+`for i, j in mapping.on(threadIdx.x)` over task mappings (minicomp.script.mapping).
+
+Types and conversions (minicomp.script.conversions has the details): literals take the type
+of the value they meet (alone: i32, f32, bool); arithmetic promotes like C (floats beat
+ints, wider beats narrower) and wraps; `/` needs a float operand; `//` and `%` are integer
+operators that truncate toward zero like C (-7 // 2 == -3, also in compile-time arithmetic);
+implicit conversions only widen (i32 to i64, f16 to f32...); everything else needs a cast
+such as `f16(x)` or `i32(x)`. Comparisons chain; `and`/`or`/`not` are logical; `a if c else
+b` selects.
+
+Primitives: `threadIdx`, `blockIdx`, `blockDim`, `gridDim` (.x .y .z, i32), `syncthreads()`,
+`shfl_down_sync(v, delta)`, `shfl_xor_sync(v, mask)`, `shfl_sync(v, lane)`,
+`atomic_add(t[i], v)` and `atomic_max(t[i], v)` (they return the old value),
+`shared_tensor(dtype, shape)`, `register_tensor(dtype, shape)`,
+`dynamic_shared_tensor(dtype, shape)` (laid out one after the other in the dynamic shared
+memory, whose size `attrs.dynamic_smem` defaults to), `load_vec(reg, t[i])`,
+`store_vec(t[i], reg)` and `is_aligned(t[i], bytes)` (vector access of a whole register
+tensor), `printf(fmt, *values)` (C's format; f16/bf16 values print as doubles with %f, bools
+and narrow ints as ints with %d, i64 needs %lld), the math functions of
+minicomp.ir.expr.MATH_FUNCTIONS plus `max`, `min`, `abs`, `pow` (and `**`), and `attrs`
+(`grid_dim`, `block_dim`: ints or expressions over scalar parameters; `dynamic_smem` bytes;
+`launch_bounds`: the most threads a block may have).
+
+Not (yet) in the language: slices, strings other than printf's format, bounds checks (an
+index outside a tensor is undefined behaviour, as in CUDA), Python's negative indices, and
+views passed to device functions. printf and dynamic shared memory need backend support that
+is not there yet (minicomp.script.values.StringLiteral is printf's format; dynamic arrays are
+DeclareArray(scope="dynamic")).
+"""
+
+import sys
+import types as _types
+
+from minicomp.script.errors import ScriptError
+from minicomp.script.function import ScriptFunction, script
+from minicomp.script.lang import (
+    MATH,
+    abs,
+    atomic_add,
+    atomic_max,
+    attrs,
+    blockDim,
+    blockIdx,
+    dim,
+    dynamic_shared_tensor,
+    gridDim,
+    is_aligned,
+    load_vec,
+    max,
+    min,
+    pow,
+    printf,
+    register_tensor,
+    shared_tensor,
+    shfl_down_sync,
+    shfl_sync,
+    shfl_xor_sync,
+    store_vec,
+    syncthreads,
+    threadIdx,
+    unroll,
+)
+from minicomp.script.mapping import TaskMapping, repeat, spatial
+from minicomp.script.types import (
+    bf16,
+    boolean,
+    f16,
+    f32,
+    f64,
+    i8,
+    i16,
+    i32,
+    i64,
+    ptr,
+    u8,
+    u16,
+    u32,
+    u64,
+)
+
+globals().update(MATH)
+
+__all__ = [
+    "ScriptError",
+    "ScriptFunction",
+    "TaskMapping",
+    "script",
+    "spatial",
+    "repeat",
+    "ptr",
+    "f16",
+    "bf16",
+    "f32",
+    "f64",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "boolean",
+    "dim",
+    "threadIdx",
+    "blockIdx",
+    "blockDim",
+    "gridDim",
+    "attrs",
+    "syncthreads",
+    "shfl_down_sync",
+    "shfl_xor_sync",
+    "shfl_sync",
+    "atomic_add",
+    "atomic_max",
+    "shared_tensor",
+    "register_tensor",
+    "dynamic_shared_tensor",
+    "printf",
+    "unroll",
+    "load_vec",
+    "store_vec",
+    "is_aligned",
+    "max",
+    "min",
+    "abs",
+    "pow",
+]
+__all__ += sorted(n for n in MATH if n not in __all__)
+
+
+class _ScriptModule(_types.ModuleType):
+    """This package, callable as the `@minicomp.script` decorator."""
+
+    def __call__(self, fn=None, **options):
+        return script(fn, **options)
+
+
+sys.modules[__name__].__class__ = _ScriptModule

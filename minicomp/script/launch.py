@@ -1,0 +1,255 @@
+"""Launching script kernels with torch tensors: argument checks, runtime sizes, builds.
+
+Tensor arguments must match their annotation exactly (dtype, number of dimensions, static
+sizes, contiguity) and sit on one device; runtime sizes bind from the tensors' shapes (a size
+parameter may be left out of the call, or given and then checked). CUDA tensors run on the
+`cuda` target, CPU tensors in the emulator, unless the kernel's target says otherwise.
+A launch whose grid has no block (an empty tensor) does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from minicomp.ir import expr as E
+from minicomp.ir.functor import collect
+from minicomp.ir.types import bf16, f16, to_torch
+from minicomp.runtime.symbols import compile_dims
+from minicomp.script.conversions import fits
+from minicomp.script.errors import ScriptError
+from minicomp.script.function import TARGETS, ScriptFunction
+from minicomp.script.signature import Param, Signature
+
+
+def _size_symbol(d) -> str | None:
+    """The parameter a size stands for, when it is one parameter (possibly widened)."""
+    if isinstance(d, E.Cast):
+        d = d.a
+    return d.name if isinstance(d, E.Var) else None
+
+
+class Binder:
+    """Turns the Python arguments of a kernel call into the IR parameters' values."""
+
+    def __init__(self, sf: ScriptFunction):
+        self.sig: Signature = sf.signature()
+        self.filename = sf._state.source.filename
+        f = sf.ir
+        self.order = [p.name for p in f.params]
+        self.function = f
+        from minicomp.backends.cuda.module import launch_dims
+
+        self.dims = launch_dims(f)
+
+    def error(self, p: Param | None, reason: str) -> ScriptError:
+        line = p.lineno if p is not None else self.sig.lineno
+        return ScriptError(reason, self.filename, line)
+
+    def bind(self, args: Sequence, kwargs: dict) -> tuple[list, Any]:
+        """(IR argument values in IR order, the tensors' device or None)."""
+        sig = self.sig
+        params = {p.name: p for p in sig.params}
+        if len(args) > len(params):
+            n = len(params)
+            raise self.error(None, f"{sig.py_name}() takes {n} arguments, {len(args)} given")
+        given = dict(zip(params, args))
+        for key, value in kwargs.items():
+            if key not in params:
+                raise self.error(None, f"{sig.py_name}() has no parameter {key!r}")
+            if key in given:
+                raise self.error(None, f"{sig.py_name}() got two values for argument {key!r}")
+            given[key] = value
+        values: dict[str, Any] = {}
+        sizes: dict[str, int] = {}
+        for p in sig.params:
+            if p.kind == "scalar" and p.name in given:
+                values[p.name] = self.scalar(p, given[p.name])
+                if p.dtype.is_integer:
+                    sizes[p.name] = values[p.name]
+        device, checks = None, []
+        for p in sig.params:
+            if p.kind == "scalar":
+                continue
+            if p.name not in given:
+                raise self.error(p, f"{sig.py_name}() is missing the argument {p.name}")
+            values[p.name], dev = self.tensor(p, given[p.name], sizes, checks)
+            if dev is not None:
+                if device is not None and dev != device:
+                    raise self.error(
+                        p, f"argument {p.name} is on {dev}, the kernel's other tensors on {device}"
+                    )
+                device = dev
+        for p in sig.params:
+            if p.kind == "scalar" and p.name not in values:
+                if p.name not in sizes:
+                    raise self.error(p, f"{sig.py_name}() is missing the argument {p.name}")
+                values[p.name] = sizes[p.name]
+        for p, k, d, actual in checks:
+            expected = compile_dims([d])(sizes)[0]
+            if expected != actual:
+                raise self.error(p, self.shape_message(p, f"dimension {k} is {actual}", sizes))
+        return [values[name] for name in self.order], device
+
+    def scalar(self, p: Param, value) -> Any:
+        dt = p.dtype
+        what = f"argument {p.name} is a {dt} scalar"
+        if dt.is_bool:
+            if not isinstance(value, bool):
+                raise self.error(p, f"{what}, not {_kind(value)}")
+            return value
+        if dt.is_integer:
+            if isinstance(value, bool):
+                raise self.error(p, f"{what}, not a bool")
+            try:
+                v = operator.index(value)
+            except TypeError:
+                raise self.error(p, f"{what}, not {_kind(value)}") from None
+            if not fits(v, dt):
+                raise self.error(p, f"{what}; {v} does not fit")
+            return v
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise self.error(p, f"{what}, not {_kind(value)}") from None
+        if dt in (f16, bf16):
+            from minicomp.backends.c_like import half_bits
+
+            return half_bits(float(value), dt)
+        return float(value)
+
+    def tensor(self, p: Param, t, sizes: dict, checks: list) -> tuple[int, Any]:
+        import torch
+
+        if p.kind == "pointer" and isinstance(t, int) and not isinstance(t, bool):
+            return t, None
+        if not isinstance(t, torch.Tensor):
+            raise self.error(p, f"argument {p.name} is a {p.dtype} tensor, not {_kind(t)}")
+        if t.dtype != to_torch(p.dtype):
+            raise self.error(
+                p, f"argument {p.name} is a {p.dtype.name} tensor, got {str(t.dtype)[6:]}"
+            )
+        if t.device.type not in ("cpu", "cuda"):
+            raise self.error(p, f"argument {p.name} is on {t.device}; kernels take cpu or cuda")
+        if p.kind == "pointer":
+            return t.data_ptr(), t.device
+        if t.dim() != len(p.shape):
+            raise self.error(
+                p, self.shape_message(p, f"it has {t.dim()} dimensions, not {len(p.shape)}", sizes)
+            )
+        for k, (d, actual) in enumerate(zip(p.shape, t.shape)):
+            if isinstance(d, int):
+                if d != actual:
+                    raise self.error(p, self.shape_message(p, f"dimension {k} is {actual}", sizes))
+                continue
+            name = _size_symbol(d)
+            if name is None:
+                checks.append((p, k, d, actual))
+            elif name not in sizes:
+                sizes[name] = actual
+            elif sizes[name] != actual:
+                reason = f"dimension {k} is {actual}, but {name} is {sizes[name]}"
+                raise self.error(p, self.shape_message(p, reason, sizes))
+        if not t.is_contiguous():
+            raise self.error(p, f"argument {p.name} is not contiguous; pass t.contiguous()")
+        return t.data_ptr(), t.device
+
+    def shape_message(self, p: Param, reason: str, sizes: dict) -> str:
+        dims = ", ".join(str(d) if isinstance(d, int) else _dim_text(d) for d in p.shape)
+        return f"argument {p.name} must have the shape ({dims}): {reason}"
+
+
+def _dim_text(d) -> str:
+    name = _size_symbol(d)
+    return name if name is not None else repr(d)
+
+
+def _kind(value) -> str:
+    return f"a {type(value).__name__}"
+
+
+def choose_target(requested: str | None, device) -> str:
+    """The target of a launch: the kernel's own, the `target` option when it names a script
+    target, else by where the tensors are."""
+    from minicomp import config
+
+    target = requested
+    if target is None and config.get("target") in TARGETS:
+        target = config.get("target")
+    if target is None:
+        if device is None:
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cuda-emu"
+        return "cuda" if device.type == "cuda" else "cuda-emu"
+    return target
+
+
+def _builder(sf: ScriptFunction, binder: Binder, target: str, device) -> Callable:
+    """A callable running the kernel on `target` with IR-ordered arguments."""
+    from minicomp import config
+
+    module = sf.module
+    name = binder.function.name
+    cache_dir = config.get("cache_dir")
+    if target == "cuda-emu":
+        from minicomp.backends.cuda.emu import build_emulated
+
+        emu = build_emulated(sf.source, [binder.function], cache_dir=cache_dir)
+        prints = any(c.name == "printf" for c in collect(module, E.Call))
+        # The emulator's launch takes the dynamic shared memory size once it supports it.
+        extra = {"shared_bytes": smem} if (smem := binder.function.attr("dynamic_smem")) else {}
+
+        def run(args: list, grid, block) -> None:
+            emu.launch(name, grid, block, args, **extra)
+            if prints:
+                # The host's stdout is buffered; CUDA shows printf output at synchronisation.
+                ctypes.CDLL(None).fflush(None)
+
+        return run
+    import torch
+
+    from minicomp.backends.cuda.module import build
+
+    index = device.index if device is not None else torch.cuda.current_device()
+    cuda = build(module, device_index=index, cache_dir=cache_dir, arch=config.get("arch"))
+    launcher = cuda.kernel(name)
+    return lambda args, grid, block: launcher(*args)
+
+
+def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
+    """Run kernel `sf` with Python arguments."""
+    state = sf._state
+    sig = sf.signature()
+    if sig.kind != "kernel":
+        raise ScriptError(
+            f"{sig.py_name} is a device function (it sets no attrs.grid_dim); call it from a "
+            "script kernel",
+            state.source.filename,
+            sig.lineno,
+        )
+    with state.lock:
+        if state.launcher is None:
+            state.launcher = Binder(sf)
+        binder = state.launcher
+    values, device = binder.bind(args, kwargs)
+    target = choose_target(sf.target, device)
+    if device is not None and (device.type == "cuda") != (target == "cuda"):
+        where = "CUDA tensors" if target == "cuda" else "CPU tensors"
+        raise ScriptError(
+            f"the {target} target runs {sig.py_name} on {where}, but its tensors are on {device}",
+            state.source.filename,
+            sig.lineno,
+        )
+    key = (target, device.index if device is not None and device.type == "cuda" else None)
+    with state.lock:
+        run = state.builds.get(key)
+        if run is None:
+            run = state.builds[key] = _builder(sf, binder, target, device)
+    grid, block = binder.dims(values)
+    if 0 in grid:
+        return
+    run(values, grid, block)
