@@ -1,0 +1,286 @@
+// minicomp cuda-emu: host versions of mma.h's tensor-core and async-copy helpers.
+//
+// Compiled after emu.h, whose fibers and warp barrier it builds on. mma.sync and ldmatrix are
+// warp collectives: every lane puts its operands in a per-warp exchange slot and waits at the
+// warp barrier; the last lane to arrive computes the whole warp's instruction from all 32
+// slots and leaves each lane's result in its slot, before any lane goes on, as the hardware
+// completes a warp instruction for all lanes at once (so a lane's later stores cannot reach
+// another lane's ldmatrix). Slots are double-buffered by the warp's barrier count, as emu.h's
+// shuffles are: a lane reuses a buffer only after every lane has passed the next barrier, so
+// after every lane read its result from it. The tag of each lane's collective goes in emu.h's
+// shuffle slot of the same barrier (zeroed for each block), and a lane that reached another
+// collective (another mma type, a shuffle, __syncwarp) fails the block, since PTX leaves such
+// a warp undefined.
+//
+// cp.async copies at issue. PTX makes the destination readable only after cp.async.wait_group
+// (or wait_all) covers the copy, and changing the source or reading the destination before
+// then is undefined, so a program with defined behaviour cannot tell an immediate copy from a
+// late one: commit and wait do nothing here.
+#ifndef MC_EMU_MMA_H
+#define MC_EMU_MMA_H
+
+namespace mc_emu {
+namespace mma {
+
+// One lane's operands, then its results, in a warp collective.
+struct Slot {
+    unsigned char bytes[48];
+};
+static const unsigned MAX_WARPS = 32;  // 1024 threads
+
+// The exchange slots of one warp and one barrier parity (per OS thread, like a block).
+static Slot* exchange(unsigned warp, unsigned parity) {
+    static thread_local std::vector<Slot> slots;
+    if (slots.empty()) slots.resize(MAX_WARPS * 2 * 32);
+    return &slots[(warp * 2 + parity) * 32];
+}
+
+enum Op : unsigned {
+    MMA_F16 = 1,
+    MMA_BF16,
+    LDMATRIX_X1,
+    LDMATRIX_X2,
+    LDMATRIX_X4,
+    LDMATRIX_X1_TRANS,
+    LDMATRIX_X2_TRANS,
+    LDMATRIX_X4_TRANS,
+    OP_END
+};
+static const char* const OP_NAMES[OP_END] = {
+    "?",
+    "mma.sync.m16n8k16.f16",
+    "mma.sync.m16n8k16.bf16",
+    "ldmatrix.x1",
+    "ldmatrix.x2",
+    "ldmatrix.x4",
+    "ldmatrix.x1.trans",
+    "ldmatrix.x2.trans",
+    "ldmatrix.x4.trans",
+};
+static const uint64_t TAG_MAGIC = 0x6d63ull << 48;  // "mc": not a likely shuffled value
+
+static inline uint64_t tag_of(unsigned op, unsigned gen) {
+    return TAG_MAGIC | ((uint64_t)op << 32) | gen;
+}
+
+static const char* describe_tag(uint64_t tag) {
+    unsigned op = (unsigned)(tag >> 32) & 0xffffu;
+    if ((tag & (0xffffull << 48)) == TAG_MAGIC && op > 0 && op < OP_END) return OP_NAMES[op];
+    return "a shuffle or __syncwarp";
+}
+
+// Ends the block with `message` (the first error stays); the fiber is never resumed.
+static void fail(Block* b, Fiber* f, const std::string& message) {
+    if (b->error.empty()) b->error = message;
+    switch_away(b, f, false);
+    abort();
+}
+
+static void check_same(Block* b, Fiber* f, Warp& w, unsigned parity, uint64_t tag) {
+    for (unsigned i = 0; i < 32; i++) {
+        if (w.slots[parity][i] == tag) continue;
+        fail(b, f, format("lanes %u and %u of warp %u of block (%u,%u,%u) reach different warp "
+                          "instructions (%s and %s); mma and ldmatrix need the whole warp at the "
+                          "same one",
+                          f->linear & 31, i, f->linear / 32, b->idx.x, b->idx.y, b->idx.z,
+                          describe_tag(tag), describe_tag(w.slots[parity][i])));
+    }
+}
+
+typedef void (*Compute)(Slot* lanes);
+
+// This lane's part of warp collective `op`: `in` goes to its slot, `out` gets its result.
+static void collective(unsigned op, const void* in, unsigned in_bytes, void* out,
+                       unsigned out_bytes, Compute compute) {
+    Block* b = tls_block;
+    if (!b) throw PlainModeBarrier();
+    Fiber* f = b->current;
+    Warp& w = warp_of(b, f);
+    if (w.active != 32) {
+        fail(b, f, format("%s needs a full warp, but warp %u of block (%u,%u,%u) has %u threads",
+                          OP_NAMES[op], f->linear / 32, b->idx.x, b->idx.y, b->idx.z, w.active));
+    }
+    unsigned lane = f->linear & 31;
+    unsigned parity = w.gen & 1;
+    uint64_t tag = tag_of(op, w.gen);
+    Slot* slots = exchange(f->linear / 32, parity);
+    memcpy(slots[lane].bytes, in, in_bytes);
+    w.slots[parity][lane] = tag;
+    if (w.arrived + 1 == w.active) {  // the last to arrive: the barrier releases after this
+        check_same(b, f, w, parity, tag);
+        compute(slots);
+    }
+    warp_barrier(b, f, w);
+    check_same(b, f, w, parity, tag);  // the last lane may have been at another instruction
+    memcpy(out, slots[lane].bytes, out_bytes);
+}
+
+// ---- mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 ----
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+        float v = (float)mantissa * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    uint32_t bits = exponent == 0x1f ? sign | 0x7f800000u | (mantissa << 13)
+                                     : sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    return mc_emu_bit_cast<float>(bits);
+}
+
+static inline float bf16_to_f32(uint16_t h) { return mc_emu_bit_cast<float>((uint32_t)h << 16); }
+
+struct MmaOperands {
+    uint16_t a[8];
+    uint16_t b[4];
+    float c[4];
+};
+static_assert(sizeof(MmaOperands) <= sizeof(Slot), "mma operands fit a slot");
+
+// The fragment layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating
+// point type", with g = lane >> 2 and t = lane % 4:
+//   A (16x16, row): a_i at row g + 8 * ((i >> 1) & 1), column 2t + (i & 1) + 8 * (i >> 2)
+//   B (16x8, col):  b_i at row 2t + (i & 1) + 8 * (i >> 1), column g
+//   C, D (16x8):    c_i at row g + 8 * (i >> 1), column 2t + (i & 1)
+// PTX asks for products "with at least single precision" and accumulation "with at least
+// single precision", in an unspecified order and rounding. Here every product is exact in
+// float (11x11 significant bits for f16; 8x8 for bf16, which only overflow or underflow can
+// round) and each output is c, then the 16 products added in k order, rounding to nearest
+// after each addition. Hardware keeps the exact products too but adds them in its own order
+// with its own rounding, so the two agree exactly whenever every partial sum is a float, and
+// otherwise differ by a few float ulps of the sum of |terms|.
+template <float (*Widen)(uint16_t)>
+static void mma_compute(Slot* lanes) {
+    MmaOperands in[32];
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; l++) {
+        memcpy(&in[l], lanes[l].bytes, sizeof in[l]);
+        unsigned g = l >> 2, t = l & 3;
+        for (unsigned i = 0; i < 8; i++) {
+            A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = Widen(in[l].a[i]);
+        }
+        for (unsigned i = 0; i < 4; i++) B[2 * t + (i & 1) + 8 * (i >> 1)][g] = Widen(in[l].b[i]);
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        unsigned g = l >> 2, t = l & 3;
+        float d[4];
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            float acc = in[l].c[i];
+            for (unsigned k = 0; k < 16; k++) {
+                float product = A[row][k] * B[k][col];
+                acc = acc + product;
+            }
+            d[i] = acc;
+        }
+        memcpy(lanes[l].bytes, d, sizeof d);
+    }
+}
+
+static inline void mma_m16n8k16(unsigned op, Compute compute, float* d, const uint16_t* a,
+                                const uint16_t* b, const float* c) {
+    MmaOperands in;
+    memcpy(in.a, a, sizeof in.a);
+    memcpy(in.b, b, sizeof in.b);
+    memcpy(in.c, c, sizeof in.c);  // before d is written: d may be c
+    collective(op, &in, sizeof in, d, 4 * sizeof(float), compute);
+}
+
+// ---- ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 ----
+
+// Lanes 8m..8m+7 give the addresses of rows 0..7 of matrix m (16 bytes each, 16-byte aligned);
+// lane l receives two elements of each matrix m, in dst[2m] and dst[2m + 1]: without .trans
+// row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1; with .trans (the matrix read column-major)
+// rows 2 * (l % 4) and 2 * (l % 4) + 1 of column l / 4.
+template <unsigned NUM, bool TRANS>
+static void ldmatrix_compute(Slot* lanes) {
+    const unsigned char* rows[32];
+    for (unsigned l = 0; l < 8 * NUM; l++) {
+        memcpy(&rows[l], lanes[l].bytes, sizeof rows[l]);
+        if ((uintptr_t)rows[l] % 16 && !tls_misaligned) {
+            tls_misaligned = rows[l];
+            tls_misaligned_bytes = 16;
+        }
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        uint16_t out[2 * NUM];
+        for (unsigned m = 0; m < NUM; m++) {
+            for (unsigned j = 0; j < 2; j++) {
+                const unsigned char* src =
+                    TRANS ? rows[8 * m + 2 * (l % 4) + j] + 2 * (l / 4)
+                          : rows[8 * m + l / 4] + 2 * (2 * (l % 4) + j);
+                memcpy(&out[2 * m + j], src, 2);
+            }
+        }
+        memcpy(lanes[l].bytes, out, sizeof out);
+    }
+}
+
+template <unsigned NUM, bool TRANS>
+static inline void ldmatrix(unsigned op, void* dst, const void* row) {
+    collective(op, &row, sizeof row, dst, 4 * NUM, ldmatrix_compute<NUM, TRANS>);
+}
+
+// ---- cp.async ----
+
+// Copies the first `src_bytes` of `size` bytes and zeroes the rest; src_bytes outside
+// [0, size] (undefined in PTX) is clamped to it.
+static inline void async_copy(void* dst, const void* src, unsigned size, int src_bytes) {
+    if (((uintptr_t)dst | (uintptr_t)src) % size && !tls_misaligned) {
+        tls_misaligned = (uintptr_t)src % size ? src : dst;
+        tls_misaligned_bytes = size;
+    }
+    unsigned n = src_bytes < 0 ? 0u : (unsigned)src_bytes < size ? (unsigned)src_bytes : size;
+    if (n) memcpy(dst, src, n);
+    memset((unsigned char*)dst + n, 0, size - n);
+}
+
+}  // namespace mma
+}  // namespace mc_emu
+
+// ---- the names mma.h gives the device code ----
+
+static inline void mc_mma_m16n8k16_f16(float* d, const uint16_t* a, const uint16_t* b,
+                                       const float* c) {
+    using namespace mc_emu::mma;
+    mma_m16n8k16(MMA_F16, mma_compute<f16_to_f32>, d, a, b, c);
+}
+static inline void mc_mma_m16n8k16_bf16(float* d, const uint16_t* a, const uint16_t* b,
+                                        const float* c) {
+    using namespace mc_emu::mma;
+    mma_m16n8k16(MMA_BF16, mma_compute<bf16_to_f32>, d, a, b, c);
+}
+
+#define MC_EMU_LDMATRIX(NAME, NUM, TRANS, OP)                                     \
+    static inline void mc_ldmatrix_##NAME(void* dst, const void* row) {           \
+        mc_emu::mma::ldmatrix<NUM, TRANS>(mc_emu::mma::OP, dst, row);             \
+    }
+MC_EMU_LDMATRIX(x1, 1, false, LDMATRIX_X1)
+MC_EMU_LDMATRIX(x2, 2, false, LDMATRIX_X2)
+MC_EMU_LDMATRIX(x4, 4, false, LDMATRIX_X4)
+MC_EMU_LDMATRIX(x1_trans, 1, true, LDMATRIX_X1_TRANS)
+MC_EMU_LDMATRIX(x2_trans, 2, true, LDMATRIX_X2_TRANS)
+MC_EMU_LDMATRIX(x4_trans, 4, true, LDMATRIX_X4_TRANS)
+#undef MC_EMU_LDMATRIX
+
+#define MC_EMU_CP_ASYNC(NAME, N)                                                            \
+    static inline void mc_cp_async_##NAME(void* dst, const void* src) {                     \
+        mc_emu::mma::async_copy(dst, src, N, N);                                            \
+    }                                                                                       \
+    static inline void mc_cp_async_##NAME##_zfill(void* dst, const void* src, int src_bytes) { \
+        mc_emu::mma::async_copy(dst, src, N, src_bytes);                                    \
+    }
+MC_EMU_CP_ASYNC(ca4, 4)
+MC_EMU_CP_ASYNC(ca8, 8)
+MC_EMU_CP_ASYNC(cg16, 16)
+#undef MC_EMU_CP_ASYNC
+
+static inline void mc_cp_async_commit() {}
+template <int N>
+static inline void mc_cp_async_wait() {
+    static_assert(N >= 0, "cp.async.wait_group takes a count of groups");
+}
+static inline void mc_cp_async_wait_all() {}
+
+#endif  // MC_EMU_MMA_H

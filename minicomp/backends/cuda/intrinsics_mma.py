@@ -1,0 +1,190 @@
+"""Tensor-core (mma.sync, ldmatrix) and async-copy (cp.async) intrinsics of the CUDA target.
+
+`MmaIntrinsics` is a mixin of `intrinsic_<name>` methods for CudaRenderer. Each intrinsic is a
+kernel-IR `Call` (dtype i32, used as an `Evaluate` statement) whose memory operands are pairs
+`(buffer Var, element index)` naming the first element, like `store_vec`, and renders as a
+call of a device function of mma.h (inline PTX, sm_80+) or, in the emulator, of emu_mma.h:
+
+- `mma_sync_m16n8k16(d, di, a, ai, b, bi, c, ci)`: D = A * B + C for one warp, A 16x16 (row
+  major), B 16x8 (column major), C and D 16x8 f32. `a`/`b` hold this lane's 8/4 elements,
+  both f16 or both bf16; `c`/`d` its 4 f32 accumulators (`d` may be `c`). PTX
+  `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`.
+- `ldmatrix_x1|x2|x4[_trans](dst, di, src, si)`: loads 1, 2 or 4 8x8 matrices of 16-bit
+  elements from shared memory; `src[si]` is the 16-byte row this lane names (lanes 8m..8m+7
+  give rows 0..7 of matrix m, 16-byte aligned), `dst` receives 2 elements a matrix. PTX
+  `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16`.
+- `cp_async_4|8|16(dst, di, src, si[, src_bytes])`: copies 4, 8 or 16 bytes from global
+  `src[si]` to shared `dst[di]` asynchronously (.ca for 4 and 8 bytes, .cg for 16), both
+  aligned to the size; with `src_bytes`, only that many are read and the rest is zero-filled.
+- `cp_async_commit()`, `cp_async_wait(n)` (n a constant: wait until at most n committed
+  groups are pending), `cp_async_wait_all()`.
+
+Fragment layouts, from the PTX ISA (section "Matrix Fragments for mma.m16n8k16 with floating
+point type", and "Warp-level matrix load instruction: ldmatrix"), with g = lane >> 2 and
+t = lane % 4 (`mma_fragment` below computes them):
+
+    A a_i (i < 8): row g + 8 * ((i >> 1) & 1), column 2t + (i & 1) + 8 * (i >> 2)
+    B b_i (i < 4): row 2t + (i & 1) + 8 * (i >> 1), column g
+    C/D c_i (i < 4): row g + 8 * (i >> 1), column 2t + (i & 1)
+    ldmatrix, matrix m, dst[2m + j]: row lane / 4, column 2 * (lane % 4) + j of matrix m;
+        with .trans, row 2 * (lane % 4) + j, column lane / 4 (rows as given by the addresses).
+
+So `ldmatrix_x4` over the A tile's quadrants (rows 0-7/8-15 at column 0, then at column 8:
+lane l names row l % 16, column 8 * (l // 16)) yields a0..a7, and `ldmatrix_x2_trans` over a
+row-major 16x8 B tile (lane l names row l % 16) yields b0..b3.
+"""
+
+from __future__ import annotations
+
+import os
+
+from minicomp.ir import expr as E
+from minicomp.ir.types import DataType, PointerType, bf16, f16, f32, i32
+
+_DIR = os.path.dirname(os.path.abspath(__file__))
+HEADER_PATH = os.path.join(_DIR, "mma.h")
+EMU_HEADER_PATH = os.path.join(_DIR, "emu_mma.h")
+
+_LDMATRIX = {
+    f"ldmatrix_x{num}{suffix}": (num, trans)
+    for num in (1, 2, 4)
+    for suffix, trans in (("", False), ("_trans", True))
+}
+WARP_COLLECTIVE_INTRINSICS = frozenset(("mma_sync_m16n8k16", *_LDMATRIX))
+"""The intrinsics every lane of a warp must reach together (the emulator runs them on fibers)."""
+ASYNC_COPY_BYTES = {4: "ca4", 8: "ca8", 16: "cg16"}
+MMA_INTRINSICS = WARP_COLLECTIVE_INTRINSICS | frozenset(
+    (
+        *(f"cp_async_{n}" for n in ASYNC_COPY_BYTES),
+        "cp_async_commit",
+        "cp_async_wait",
+        "cp_async_wait_all",
+    )
+)
+"""Every intrinsic this module renders."""
+_SIXTEEN_BIT = ("f16", "bf16", "i16", "u16")
+
+
+def mma_fragment(operand: str, lane: int, i: int) -> tuple[int, int]:
+    """The (row, column) of element `i` that `lane` holds of mma.m16n8k16 operand "a", "b" or
+    "c" (C and D share a layout), per the PTX ISA's fragment tables."""
+    g, t = lane >> 2, lane % 4
+    if operand == "a" and 0 <= i < 8:
+        return g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)
+    if operand == "b" and 0 <= i < 4:
+        return 2 * t + (i & 1) + 8 * (i >> 1), g
+    if operand == "c" and 0 <= i < 4:
+        return g + 8 * (i >> 1), 2 * t + (i & 1)
+    raise ValueError(f"mma.m16n8k16 has no element {i} of operand {operand!r}")
+
+
+class MmaIntrinsics:
+    """`intrinsic_<name>` methods rendering the tensor-core and async-copy intrinsics (a mixin
+    for a CLikeRenderer subclass: it uses `expr` and `name_of`)."""
+
+    def _element(self, buf: E.Expr, index: E.Expr, what: str, space: str | None = None) -> str:
+        if not isinstance(buf, E.Var) or not isinstance(buf.type, PointerType):
+            raise ValueError(f"{what} needs a buffer variable, not {buf}")
+        if space is not None and buf.type.space != space:
+            raise ValueError(f"{what} must be in {space} memory; {buf.name} is {buf.type.space}")
+        return f"&{self.name_of(buf)}[{self.expr(index)}]"
+
+    @staticmethod
+    def _elem(buf: E.Expr) -> DataType | None:
+        if isinstance(buf, E.Var) and isinstance(buf.type, PointerType):
+            return buf.type.elem
+        return None
+
+    def intrinsic_mma_sync_m16n8k16(self, e: E.Call) -> str:
+        if len(e.args) != 8:
+            raise ValueError(f"mma_sync_m16n8k16 takes (d, di, a, ai, b, bi, c, ci): {e}")
+        d, di, a, ai, b, bi, c, ci = e.args
+        kind = self._elem(a)
+        if kind not in (f16, bf16) or self._elem(b) != kind:
+            raise ValueError(
+                f"mma_sync_m16n8k16 multiplies f16 by f16 or bf16 by bf16, not "
+                f"{self._elem(a)} by {self._elem(b)}"
+            )
+        if self._elem(c) != f32 or self._elem(d) != f32:
+            raise ValueError(f"mma_sync_m16n8k16 accumulates in f32 arrays: {e}")
+        operands = ", ".join(
+            self._element(buf, index, f"the {name} of mma_sync_m16n8k16")
+            for name, buf, index in (("d", d, di), ("a", a, ai), ("b", b, bi), ("c", c, ci))
+        )
+        return f"mc_mma_m16n8k16_{kind.short}({operands})"
+
+    def _ldmatrix(self, e: E.Call) -> str:
+        if len(e.args) != 4:
+            raise ValueError(f"{e.name} takes (dst, di, src, si): {e}")
+        dst, di, src, si = e.args
+        for buf in (dst, src):
+            elem = self._elem(buf)
+            if elem is None or elem.short not in _SIXTEEN_BIT:
+                raise ValueError(f"{e.name} moves 16-bit elements, not {elem}: {e}")
+        if self._elem(dst) != self._elem(src):
+            raise ValueError(f"{e.name} from {self._elem(src)} to {self._elem(dst)}: {e}")
+        target = self._element(dst, di, f"the destination of {e.name}")
+        row = self._element(src, si, f"the source of {e.name}", space="shared")
+        return f"mc_{e.name}({target}, {row})"
+
+    def _cp_async(self, e: E.Call, nbytes: int) -> str:
+        if len(e.args) not in (4, 5):
+            raise ValueError(f"{e.name} takes (dst, di, src, si[, src_bytes]): {e}")
+        dst, di, src, si, *src_bytes = e.args
+        if self._elem(dst) != self._elem(src):
+            raise ValueError(f"{e.name} from {self._elem(src)} to {self._elem(dst)}: {e}")
+        target = self._element(dst, di, f"the destination of {e.name}", space="shared")
+        source = self._element(src, si, f"the source of {e.name}", space="global")
+        helper = f"mc_cp_async_{ASYNC_COPY_BYTES[nbytes]}"
+        if not src_bytes:
+            return f"{helper}({target}, {source})"
+        count = self.expr(E.cast(src_bytes[0], i32))
+        return f"{helper}_zfill({target}, {source}, {count})"
+
+    def intrinsic_cp_async_commit(self, e: E.Call) -> str:
+        if e.args:
+            raise ValueError(f"cp_async_commit takes no arguments: {e}")
+        return "mc_cp_async_commit()"
+
+    def intrinsic_cp_async_wait(self, e: E.Call) -> str:
+        count = e.args[0] if len(e.args) == 1 else None
+        if not isinstance(count, E.Const) or not count.dtype.is_integer:
+            raise ValueError(f"cp_async_wait takes a constant count of groups: {e}")
+        n = count.value
+        if n < 0:
+            raise ValueError(f"cp_async_wait of {n} groups")
+        return f"mc_cp_async_wait<{n}>()"
+
+    def intrinsic_cp_async_wait_all(self, e: E.Call) -> str:
+        if e.args:
+            raise ValueError(f"cp_async_wait_all takes no arguments: {e}")
+        return "mc_cp_async_wait_all()"
+
+    # One method a name, so that render_intrinsic finds each.
+
+    def intrinsic_ldmatrix_x1(self, e: E.Call) -> str:
+        return self._ldmatrix(e)
+
+    def intrinsic_ldmatrix_x2(self, e: E.Call) -> str:
+        return self._ldmatrix(e)
+
+    def intrinsic_ldmatrix_x4(self, e: E.Call) -> str:
+        return self._ldmatrix(e)
+
+    def intrinsic_ldmatrix_x1_trans(self, e: E.Call) -> str:
+        return self._ldmatrix(e)
+
+    def intrinsic_ldmatrix_x2_trans(self, e: E.Call) -> str:
+        return self._ldmatrix(e)
+
+    def intrinsic_ldmatrix_x4_trans(self, e: E.Call) -> str:
+        return self._ldmatrix(e)
+
+    def intrinsic_cp_async_4(self, e: E.Call) -> str:
+        return self._cp_async(e, 4)
+
+    def intrinsic_cp_async_8(self, e: E.Call) -> str:
+        return self._cp_async(e, 8)
+
+    def intrinsic_cp_async_16(self, e: E.Call) -> str:
+        return self._cp_async(e, 16)
