@@ -23,6 +23,7 @@ from test_cuda_launch import build_fake_driver  # noqa: E402
 from minicomp.backends.cuda import driver, module  # noqa: E402
 from minicomp.dynamo.backend import recording  # noqa: E402
 from minicomp.ir.func import Module  # noqa: E402
+from minicomp.runtime.symbols import launch_dims  # noqa: E402
 
 
 def kernels(fn, *args, dynamic=False):
@@ -61,7 +62,7 @@ def main() -> None:
             (k,) = ks
             launch = module.build(
                 Module("graph", (k,)), device_index=0, cache_dir=tmp, arch="sm_90"
-            ).kernel(k.name)
+            ).kernel(k.name, launch_dims(k))
             values = [x.data_ptr()] * len(k.params)
             values[-1] = 4096
             rows.append((label, per_call(lambda launch=launch, v=values: launch(*v), args.calls)))

@@ -17,6 +17,7 @@ from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Value
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.runtime.plan import ExternStep, KernelStep, Plan, SlotInfo, Step, dims_fn
+from minicomp.runtime.symbols import launch_dims
 
 
 @dataclass
@@ -68,7 +69,6 @@ def build_kernels(
     if target == "cuda-emu":
         from minicomp.backends.cuda.codegen import render_module
         from minicomp.backends.cuda.emu import build_emulated
-        from minicomp.backends.cuda.module import launch_dims
 
         source = render_module(module)
         emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
@@ -78,7 +78,7 @@ def build_kernels(
 
         index = torch.cuda.current_device() if device_index is None else device_index
         cuda = build(module, device_index=index, cache_dir=options.cache_dir, arch=options.arch)
-        return {k.name: cuda.kernel(k.name) for k in kernels}, cuda.source
+        return {k.name: cuda.kernel(k.name, launch_dims(k)) for k in kernels}, cuda.source
     raise ValueError(f"unknown target {target!r}")
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
-from minicomp.ir.expr import Dim, Expr, ExprLike, Var, as_expr, cast
+from minicomp.ir.expr import Dim, Expr, ExprLike, Var, as_expr, cast, const
 from minicomp.ir.node import node
 from minicomp.ir.types import DataType, i64
 
@@ -134,3 +135,21 @@ def inputs_of(t: TensorNode) -> list[TensorNode]:
 
 
 ShapeLike = Sequence[Dim] | tuple
+
+
+def identity(kind: str, dt: DataType) -> Expr:
+    """The starting value of a reduction `kind` in type `dt`."""
+    if kind in ("sum", "any"):
+        return const(0, dt)
+    if kind in ("prod", "all"):
+        return const(1, dt)
+    if dt.is_float:
+        lo, hi = -math.inf, math.inf
+    elif dt.is_bool:
+        lo, hi = 0, 1
+    else:
+        bits = 8 * dt.nbytes
+        signed = dt.kind == "int"
+        lo = -(1 << (bits - 1)) if signed else 0
+        hi = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+    return const(lo if kind in ("max", "argmax") else hi, dt)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from minicomp.ir import types as T
 from minicomp.ir.expr import Binary, Cast, Const, Expr, Unary, Var
+from minicomp.ir.func import Function
 from minicomp.ir.functor import Functor, collect
 
 _PY = {
@@ -71,3 +73,23 @@ def evaluate_dim(d: Any, env: dict) -> int:
 def free_symbols(dims: Sequence[Any]) -> set[str]:
     """The names of the symbols some sizes use."""
     return {v.name for d in dims if isinstance(d, Expr) for v in collect(d, Var)}
+
+
+Dims = tuple[tuple[int, int, int], tuple[int, int, int]]
+
+
+def launch_dims(kernel: Function) -> Callable[[Sequence[Any]], Dims]:
+    """(grid, block) of `kernel` as a function of its arguments (sizes are the trailing ones)."""
+    grid, block = kernel.attr("grid_dim"), kernel.attr("block_dim")
+    if all(isinstance(d, int) for d in (*grid, *block)):
+        fixed = (tuple(grid), tuple(block))
+        return lambda args: fixed
+    symbols = [p.name for p in kernel.params if isinstance(p.type, T.DataType)]
+    first = len(kernel.params) - len(symbols)
+    grid_fn, block_fn = compile_dims(list(grid)), compile_dims(list(block))
+
+    def dims(args: Sequence[Any]) -> Dims:
+        env = dict(zip(symbols, args[first:]))
+        return grid_fn(env), block_fn(env)
+
+    return dims

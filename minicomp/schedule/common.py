@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -10,7 +9,7 @@ from minicomp.ir.compute import TensorElement
 from minicomp.ir.expr import Binary, Dim, Expr, Load, Select, Var, binary, cast, const, dim_expr
 from minicomp.ir.functor import Mutator, Visitor, collect
 from minicomp.ir.graph import FusedOp, Value
-from minicomp.ir.types import DataType, PointerType, boolean, i64
+from minicomp.ir.types import PointerType, boolean, i64
 
 Strides = tuple
 
@@ -67,24 +66,6 @@ def signature(op: FusedOp, layouts: Mapping[str, Strides], loop_vars: set[Var]) 
     found -= loop_vars
     found = {v for v in found if v.type == i64 and not v.name.startswith("acc")}
     return KernelSignature(ins, outs, tuple(sorted(found, key=lambda v: v.name)))
-
-
-def identity(kind: str, dt: DataType) -> Expr:
-    """The starting value of a reduction `kind` in type `dt`."""
-    if kind in ("sum", "any"):
-        return const(0, dt)
-    if kind in ("prod", "all"):
-        return const(1, dt)
-    if dt.is_float:
-        lo, hi = -math.inf, math.inf
-    elif dt.is_bool:
-        lo, hi = 0, 1
-    else:
-        bits = 8 * dt.nbytes
-        signed = dt.kind == "int"
-        lo = -(1 << (bits - 1)) if signed else 0
-        hi = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
-    return const(lo if kind in ("max", "argmax") else hi, dt)
 
 
 def combine(kind: str, acc: Expr, v: Expr) -> Expr:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from minicomp.ir.compute import identity
 from minicomp.ir.expr import Call, Expr, Load, Var, cast, const, dim_expr, minimum
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect, substitute
@@ -16,7 +17,6 @@ from minicomp.schedule.common import (
     arg_better,
     combine,
     flat_index,
-    identity,
     lower_accesses,
     offset,
     signature,

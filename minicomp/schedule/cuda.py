@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from minicomp.ir.compute import TensorElement
+from minicomp.ir.compute import TensorElement, identity
 from minicomp.ir.expr import (
     Call,
     Const,
@@ -92,7 +92,6 @@ from minicomp.schedule.common import (
     Strides,
     arg_better,
     combine,
-    identity,
     lower_accesses,
     offset,
     signature,

@@ -17,7 +17,7 @@ from typing import Any
 from minicomp.ir import expr as E
 from minicomp.ir.functor import collect
 from minicomp.ir.types import bf16, f16, to_torch
-from minicomp.runtime.symbols import compile_dims
+from minicomp.runtime.symbols import compile_dims, launch_dims
 from minicomp.script.conversions import fits
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import TARGETS, ScriptFunction
@@ -40,8 +40,6 @@ class Binder:
         f = sf.ir
         self.order = [p.name for p in f.params]
         self.function = f
-        from minicomp.backends.cuda.module import launch_dims
-
         self.dims = launch_dims(f)
 
     def error(self, p: Param | None, reason: str) -> ScriptError:
@@ -216,7 +214,7 @@ def _builder(sf: ScriptFunction, binder: Binder, target: str, device) -> Callabl
 
     index = device.index if device is not None else torch.cuda.current_device()
     cuda = build(module, device_index=index, cache_dir=cache_dir, arch=config.get("arch"))
-    launcher = cuda.kernel(name)
+    launcher = cuda.kernel(name, binder.dims)
     return lambda args, grid, block: launcher(*args)
 
 

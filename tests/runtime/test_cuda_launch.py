@@ -14,6 +14,7 @@ from minicomp.backends.cuda import driver, module
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
 from minicomp.ir.types import DataType
+from minicomp.runtime.symbols import launch_dims
 
 pytest.importorskip("minicomp.backends.cuda.nvrtc")
 
@@ -62,7 +63,7 @@ def loaded(kernels, tmp_path, device_index=0):
 def test_a_launch_passes_addresses_sizes_grid_and_the_current_stream(fake, tmp_path):
     x = torch.randn(3000)
     (kernel,) = kernels_of(lambda t: torch.sin(t) * 2, x)
-    launch = loaded([kernel], tmp_path).kernel(kernel.name)
+    launch = loaded([kernel], tmp_path).kernel(kernel.name, launch_dims(kernel))
     out = torch.empty_like(x)
     n = len(kernel.params)
     fake.fake_keep_params(n)
@@ -77,7 +78,7 @@ def test_a_launch_passes_addresses_sizes_grid_and_the_current_stream(fake, tmp_p
 def test_symbolic_sizes_travel_as_int64_and_set_the_grid(fake, tmp_path):
     x = torch.randn(64, 40)
     (kernel,) = kernels_of(lambda t: torch.exp(t) + 1, x, dynamic=True)
-    launch = loaded([kernel], tmp_path).kernel(kernel.name)
+    launch = loaded([kernel], tmp_path).kernel(kernel.name, launch_dims(kernel))
     sizes = [p for p in kernel.params if isinstance(p.type, DataType)]
     assert sizes, kernel.params
     n = len(kernel.params)
@@ -86,7 +87,7 @@ def test_symbolic_sizes_travel_as_int64_and_set_the_grid(fake, tmp_path):
         args = [0x1000 * (i + 1) for i in range(n - len(sizes))] + [rows] + [40] * (len(sizes) - 1)
         launch(*args)
         assert [fake.fake_param(i) for i in range(n)] == args
-        grid, _ = module.launch_dims(kernel)(args)
+        grid, _ = launch_dims(kernel)(args)
         assert fake.fake_dim(0) == grid[0] > 0
     assert fake.fake_launches() >= 2
 
@@ -94,7 +95,7 @@ def test_symbolic_sizes_travel_as_int64_and_set_the_grid(fake, tmp_path):
 def test_every_thread_launches_with_the_context_current(fake, tmp_path):
     x = torch.randn(100)
     (kernel,) = kernels_of(lambda t: t * 3, x)
-    launch = loaded([kernel], tmp_path).kernel(kernel.name)
+    launch = loaded([kernel], tmp_path).kernel(kernel.name, launch_dims(kernel))
     fake.fake_keep_params(0)
     errors = []
 

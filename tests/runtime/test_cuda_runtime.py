@@ -16,6 +16,7 @@ from minicomp.ir.func import Function
 from minicomp.ir.stmt import seq
 from minicomp.ir.types import PointerType, f32, i64
 from minicomp.runtime.cuda_graphs import GraphedPlan
+from minicomp.runtime.symbols import launch_dims
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -62,11 +63,11 @@ def _kernel(grid, block):
 
 
 def test_launch_dims_are_fixed_or_computed_from_the_size_arguments():
-    fixed = module.launch_dims(_kernel((7, 1, 1), (256, 1, 1)))
+    fixed = launch_dims(_kernel((7, 1, 1), (256, 1, 1)))
     assert fixed((0, 123)) == ((7, 1, 1), (256, 1, 1))
     n = E.Var("n", i64)
     blocks = E.minimum(E.maximum((n + 255) // 256, E.const(1)), E.const(2**31 - 1))
-    dynamic = module.launch_dims(_kernel((blocks, 1, 1), (256, 1, 1)))
+    dynamic = launch_dims(_kernel((blocks, 1, 1), (256, 1, 1)))
     assert dynamic((0, 1000)) == ((4, 1, 1), (256, 1, 1))
     assert dynamic((0, 0)) == ((1, 1, 1), (256, 1, 1))
 

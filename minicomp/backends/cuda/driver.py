@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
@@ -179,15 +178,6 @@ class LoadedModule:
             )
             fn = self._functions[name] = handle.value
         return fn
-
-    def attribute(self, name: str, attribute: int) -> int:
-        """A CUfunction attribute of kernel `name`."""
-        value = _int()
-        check(
-            libcuda().cuFuncGetAttribute(ctypes.byref(value), attribute, self.function(name)),
-            f"cuFuncGetAttribute({name})",
-        )
-        return value.value
 
     def set_max_dynamic_shared(self, name: str, nbytes: int) -> None:
         """Let kernel `name` use `nbytes` of dynamic shared memory (needed above 48 KiB)."""

@@ -9,28 +9,7 @@ from minicomp.backends.ctypes_params import param_ctype
 from minicomp.backends.cuda import driver
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.nvrtc import CudaBinary, compile_cuda, supported_archs
-from minicomp.ir import types as T
-from minicomp.ir.func import Function, Module
-from minicomp.runtime.symbols import compile_dims
-
-Dims = tuple[tuple[int, int, int], tuple[int, int, int]]
-
-
-def launch_dims(kernel: Function) -> Callable[[Sequence[Any]], Dims]:
-    """(grid, block) of `kernel` as a function of its arguments (sizes are the trailing ones)."""
-    grid, block = kernel.attr("grid_dim"), kernel.attr("block_dim")
-    if all(isinstance(d, int) for d in (*grid, *block)):
-        fixed = (tuple(grid), tuple(block))
-        return lambda args: fixed
-    symbols = [p.name for p in kernel.params if isinstance(p.type, T.DataType)]
-    first = len(kernel.params) - len(symbols)
-    grid_fn, block_fn = compile_dims(list(grid)), compile_dims(list(block))
-
-    def dims(args: Sequence[Any]) -> Dims:
-        env = dict(zip(symbols, args[first:]))
-        return grid_fn(env), block_fn(env)
-
-    return dims
+from minicomp.ir.func import Module
 
 
 def pick_arch(device_index: int) -> str:
@@ -60,16 +39,14 @@ class CudaModule:
         self.binary = binary
         self.loaded = driver.LoadedModule(binary.cubin, device_index)
 
-    def kernel(self, name: str) -> driver.Launcher:
+    def kernel(self, name: str, dims: Callable[[Sequence[Any]], tuple]) -> driver.Launcher:
         """Kernel `name` as a callable: integer addresses for pointers, then numbers; it launches
-        on PyTorch's current stream."""
+        on PyTorch's current stream with (grid, block) = `dims(args)`."""
         f = self.module.function(name)
         shared = f.attr("dynamic_smem") or 0
         if shared:
             self.loaded.set_max_dynamic_shared(name, shared)
-        return driver.Launcher(
-            self.loaded, name, [param_ctype(p) for p in f.params], launch_dims(f), shared
-        )
+        return driver.Launcher(self.loaded, name, [param_ctype(p) for p in f.params], dims, shared)
 
     def __repr__(self) -> str:
         return f"CudaModule({self.module.name!r}, arch={self.binary.arch!r})"

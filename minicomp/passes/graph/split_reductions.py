@@ -48,12 +48,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput
+from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput, identity
 from minicomp.ir.expr import Dim, Expr, Var, const, dim_expr, minimum, prod, select
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
-from minicomp.schedule.common import identity
 
 # Only reductions with at most this many output rows are split.
 MAX_ROWS = 256
