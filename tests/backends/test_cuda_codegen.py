@@ -9,6 +9,7 @@ import pytest
 
 from minicomp.backends.cuda import codegen
 from minicomp.backends.cuda.codegen import CudaRenderer, render_module
+from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
@@ -188,7 +189,7 @@ def sample_modules() -> dict[str, Module]:
 
 def _kernel_text(module: Module) -> str:
     """The rendered source after the device header."""
-    return render_module(module).split("#endif /* MINICOMP_DEVICE_H */")[1]
+    return render_module(module).split("#endif /* MINICOMP_MMA_H */")[1]
 
 
 def test_source_starts_with_device_header_and_is_deterministic():
@@ -217,7 +218,7 @@ def test_elementwise_kernel():
 def test_block_reduction_kernel():
     text = _kernel_text(sample_modules()["reduce"])
     assert "__launch_bounds__(256) void row_sum(" in text
-    assert "    __shared__ float partials[8];" in text
+    assert "    alignas(16) __shared__ float partials[8];" in text
     assert "__syncthreads();" in text
     assert text.count("#pragma unroll") == 2
     assert "acc = acc + __shfl_down_sync(0xffffffffu, acc, 16 >> step);" in text
@@ -413,13 +414,14 @@ def defined_helpers(header: str) -> set[str]:
 
 
 def test_helper_module_calls_every_helper():
-    header = codegen.device_header()
+    # mma.h's helpers have their own test (test_cuda_mma.py).
+    header = inline_includes(codegen.HEADER_PATH)
     defined = defined_helpers(header)
     # The family macros must have been found and expanded.
     assert {"mc_pow_i8", "mc_floordiv_u64", "mc_max_bool", "mc_mod_f64", "mc_isnan"} <= defined
     assert {"mc_atomic_add_bf16", "mc_shfl_xor_u16", "mc_f32_to_f16"} <= defined
     src = helper_source()
-    body = src.split("#endif /* MINICOMP_DEVICE_H */")[1]
+    body = src.split("#endif /* MINICOMP_MMA_H */")[1]
     called = set(re.findall(r"\b(mc_\w+)\(", body))
     # mc_digamma_positive is also called by mc_digamma_f64; calling it directly keeps the
     # check simple.

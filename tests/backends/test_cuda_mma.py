@@ -16,15 +16,12 @@ import pytest
 import torch
 
 from minicomp.backends.c_names import C_TYPES
-from minicomp.backends.cuda import emu
-from minicomp.backends.cuda.codegen import CudaRenderer, device_header
+from minicomp.backends.cuda.codegen import CudaRenderer
 from minicomp.backends.cuda.emu import EmulatorError, build_emulated
 from minicomp.backends.cuda.intrinsics_mma import (
-    EMU_HEADER_PATH,
     HEADER_PATH,
     MMA_INTRINSICS,
     WARP_COLLECTIVE_INTRINSICS,
-    MmaIntrinsics,
     mma_fragment,
 )
 from minicomp.backends.headers import inline_includes
@@ -76,25 +73,6 @@ def ldmatrix_reference(rows: np.ndarray, num: int, trans: bool) -> np.ndarray:
 
 
 # ---- building kernels
-
-
-# CudaRenderer with the mma intrinsics and mma.h, as codegen.py has them once hooked.
-_BASES = (
-    (CudaRenderer,) if issubclass(CudaRenderer, MmaIntrinsics) else (MmaIntrinsics, CudaRenderer)
-)
-
-
-class MmaRenderer(*_BASES):
-    """CudaRenderer with the mma intrinsics, mma.h and 16-byte aligned shared arrays."""
-
-    def header(self) -> str:
-        base = device_header()
-        return base if "MINICOMP_MMA_H" in base else base + "\n" + inline_includes(HEADER_PATH)
-
-    def array_decl(self, s: S.DeclareArray) -> str:
-        # ldmatrix rows and cp.async copies need 16-byte aligned shared arrays.
-        text = super().array_decl(s)
-        return text if "alignas" in text else "alignas(16) " + text
 
 
 def _tid() -> E.Expr:
@@ -385,19 +363,16 @@ def _param_type(v: E.Var) -> str:
 
 
 def render(module: Module) -> str:
-    return MmaRenderer().render_module(module)
+    return CudaRenderer().render_module(module)
 
 
 def build(module: Module, cache_dir: str, *, fibers: bool | None = None):
-    """The module in the emulator, emu_mma.h after emu.h (include guards make this harmless once
-    emu.py carries it itself)."""
-    with open(EMU_HEADER_PATH, encoding="utf-8") as f:
-        host_header = f.read()
+    """The module in the emulator."""
     kernels = [
         (k.name, [_param_type(p) for p in k.params], _needs_fibers(k) if fibers is None else fibers)
         for k in module.functions
     ]
-    return build_emulated(host_header + "\n" + render(module), kernels, cache_dir=cache_dir)
+    return build_emulated(render(module), kernels, cache_dir=cache_dir)
 
 
 @pytest.fixture(scope="module")
@@ -641,7 +616,7 @@ def test_rendered_calls(modules):
 
 def _render_call(name, *args):
     body = S.Evaluate(E.Call(name, tuple(args), i32))
-    return MmaRenderer().render_module(Module("m", (Function("k", (), body),)))
+    return CudaRenderer().render_module(Module("m", (Function("k", (), body),)))
 
 
 def test_bad_operands_are_refused():
@@ -676,7 +651,7 @@ def test_every_intrinsic_and_helper_is_exercised(modules):
     """Each intrinsic renders, and the test kernels call every helper of mma.h, so the emulator
     builds above prove emu_mma.h defines them all."""
     for name in MMA_INTRINSICS:
-        assert callable(getattr(MmaRenderer, f"intrinsic_{name}", None)), name
+        assert callable(getattr(CudaRenderer, f"intrinsic_{name}", None)), name
     with open(HEADER_PATH, encoding="utf-8") as f:
         device = f.read()
     helpers = set(re.findall(r"MC_DEVICE \w+ (mc_\w+)\(", device))
@@ -730,16 +705,11 @@ def test_older_architectures_have_no_mma(modules, tmp_path):
 
 
 def test_emulator_finds_the_warp_collectives(modules, cache_dir):
-    """Kernels passed as IR get fibers for mma and ldmatrix (needs the emu.py hook)."""
+    """Kernels passed as IR get fibers for mma and ldmatrix."""
     assert WARP_COLLECTIVE_INTRINSICS == {
         "mma_sync_m16n8k16",
         *(f"ldmatrix_x{n}{s}" for n in (1, 2, 4) for s in ("", "_trans")),
     }
-    if not WARP_COLLECTIVE_INTRINSICS <= emu._SYNC_INTRINSICS:
-        pytest.skip("emu.py does not list the mma intrinsics among its warp collectives yet")
     kernel = modules["divergent"].function("mma_only")
-    with open(EMU_HEADER_PATH, encoding="utf-8") as f:
-        host_header = f.read()
-    source = host_header + "\n" + render(Module("m", (kernel,)))
-    m = build_emulated(source, [kernel], cache_dir=cache_dir)
+    m = build_emulated(render(Module("m", (kernel,))), [kernel], cache_dir=cache_dir)
     assert m.specs["mma_only"].sync

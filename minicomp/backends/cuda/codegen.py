@@ -24,6 +24,8 @@ import functools
 import os
 
 from minicomp.backends.c_like import PREC_UNARY, CLikeRenderer, is_half
+from minicomp.backends.cuda.intrinsics_mma import HEADER_PATH as MMA_HEADER_PATH
+from minicomp.backends.cuda.intrinsics_mma import MmaIntrinsics
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
@@ -96,8 +98,9 @@ _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
 @functools.lru_cache(maxsize=1)
 def device_header() -> str:
-    """The text of device.h (common.h inlined), which every generated CUDA source carries inline."""
-    return inline_includes(HEADER_PATH)
+    """The text of device.h (common.h inlined) then mma.h, which every generated CUDA source
+    carries inline."""
+    return inline_includes(HEADER_PATH) + "\n" + inline_includes(MMA_HEADER_PATH)
 
 
 def block_threads(f: Function) -> int | None:
@@ -115,7 +118,7 @@ def block_threads(f: Function) -> int | None:
     return total
 
 
-class CudaRenderer(CLikeRenderer):
+class CudaRenderer(MmaIntrinsics, CLikeRenderer):
     """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
 
     reserved_names = CUDA_RESERVED
@@ -140,7 +143,8 @@ class CudaRenderer(CLikeRenderer):
     def array_decl(self, s: S.DeclareArray) -> str:
         local = super().array_decl(s)
         if s.scope == "shared":
-            return "__shared__ " + local
+            # ldmatrix rows, cp.async and vector accesses need 16-byte aligned shared arrays.
+            return "alignas(16) __shared__ " + local
         if s.scope != "local":
             raise ValueError(f"unknown memory scope {s.scope!r} of array {s.var.name}")
         # Vector accesses copy whole register arrays as 16-byte words.

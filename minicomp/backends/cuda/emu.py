@@ -24,6 +24,7 @@ from typing import Any
 
 from minicomp.backends import c_names
 from minicomp.backends.cpu import compiler
+from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
 from minicomp.ir.expr import Call
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Visitor
@@ -35,10 +36,13 @@ _ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-poi
 _ERROR_BYTES = 16384
 
 # Intrinsic names (kernel IR) and CUDA spellings (source) that need the threads as fibers.
-_SYNC_INTRINSICS = frozenset(
-    ("syncthreads", "syncwarp", "shfl_down_sync", "shfl_xor_sync", "shfl_sync", "shfl_up_sync")
+_SYNC_INTRINSICS = (
+    frozenset(
+        ("syncthreads", "syncwarp", "shfl_down_sync", "shfl_xor_sync", "shfl_sync", "shfl_up_sync")
+    )
+    | WARP_COLLECTIVE_INTRINSICS
 )
-_SYNC_TOKENS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*)\b")
+_SYNC_TOKENS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+)\b")
 
 _C_SCALARS = {
     "float": ctypes.c_float,
@@ -195,9 +199,12 @@ def _wrapper(spec: KernelSpec) -> str:
 
 
 def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool = False) -> str:
-    """The C++ translation unit: emu.h, the generated ``source`` unchanged, the wrappers."""
+    """The C++ translation unit: emu.h and emu_mma.h, the generated ``source`` unchanged, the
+    wrappers."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
+    with open(EMU_HEADER_PATH, encoding="utf-8") as f:
+        header += "\n" + f.read()
     prefix = "#define MC_EMULATE 1\n" + ("#define MC_EMU_UCONTEXT 1\n" if ucontext else "")
     parts = [prefix, header, '\n#line 1 "kernel.cu"\n', source, '\n#line 1 "emu_wrappers"\n']
     parts += [_wrapper(s) for s in specs]
