@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from minicomp.ir.graph import Graph
 from minicomp.passes.graph.alias_views import alias_views
+from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import fold_constants
@@ -27,6 +28,13 @@ DEFAULT_PASSES: list[GraphPass] = [
     alias_views,
 ]
 
+# Passes a target runs before the default ones: ops it computes whole, which the others then
+# see as compute ops (views feeding them fuse instead of becoming aliases).
+TARGET_FIRST_PASSES: dict[str, list[GraphPass]] = {
+    "cuda": [lower_anchors],
+    "cuda-emu": [lower_anchors],
+}
+
 # Passes a target adds after the default ones (before fusion).
 TARGET_PASSES: dict[str, list[GraphPass]] = {
     "cuda": [split_reductions],
@@ -36,7 +44,8 @@ TARGET_PASSES: dict[str, list[GraphPass]] = {
 
 def passes_for(target: str) -> list[GraphPass]:
     """The graph passes run before fusion when compiling for `target`."""
-    return list(DEFAULT_PASSES) + TARGET_PASSES.get(target, [])
+    first = TARGET_FIRST_PASSES.get(target, [])
+    return first + list(DEFAULT_PASSES) + TARGET_PASSES.get(target, [])
 
 
 def run_passes(graph: Graph, passes: Sequence[GraphPass], *, trace: list | None = None) -> Graph:
