@@ -1,32 +1,41 @@
-"""The `minicomp` command: explain a script, show the options, manage the kernel cache."""
+"""The `minicomp` command: explain a script, show the options, manage the caches."""
 
 import argparse
+import contextlib
 import importlib
+import json
 import os
+import re
 import shutil
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from minicomp import config
+from minicomp.tune import database
 
 
-def _kernel_dir(args: argparse.Namespace) -> str:
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 1."""
+
+
+# The folders of backends/cache.py builds under the cache root: C and cuda-emu shared
+# libraries (lib.so) and NVRTC cubins (kernel.cubin), each in <kind>/<key[:2]>/<key>/.
+_BUILD_KINDS = ("kernels", "cubins")
+# A build directory still named .tmp-* after this long belongs to a build that crashed.
+_STALE_TEMP_S = 3600.0
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _cache_root(args: argparse.Namespace) -> str:
     cache_dir = args.cache_dir if args.cache_dir is not None else config.get("cache_dir")
-    return os.path.join(os.path.expanduser(cache_dir), "kernels")
+    return os.path.abspath(os.path.expanduser(cache_dir))
 
 
-def _scan(kernel_dir: str) -> tuple[int, int]:
-    """Count compiled libraries and total bytes under the kernel cache directory."""
-    libraries = total = 0
-    for root, _dirs, files in os.walk(kernel_dir):
-        for file in files:
-            try:
-                total += os.path.getsize(os.path.join(root, file))
-            except OSError:
-                continue  # removed by a concurrent clean-up
-            if file.endswith(".so"):
-                libraries += 1
-    return libraries, total
+def _database(args: argparse.Namespace) -> database.TuningDatabase:
+    return database.TuningDatabase(database.default_path(_cache_root(args)))
 
 
 def _human(size: int) -> str:
@@ -38,21 +47,422 @@ def _human(size: int) -> str:
     raise AssertionError("unreachable")
 
 
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as 90s, 45m, 12h, 30d or 2w; raises CliError."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([smhdw])\s*", text.lower())
+    if match is None:
+        raise CliError(f"bad duration {text!r}: expected a number and a unit (s, m, h, d or w)")
+    return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as 500M, 2G, 1.5GiB, 100KB or 4096 (binary units); raises
+    CliError."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if match is None:
+        raise CliError(f"bad size {text!r}: expected a number and an optional unit (K, M, G, T)")
+    return int(float(match[1]) * _SIZE_UNITS[match[2]])
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+
+
+# -- kernel builds -----------------------------------------------------------------------
+
+
+@dataclass
+class _Build:
+    path: str
+    mtime: float
+    size: int
+    temporary: bool
+
+
+def _scan(root: str) -> dict[str, object]:
+    """Libraries, cubins and bytes of every file under the kernel-build folders."""
+    libraries = cubins = total = 0
+    for kind in _BUILD_KINDS:
+        for folder, _dirs, files in os.walk(os.path.join(root, kind)):
+            for file in files:
+                try:
+                    total += os.path.getsize(os.path.join(folder, file))
+                except OSError:
+                    continue  # removed by a concurrent clean-up
+                libraries += file.endswith(".so")
+                cubins += file.endswith(".cubin")
+    paths = [os.path.join(root, kind) for kind in _BUILD_KINDS]
+    return {"paths": paths, "libraries": libraries, "cubins": cubins, "bytes": total}
+
+
+def _dir_size(path: str) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for file in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(folder, file))
+    return total
+
+
+def _builds(root: str) -> list[_Build]:
+    """Every build directory <kind>/<fan>/<key>/, with its mtime (when it was built)."""
+    builds = []
+    for kind in _BUILD_KINDS:
+        with contextlib.suppress(OSError):
+            fans = [e.path for e in os.scandir(os.path.join(root, kind)) if e.is_dir()]
+            for fan in fans:
+                for entry in os.scandir(fan):
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    with contextlib.suppress(OSError):
+                        mtime = entry.stat(follow_symlinks=False).st_mtime
+                        temporary = entry.name.startswith(".tmp-")
+                        builds.append(_Build(entry.path, mtime, _dir_size(entry.path), temporary))
+    return builds
+
+
+def _remove_tree(path: str) -> None:
+    # Rename first, so that no process sees a half-deleted build under its final name.
+    doomed = os.path.join(os.path.dirname(path), f".tmp-removing-{os.getpid()}-")
+    doomed += os.path.basename(path)
+    try:
+        os.rename(path, doomed)
+    except OSError:
+        doomed = path
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _prune_builds(
+    root: str, older_than_s: float | None, max_bytes: int | None, now: float
+) -> tuple[list[_Build], int]:
+    """Remove builds older than the age, then the oldest until the rest fit in max_bytes;
+    return the removed builds and the bytes left."""
+    removed, kept, full = [], 0, False
+    for build in sorted(_builds(root), key=lambda b: b.mtime, reverse=True):
+        age = now - build.mtime
+        if (older_than_s is not None and age > older_than_s) or (
+            build.temporary and age > _STALE_TEMP_S
+        ):
+            removed.append(build)
+        elif build.temporary:
+            kept += build.size  # a build in progress: never ours to remove
+        elif full or (max_bytes is not None and kept + build.size > max_bytes):
+            full = True  # oldest first until the rest fits: everything older goes too
+            removed.append(build)
+        else:
+            kept += build.size
+    for build in removed:
+        _remove_tree(build.path)
+    return removed, kept
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+def _tuning_stats_lines(stats: dict) -> list[str]:
+    if not stats["exists"]:
+        return [f"tuning database: {stats['path']} (none yet)"]
+    lines = [
+        f"tuning database: {stats['path']}",
+        f"  entries: {stats['entries']} ({stats['current_version_entries']} of this version, "
+        f"{stats['version']})",
+        f"  hits: {stats['hits']}",
+        f"  size: {_human(stats['bytes'])} ({stats['bytes']} bytes)",
+    ]
+    for field, title in (("templates", "templates"), ("archs", "architectures")):
+        if stats[field]:
+            counts = ", ".join(f"{name} {count}" for name, count in stats[field].items())
+            lines.append(f"  {title}: {counts}")
+    return lines
+
+
 def _cmd_cache_stats(args: argparse.Namespace) -> int:
-    kernel_dir = _kernel_dir(args)
-    libraries, total = _scan(kernel_dir)
-    print(f"kernel cache: {kernel_dir}")
-    print(f"libraries: {libraries}")
-    print(f"size: {_human(total)} ({total} bytes)")
+    root = _cache_root(args)
+    kernels = _scan(root)
+    if not args.json:
+        # The kernel part first: it is still worth seeing when the database is unreadable.
+        print(f"kernel cache: {kernels['paths'][0]}")
+        print(f"  libraries: {kernels['libraries']}")
+        print(f"cubin cache: {kernels['paths'][1]}")
+        print(f"  cubins: {kernels['cubins']}")
+        print(f"  size of both: {_human(kernels['bytes'])} ({kernels['bytes']} bytes)")
+    tuning = _database(args).stats()
+    if args.json:
+        _print_json({"cache_dir": root, "kernels": kernels, "tuning": tuning})
+    else:
+        print("\n".join(_tuning_stats_lines(tuning)))
     return 0
+
+
+def _cmd_cache_list(args: argparse.Namespace) -> int:
+    db = _database(args)
+    records = db.records(template=args.template, arch=args.arch)
+    if args.json:
+        _print_json([record.to_json() for record in records])
+        return 0
+    if not records:
+        print(f"no tuning records in {db.path}" + ("" if db.exists() else " (none yet)"))
+        return 0
+    header = ("KEY", "TEMPLATE", "ARCH", "TIME(us)", "HITS", "LAST USED", "SIGNATURE")
+    rows = [header]
+    for r in records:
+        time_us = "-" if r.time_us is None else f"{r.time_us:.2f}"
+        signature = r.signature + (f" | {r.fusion}" if r.fusion else "")
+        if r.version != database.current_version():
+            signature += f"  (minicomp {r.version})"
+        rows.append(
+            (r.key, r.template, r.arch, time_us, str(r.hits), _when(r.last_used), signature)
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        print("  ".join([cell.ljust(w) for cell, w in zip(row, widths)] + [row[-1]]))
+    stale = sum(r.version != database.current_version() for r in records)
+    note = f", {stale} of other minicomp versions (never used by this one)" if stale else ""
+    print(f"{len(records)} record{'' if len(records) == 1 else 's'}{note}")
+    return 0
+
+
+def _cmd_cache_show(args: argparse.Namespace) -> int:
+    db = _database(args)
+    if not db.exists():
+        raise CliError(f"no tuning database at {db.path}: nothing has been tuned yet")
+    matches = db.find(args.key)
+    if not matches:
+        raise CliError(
+            f"no tuning record with key {args.key!r} in {db.path}; "
+            "`minicomp cache list` shows the keys"
+        )
+    if len(matches) > 1:
+        keys = ", ".join(r.key for r in matches[:10])
+        raise CliError(f"key prefix {args.key!r} matches {len(matches)} records: {keys}")
+    record = matches[0]
+    if args.json:
+        _print_json(record.to_json())
+        return 0
+    for name, value in record.to_json().items():
+        if name == "config":
+            value = json.dumps(value, sort_keys=True)
+        elif name in ("created", "last_used"):
+            value = f"{_when(value)} ({value:.0f})"
+        print(f"{name + ':':16}{value}")
+    return 0
+
+
+def _clear_kernels(root: str) -> dict[str, object]:
+    usage = _scan(root)
+    for path in usage["paths"]:
+        if os.path.isdir(path):
+            _remove_tree(path)
+    return usage
+
+
+def _clear_tuning(db: database.TuningDatabase) -> dict[str, object]:
+    try:
+        return {"path": db.path, "records": db.clear(), "corrupt": False}
+    except database.TuningDatabaseError:
+        # Exactly the case this command is the cure for: delete the unreadable file.
+        return {"path": db.path, "records": None, "corrupt": True, "bytes": db.remove_files()}
 
 
 def _cmd_cache_clear(args: argparse.Namespace) -> int:
-    kernel_dir = _kernel_dir(args)
-    libraries, total = _scan(kernel_dir)
-    shutil.rmtree(kernel_dir, ignore_errors=True)
-    print(f"removed {libraries} libraries ({_human(total)}) from {kernel_dir}")
+    root = _cache_root(args)
+    db = _database(args)
+    which = args.which or "kernels"
+    result: dict[str, object] = {"cache_dir": root}
+    lines = []
+    if which in ("kernels", "all"):
+        usage = result["kernels"] = _clear_kernels(root)
+        lines.append(
+            f"removed {usage['libraries']} libraries and {usage['cubins']} cubins "
+            f"({_human(usage['bytes'])}) from {' and '.join(usage['paths'])}"
+        )
+    if which in ("tuning", "all"):
+        tuning = result["tuning"] = _clear_tuning(db)
+        if tuning["corrupt"]:
+            lines.append(f"removed the unreadable tuning database {db.path}")
+        else:
+            lines.append(f"removed {tuning['records']} tuning records from {db.path}")
+    else:
+        with contextlib.suppress(database.TuningDatabaseError):
+            kept = db.stats()["entries"]
+            if kept:
+                lines.append(
+                    f"kept {kept} tuning records ({db.path}); "
+                    "`minicomp cache clear --tuning` removes them"
+                )
+    if args.json:
+        _print_json(result)
+    else:
+        print("\n".join(lines))
     return 0
+
+
+def _cmd_cache_prune(args: argparse.Namespace) -> int:
+    if args.older_than is None and args.max_size is None:
+        raise CliError("cache prune needs --older-than AGE and/or --max-size SIZE")
+    older_than = None if args.older_than is None else parse_duration(args.older_than)
+    max_bytes = None if args.max_size is None else parse_size(args.max_size)
+    root = _cache_root(args)
+    db = _database(args)
+    now = time.time()
+    # Tuning records are costly to redo and small: they only go when old or when they alone
+    # exceed the size; the kernel builds get what room the database leaves.
+    records = db.prune(older_than_s=older_than, max_bytes=max_bytes, now=now)
+    budget = None if max_bytes is None else max(0, max_bytes - db.file_bytes())
+    builds, kept = _prune_builds(root, older_than, budget, now)
+    freed = sum(build.size for build in builds)
+    if args.json:
+        _print_json(
+            {
+                "cache_dir": root,
+                "kernels": {
+                    "removed": [b.path for b in builds],
+                    "removed_bytes": freed,
+                    "bytes_left": kept,
+                },
+                "tuning": {
+                    "path": db.path,
+                    "removed": [r.to_json() for r in records],
+                    "bytes_left": db.file_bytes(),
+                },
+            }
+        )
+        return 0
+    print(f"removed {len(builds)} kernel builds ({_human(freed)}); {_human(kept)} left")
+    print(f"removed {len(records)} tuning records from {db.path}")
+    for r in records:
+        print(f"  {r.key}  {r.template}  {r.arch}  last used {_when(r.last_used)}  {r.signature}")
+    return 0
+
+
+def _cmd_cache_export(args: argparse.Namespace) -> int:
+    db = _database(args)
+    if not db.exists():
+        raise CliError(f"no tuning database at {db.path}: nothing to export")
+    try:
+        count = db.export(args.file, template=args.template, arch=args.arch)
+    except OSError as err:
+        raise CliError(f"cannot write {args.file}: {err.strerror}") from None
+    if args.json:
+        _print_json({"file": os.path.abspath(args.file), "records": count})
+    else:
+        print(f"exported {count} tuning records from {db.path} to {args.file}")
+    return 0
+
+
+def _cmd_cache_import(args: argparse.Namespace) -> int:
+    db = _database(args)
+    added, replaced, skipped = db.import_(args.file)
+    if args.json:
+        _print_json(
+            {
+                "file": os.path.abspath(args.file),
+                "added": added,
+                "replaced": replaced,
+                "skipped": skipped,
+            }
+        )
+    else:
+        print(
+            f"imported {args.file} into {db.path}: {added} added, {replaced} replaced by newer "
+            f"records, {skipped} skipped (the local record is as new or newer)"
+        )
+    return 0
+
+
+def _add_cache_parser(commands: argparse._SubParsersAction) -> None:
+    # --cache-dir and --json are accepted before and after the action; SUPPRESS keeps an
+    # action's parser from overwriting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cache-dir", default=argparse.SUPPRESS, help="cache root (default: the cache_dir option)"
+    )
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument("--template", help="only this template's records")
+    filters.add_argument("--arch", help="only this architecture's records (sm_90, cpu...)")
+
+    cache = commands.add_parser(
+        "cache",
+        help="inspect and manage the caches: compiled kernels and tuning records",
+        description=_CACHE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cache.add_argument(
+        "--cache-dir", default=None, help="cache root (default: the cache_dir option)"
+    )
+    actions = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+
+    def action(name, func, text, parents=()):
+        sub = actions.add_parser(name, help=text, parents=[common, *parents], description=text)
+        sub.set_defaults(func=func)
+        return sub
+
+    action("list", _cmd_cache_list, "list the tuning records", [filters, json_flag])
+    show = action("show", _cmd_cache_show, "show one tuning record", [json_flag])
+    show.add_argument("key", metavar="KEY", help="a record's key, or a unique prefix of it")
+    action(
+        "stats",
+        _cmd_cache_stats,
+        "count the kernel builds and tuning records, their sizes and hits",
+        [json_flag],
+    )
+    clear = action(
+        "clear", _cmd_cache_clear, "delete kernel builds and/or tuning records", [json_flag]
+    )
+    which = clear.add_mutually_exclusive_group()
+    for flag, text in (
+        ("kernels", "compiled libraries and cubins (the default)"),
+        ("tuning", "tuning records (a corrupt database file is deleted)"),
+        ("all", "both"),
+    ):
+        which.add_argument(f"--{flag}", dest="which", action="store_const", const=flag, help=text)
+    prune = action(
+        "prune",
+        _cmd_cache_prune,
+        "delete old kernel builds and tuning records, or the oldest beyond a size",
+        [json_flag],
+    )
+    prune.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="kernel builds built and tuning records last used "
+        "longer ago than AGE: 90s, 45m, 12h, 30d, 2w",
+    )
+    prune.add_argument(
+        "--max-size",
+        metavar="SIZE",
+        help="then the oldest until the cache fits in SIZE: 500M, "
+        "2G, 100K (binary units); tuning records go only when they alone exceed it",
+    )
+    export = action(
+        "export", _cmd_cache_export, "write tuning records to a JSON file", [filters, json_flag]
+    )
+    export.add_argument("file", metavar="FILE")
+    imp = action(
+        "import",
+        _cmd_cache_import,
+        "merge tuning records from an exported file (the newer of two records wins)",
+        [json_flag],
+    )
+    imp.add_argument("file", metavar="FILE")
+
+
+_CACHE_DESCRIPTION = """\
+Inspect and manage minicomp's on-disk caches under the cache directory (--cache-dir, else
+$MINICOMP_CACHE_DIR, else ~/.cache/minicomp):
+
+  kernels/, cubins/   compiled kernel builds (shared libraries, NVRTC cubins); cheap to redo
+  tuning.sqlite       the tuning database: the parameters each template tuned to
+
+`clear` with no flag removes the kernel builds only: tuning records cost minutes of
+benchmarking to redo. `export` and `import` ship tuning records to a machine with the same GPU.
+"""
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -86,15 +496,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--markdown", action="store_true", help="print a Markdown table")
     show.set_defaults(func=_cmd_config)
 
-    cache = commands.add_parser("cache", help="inspect or clear the compiled-kernel cache")
-    cache.add_argument(
-        "--cache-dir", default=None, help="cache root (default: the cache_dir option)"
-    )
-    cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    stats = cache_commands.add_parser("stats", help="count the cached libraries and their size")
-    stats.set_defaults(func=_cmd_cache_stats)
-    clear = cache_commands.add_parser("clear", help="delete every cached library")
-    clear.set_defaults(func=_cmd_cache_clear)
+    _add_cache_parser(commands)
     return parser
 
 
@@ -103,6 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
+    except (CliError, database.TuningDatabaseError) as err:
+        print(f"minicomp: error: {err}", file=sys.stderr)
+        return 1
     except NotImplementedError as err:
         print(f"minicomp: error: {err}", file=sys.stderr)
         return 2

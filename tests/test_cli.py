@@ -1,11 +1,17 @@
 """Tests of the `minicomp` command run as a subprocess."""
 
+import json
 import os
 import subprocess
 import sys
+import time
 
-from minicomp import config
+import pytest
+
+from minicomp import cli, config
+from minicomp.backends import cache as build_cache
 from minicomp.backends.cpu import compiler
+from minicomp.tune.database import Record, TuningDatabase
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,3 +94,228 @@ def test_explain_runs_a_script_and_reports_every_graph_it_compiles(tmp_path):
     ):
         assert title in proc.stdout
     assert "3 ATen ops -> 1 kernels" in proc.stdout
+
+
+# -- `minicomp cache`: the kernel builds and the tuning database ----------------------------
+
+
+_DAY = 86400.0
+
+
+def _cache(cache_dir, *args: str) -> subprocess.CompletedProcess:
+    """`python -m minicomp cache --cache-dir DIR ARGS`, as a user runs it; the environment
+    names another directory, so that the flag has to win."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINICOMP_")}
+    env["MINICOMP_CACHE_DIR"] = str(cache_dir) + "-not-this-one"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "minicomp", "cache", "--cache-dir", str(cache_dir), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _fails(proc: subprocess.CompletedProcess, *words: str) -> None:
+    """The command failed with status 1 and one clear line, not a traceback."""
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("minicomp: error: ") and "Traceback" not in proc.stderr
+    for word in words:
+        assert word in proc.stderr
+
+
+def _seed(cache_dir, now=None) -> list[Record]:
+    now = time.time() if now is None else now
+    records = [
+        Record("matmul", "f16[128,64]x[64,32]", "relu(out)", "sm_90", {"bm": 64}, time_us=12.5),
+        Record("matmul", "f16[128,64]x[64,32]", "", "sm_80", {"bm": 32}, created=now - 40 * _DAY),
+        Record("conv", "f32[8,3,32,32]", "", "sm_90", {"tile": [8, 8]}, version="0.0.1+tuning1"),
+    ]
+    db = TuningDatabase(os.path.join(str(cache_dir), "tuning.sqlite"))
+    for record in records:
+        db.store(record)
+    return records
+
+
+def _compile(cache_dir, value: int) -> str:
+    """Build one real shared library into the kernel cache; return its build directory."""
+    source = f"int answer(void) {{ return {value}; }}\n"
+    path = compiler.compile_c(source, cc="cc", cflags="-fPIC -shared", cache_dir=str(cache_dir))
+    return os.path.dirname(path)
+
+
+def _fake_cubin(cache_dir) -> str:
+    """A cubin build in the layout nvrtc.py writes (NVRTC itself is not needed to count it)."""
+    folder = build_cache.entry_dir(str(cache_dir), "cubins", "ab" + "0" * 62)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "kernel.cubin"), "wb") as f:
+        f.write(b"\x7fELF" + bytes(1000))
+    return folder
+
+
+def test_cache_list_show_and_stats(tmp_path):
+    records = _seed(tmp_path)
+    db = TuningDatabase(tmp_path / "tuning.sqlite")
+    for _ in range(2):
+        assert db.lookup("matmul", "f16[128,64]x[64,32]", "relu(out)", "sm_90") is not None
+
+    text = _ok(_cache(tmp_path, "list"))
+    for record in records:
+        assert record.key in text
+    assert "3 records, 1 of other minicomp versions" in text
+    assert "(minicomp 0.0.1+tuning1)" in text
+
+    listed = json.loads(
+        _ok(_cache(tmp_path, "list", "--template", "matmul", "--arch", "sm_90", "--json"))
+    )
+    assert listed == [db.get(records[0].key).to_json()]
+
+    key = records[0].key
+    text = _ok(_cache(tmp_path, "show", key[:6]))
+    assert f"key:            {key}" in text and '{"bm": 64}' in text
+    assert "hits:           2" in text
+    assert json.loads(_ok(_cache(tmp_path, "show", key, "--json"))) == db.get(key).to_json()
+    _fails(_cache(tmp_path, "show", "0123456789"), "no tuning record with key", "cache list")
+
+    stats = json.loads(_ok(_cache(tmp_path, "stats", "--json")))
+    assert stats["tuning"]["entries"] == 3 and stats["tuning"]["hits"] == 2
+    assert stats["tuning"]["templates"] == {"conv": 1, "matmul": 2}
+    assert stats["tuning"]["bytes"] >= os.path.getsize(tmp_path / "tuning.sqlite")
+    assert stats["kernels"]["libraries"] == 0 and stats["cache_dir"] == str(tmp_path)
+    text = _ok(_cache(tmp_path, "stats"))
+    assert "entries: 3 (2 of this version" in text and "hits: 2" in text
+    assert "templates: conv 1, matmul 2" in text
+
+
+def test_cache_commands_on_an_empty_cache(tmp_path):
+    assert "no tuning records" in _ok(_cache(tmp_path, "list"))
+    assert json.loads(_ok(_cache(tmp_path, "list", "--json"))) == []
+    _fails(_cache(tmp_path, "show", "abcd"), "no tuning database", "tuning.sqlite")
+    _fails(_cache(tmp_path, "export", str(tmp_path / "out.json")), "nothing to export")
+    assert not os.path.exists(tmp_path / "tuning.sqlite")  # reading never creates it
+
+
+def test_cache_clear_keeps_tuning_records_unless_asked(tmp_path):
+    _seed(tmp_path)
+    library, cubin = _compile(tmp_path, 1), _fake_cubin(tmp_path)
+    stats = json.loads(_ok(_cache(tmp_path, "stats", "--json")))["kernels"]
+    assert (stats["libraries"], stats["cubins"]) == (1, 1)
+
+    text = _ok(_cache(tmp_path, "clear"))
+    assert "removed 1 libraries and 1 cubins" in text
+    assert "kept 3 tuning records" in text and "clear --tuning" in text
+    assert not os.path.exists(library) and not os.path.exists(cubin)
+    db = TuningDatabase(tmp_path / "tuning.sqlite")
+    assert len(db.records()) == 3
+
+    library = _compile(tmp_path, 2)
+    result = json.loads(_ok(_cache(tmp_path, "clear", "--tuning", "--json")))
+    assert result["tuning"]["records"] == 3 and "kernels" not in result
+    assert db.records() == [] and os.path.exists(library)
+
+    _seed(tmp_path)
+    text = _ok(_cache(tmp_path, "clear", "--all"))
+    assert "removed 1 libraries" in text and "removed 3 tuning records" in text
+    assert db.records() == [] and not os.path.exists(library)
+
+
+def test_cache_prune_by_age_then_by_size(tmp_path):
+    now = time.time()
+    old_build, new_build = _compile(tmp_path, 3), _compile(tmp_path, 4)
+    os.utime(old_build, (now - 40 * _DAY, now - 40 * _DAY))
+    old_record, *_ = (r for r in _seed(tmp_path) if r.arch == "sm_80")
+
+    text = _ok(_cache(tmp_path, "prune", "--older-than", "30d"))
+    assert "removed 1 kernel builds" in text and "removed 1 tuning records" in text
+    assert old_record.key in text
+    assert not os.path.exists(old_build) and os.path.exists(new_build)
+    db = TuningDatabase(tmp_path / "tuning.sqlite")
+    assert old_record.key not in {r.key for r in db.records()} and len(db.records()) == 2
+
+    assert "removed 0 kernel builds" in _ok(_cache(tmp_path, "prune", "--max-size", "2G"))
+    result = json.loads(_ok(_cache(tmp_path, "prune", "--max-size", "0", "--json")))
+    assert result["kernels"]["removed"] == [new_build]
+    assert len(result["tuning"]["removed"]) == 2 and db.records() == []
+    assert not os.path.exists(new_build)
+
+    _fails(_cache(tmp_path, "prune"), "--older-than", "--max-size")
+    _fails(_cache(tmp_path, "prune", "--older-than", "3x"), "bad duration '3x'")
+    _fails(_cache(tmp_path, "prune", "--max-size", "lots"), "bad size 'lots'")
+
+
+def test_cache_export_and_import_between_machines(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    records = _seed(here)
+    exported = tmp_path / "sm90.json"
+    assert "exported 2 tuning records" in _ok(
+        _cache(here, "export", str(exported), "--arch", "sm_90")
+    )
+    result = json.loads(_ok(_cache(there, "import", str(exported), "--json")))
+    assert (result["added"], result["replaced"], result["skipped"]) == (2, 0, 0)
+    wanted = [r for r in records if r.arch == "sm_90"]
+    assert TuningDatabase(there / "tuning.sqlite").records() == sorted(
+        wanted, key=lambda r: (r.template, r.arch, r.signature)
+    )
+    text = _ok(_cache(there, "import", str(exported)))
+    assert "0 added, 0 replaced by newer records, 2 skipped" in text
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "minicomp-tuning", "format_version": 99, "records": []}')
+    _fails(_cache(there, "import", str(bad)), "format version 99", str(bad))
+    _fails(_cache(there, "import", str(tmp_path / "missing.json")), "cannot read")
+
+
+def test_cache_errors_on_a_corrupt_database(tmp_path):
+    path = tmp_path / "tuning.sqlite"
+    path.write_bytes(b"this is not a database\n" * 200)
+    _fails(_cache(tmp_path, "list"), str(path), "corrupt", "minicomp cache clear --tuning")
+    proc = _cache(tmp_path, "stats")
+    _fails(proc, "corrupt")
+    assert "libraries: 0" in proc.stdout  # the kernel part is still reported
+    _fails(_cache(tmp_path, "show", "abcd"), "corrupt")
+    assert "removed the unreadable tuning database" in _ok(_cache(tmp_path, "clear", "--tuning"))
+    assert not path.exists()
+    assert json.loads(_ok(_cache(tmp_path, "list", "--json"))) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("45m", 2700),
+        ("12h", 43200),
+        ("30d", 30 * _DAY),
+        ("2W", 14 * _DAY),
+        ("1.5h", 5400),
+    ],
+)
+def test_parse_duration(text, seconds):
+    assert cli.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4096", 4096),
+        ("100K", 102400),
+        ("500M", 500 << 20),
+        ("2G", 2 << 30),
+        ("1.5GiB", 3 << 29),
+        ("64kb", 65536),
+    ],
+)
+def test_parse_size(text, size):
+    assert cli.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "30", "d", "-1d", "3 days"])
+def test_parse_duration_refuses_nonsense(text):
+    with pytest.raises(cli.CliError, match="bad duration"):
+        cli.parse_duration(text)
