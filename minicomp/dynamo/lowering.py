@@ -11,12 +11,20 @@ import torch
 
 from minicomp.config import Options
 from minicomp.ir import types as T
-from minicomp.ir.expr import Expr, Var
+from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.func import Function, Module
-from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Value
+from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.kernel.simplify_indices import simplify_indices
-from minicomp.runtime.plan import ExternStep, KernelStep, Plan, SlotInfo, Step, dims_fn
+from minicomp.runtime.plan import (
+    ExternStep,
+    KernelStep,
+    LaunchStep,
+    Plan,
+    SlotInfo,
+    Step,
+    dims_fn,
+)
 from minicomp.runtime.symbols import launch_dims
 
 
@@ -51,15 +59,20 @@ def schedule_graph(graph: Graph, target: str, layouts: dict) -> list[Function]:
 
 
 def build_kernels(
-    kernels: list[Function], target: str, options: Options, device_index: int | None = None
+    kernels: list[Function],
+    target: str,
+    options: Options,
+    device_index: int | None = None,
+    device_functions: Sequence[Function] = (),
 ) -> tuple[dict[str, Callable], str]:
-    """Compile the kernels into one binary; callables by kernel name, and the source.
+    """Compile the kernels (and the device functions they call) into one binary; callables by
+    kernel name, and the source.
 
-    A callable takes the kernel's parameters (buffer addresses, then size symbols).
+    A callable takes the kernel's parameters (buffer addresses, then scalars).
     """
     if not kernels:
         return {}, ""
-    module = Module("graph", tuple(kernels))
+    module = Module("graph", tuple(device_functions) + tuple(kernels))
     if target == "cpu":
         from minicomp.backends.cpu.module import build
 
@@ -72,7 +85,7 @@ def build_kernels(
 
         source = render_module(module)
         emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
-        return {k.name: _emulated_launcher(emu, k.name, launch_dims(k)) for k in kernels}, source
+        return {k.name: _emulated_launcher(emu, k) for k in kernels}, source
     if target == "cuda":
         from minicomp.backends.cuda.module import build
 
@@ -82,12 +95,16 @@ def build_kernels(
     raise ValueError(f"unknown target {target!r}")
 
 
-def _emulated_launcher(emu, name: str, dims: Callable) -> Callable:
-    """A callable launching kernel `name` in the emulator, its grid computed from the sizes."""
+def _emulated_launcher(emu, kernel: Function) -> Callable:
+    """A callable launching `kernel` in the emulator, its grid (and dynamic shared memory)
+    computed from the sizes."""
+    from minicomp.backends.cuda.module import dynamic_shared_bytes
+
+    name, dims, shared = kernel.name, launch_dims(kernel), dynamic_shared_bytes(kernel)
 
     def launch(*args: Any) -> None:
         grid, block = dims(args)
-        emu.launch(name, grid, block, args)
+        emu.launch(name, grid, block, args, shared(args) if callable(shared) else shared)
 
     return launch
 
@@ -132,7 +149,7 @@ def place_constants(graph: Graph, target: str) -> Graph:
     moved = dict(graph.constants)
     changed = False
     for n in graph.nodes:
-        if not isinstance(n, FusedOp):
+        if not isinstance(n, (FusedOp, KernelOp)):
             continue
         for v in (*n.inputs, *n.outputs):
             if v.type.device == want:
@@ -183,7 +200,7 @@ class PlanBuilder:
         g = self.graph
         outputs = g.output_values()
         inputs, binders, checked = [], [], []
-        kernel_reads = {v for n in g.nodes if isinstance(n, FusedOp) for v in n.inputs}
+        kernel_reads = {v for n in g.nodes if isinstance(n, _LAUNCHED) for v in n.inputs}
         for pos, v in enumerate(g.inputs):
             if isinstance(v, Var):
                 inputs.append(("symbol", v.name))
@@ -210,11 +227,16 @@ class PlanBuilder:
             for v in n.outputs:
                 if v.name in self.slot:
                     continue
-                internal = isinstance(n, FusedOp) and v not in outputs
+                internal = isinstance(n, _LAUNCHED) and v not in outputs
                 k = self.add_slot(v, workspace=internal)
-                if isinstance(n, FusedOp) and not internal:
+                if isinstance(n, _LAUNCHED) and not internal:
                     fresh.append(k)
-            steps.append(self.kernel_step(n) if isinstance(n, FusedOp) else self.extern_step(n))
+            if isinstance(n, FusedOp):
+                steps.append(self.kernel_step(n))
+            elif isinstance(n, KernelOp):
+                steps.append(self.launch_step(n))
+            else:
+                steps.append(self.extern_step(n))
         extern_reads = {k for s in steps if isinstance(s, ExternStep) for k in s.reads}
         for k, info in enumerate(self.slots):
             # Workspace intermediates only kernels read are passed as bare addresses.
@@ -236,6 +258,19 @@ class PlanBuilder:
         buffers = [self.slot[v.name] for v in n.inputs + n.outputs]
         outputs = [self.slot[v.name] for v in n.outputs]
         return KernelStep(n.name, self.kernels[n.name], buffers, outputs, self.symbols[n.name])
+
+    def launch_step(self, n: KernelOp) -> LaunchStep:
+        values = n.inputs + n.outputs
+        pairs = list(zip(n.function.params, n.args))
+        buffers = [self.slot[values[a.index].name] for _, a in pairs if isinstance(a, ArgRef)]
+        scalars = [(p, a) for p, a in pairs if not isinstance(a, ArgRef)]
+        if any(isinstance(a, ArgRef) for _, a in pairs[len(buffers) :]):
+            raise ValueError(f"kernel {n.function.name} takes a pointer after a scalar")
+        outputs = [self.slot[v.name] for v in n.outputs]
+        fn = self.kernels[n.function.name]
+        return LaunchStep(
+            n.name, fn, buffers, outputs, (), _scalars_builder(scalars), launch_dims(n.function)
+        )
 
     def extern_step(self, n: ExternOp) -> ExternStep:
         reads = [self.slot[v.name] for v in n.inputs]
@@ -259,6 +294,35 @@ class PlanBuilder:
             reads,
             reads if view_like else [],
         )
+
+
+# Operators the plan launches as kernels of its own module.
+_LAUNCHED = (FusedOp, KernelOp)
+
+
+def _scalars_builder(scalars: list[tuple[Var, Expr]]) -> Callable[[dict], list]:
+    """A function of the size binding giving a kernel's scalar arguments, in the form its
+    launcher takes (f16 and bf16 as their bits; integers checked to fit)."""
+    from minicomp.backends.c_like import half_bits
+    from minicomp.script.conversions import fits
+
+    getters = []
+    for p, a in scalars:
+        dt = p.type
+        if isinstance(a, Const):
+            value = half_bits(float(a.value), dt) if dt in (T.f16, T.bf16) else a.value
+            getters.append(lambda env, value=value: value)
+            continue
+        size = dims_fn([a])
+
+        def get(env: dict, size=size, dt=dt, name=p.name) -> int:
+            value = size(env)[0]
+            if not fits(value, dt):
+                raise ValueError(f"kernel argument {name} = {value} does not fit in {dt.name}")
+            return value
+
+        getters.append(get)
+    return lambda env: [g(env) for g in getters]
 
 
 def _constant_type(t: torch.Tensor):
@@ -285,6 +349,20 @@ def _args_builder(n: ExternOp, reads: list[int]) -> Callable:
     return build
 
 
+def _script_functions(graph: Graph) -> tuple[list[Function], list[Function]]:
+    """The kernels the graph's KernelOps launch and the device functions they call, each once
+    (an op called twice launches one compiled kernel)."""
+    kernels: dict[str, Function] = {}
+    device: dict[str, Function] = {}
+    for n in graph.nodes:
+        if not isinstance(n, KernelOp):
+            continue
+        for f, found in [(n.function, kernels)] + [(c, device) for c in n.callees]:
+            if found.setdefault(f.name, f) != f:
+                raise ValueError(f"two different kernel functions are named {f.name}")
+    return list(kernels.values()), list(device.values())
+
+
 def compile_graph(
     graph: Graph,
     options: Options,
@@ -299,22 +377,30 @@ def compile_graph(
     positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
     in place.
     """
+    from minicomp.dynamo.importer import has_script_ops, lower_script_ops
     from minicomp.passes.graph.fusion import fuse
+    from minicomp.passes.graph.layout import contiguous_kernel_inputs
     from minicomp.passes.pipeline import passes_for, run_passes
 
     t0 = time.perf_counter()
     target = resolve_target(options.target, graph)
     record.target = target
     trace = record.passes if record.trace else None
-    graph = run_passes(graph, passes_for(target) + [fuse], trace=trace)
+    pipeline = passes_for(target) + [fuse]
+    if target in ("cuda", "cuda-emu") and has_script_ops(graph):
+        pipeline = [lower_script_ops, *passes_for(target), contiguous_kernel_inputs, fuse]
+    graph = run_passes(graph, pipeline, trace=trace)
     graph = place_constants(graph, target)
     record.graph = graph
     layouts = layouts_for(graph)
     t1 = time.perf_counter()
     kernels = [simplify_indices(k) for k in schedule_graph(graph, target, layouts)]
-    record.kernels = kernels
+    launched, device_functions = _script_functions(graph)
+    record.kernels = kernels + launched
     t2 = time.perf_counter()
-    fns, record.source = build_kernels(kernels, target, options, device_index)
+    fns, record.source = build_kernels(
+        kernels + launched, target, options, device_index, device_functions
+    )
     t3 = time.perf_counter()
     record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
     symbols = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from minicomp.ir.node import Node, node
-from minicomp.ir.types import DataType, PointerType, boolean, f32, i64, promote
+from minicomp.ir.types import DataType, PointerType, boolean, f32, i8, i64, promote
 
 ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "idiv", "imod", "max", "min", "pow")
 BIT_OPS = ("bitand", "bitor", "bitxor", "shl", "shr")
@@ -261,6 +261,26 @@ class Load(Expr):
     @property
     def dtype(self) -> DataType:
         return self.buf.type.elem
+
+
+@node
+class StringLiteral(Expr):
+    """A constant C string, such as the format argument of the `printf` intrinsic.
+
+    `value` is the text without its terminating NUL; backends spell it as an escaped string
+    literal. Its `type` is a pointer to constant i8 characters (PointerType(i8, "constant")),
+    so like a pointer Var it has no scalar `dtype`.
+    """
+
+    value: str
+
+    @property
+    def type(self) -> PointerType:
+        return PointerType(i8, "constant")
+
+    @property
+    def dtype(self) -> DataType:
+        raise TypeError(f"a string literal is a pointer ({self.type}), not a scalar")
 
 
 ExprLike = Expr | int | float | bool

@@ -8,6 +8,7 @@ from typing import Any
 
 from minicomp.ir.compute import Compute
 from minicomp.ir.expr import Dim, Expr, Var, prod
+from minicomp.ir.func import Function
 from minicomp.ir.node import Node, node
 from minicomp.ir.types import DataType
 
@@ -97,6 +98,26 @@ class ExternOp(Op):
         """Whether the call matters beyond its results (it mutates, or returns nothing)."""
         schema = getattr(self.target, "_schema", None)
         return not self.outputs or (schema is not None and schema.is_mutable)
+
+
+@node
+class KernelOp(Op):
+    """A launch of a hand-written kernel (a script kernel registered as a PyTorch op) that the
+    plan makes itself: compiled into the graph's module, a fusion boundary like an ExternOp.
+
+    `function` is the kernel and `callees` the device functions it calls, named uniquely in
+    the module. `args` has one entry per parameter of `function`, in order: ArgRef(k) for a
+    tensor (k < len(inputs): input k, else output k - len(inputs)), or an Expr for a scalar (a
+    constant, or a size expression over the graph's symbols). The kernel reads its inputs and
+    writes its outputs as row-major contiguous tensors.
+    """
+
+    name: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    function: Function
+    callees: tuple[Function, ...]
+    args: tuple
 
 
 @node

@@ -101,6 +101,9 @@ class ExprPrinter(Functor):
     def visit_Load(self, e: E.Load) -> str:
         return f"{e.buf.name}[{self.visit(e.index)}]"
 
+    def visit_StringLiteral(self, e: E.StringLiteral) -> str:
+        return repr(e.value)
+
     def visit_TensorElement(self, e: C.TensorElement) -> str:
         return f"{e.tensor.name}[{', '.join(self.visit(i) for i in e.indices)}]"
 
@@ -246,7 +249,19 @@ def op_str(n: G.Op) -> str:
         return f"{outs} = {n.name}({ins}){why}"
     if isinstance(n, G.FusedOp):
         return _fused_str(n, outs, ins)
+    if isinstance(n, G.KernelOp):
+        return f"{outs} = {n.name}({ins})  # kernel {_launch_str(n)}"
     return f"{outs} = {type(n).__name__}({ins})"
+
+
+def _launch_str(n: G.KernelOp) -> str:
+    """A kernel launch's call: kernel(param=%value or scalar, ...)."""
+    values = n.inputs + n.outputs
+    args = []
+    for p, a in zip(n.function.params, n.args):
+        text = f"%{values[a.index].name}" if isinstance(a, G.ArgRef) else expr_str(a)
+        args.append(f"{p.name}={text}")
+    return f"{n.function.name}({', '.join(args)})"
 
 
 def _fused_str(n: G.FusedOp, outs: str, ins: str) -> str:

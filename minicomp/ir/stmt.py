@@ -72,7 +72,12 @@ class Declare(Stmt):
 
 @node
 class DeclareArray(Stmt):
-    """Declare an array of `size` elements in `scope` (local or shared); `var` points to it."""
+    """Declare an array of `size` elements in `scope`; `var` points to it.
+
+    Scopes: "local" (registers or the stack), "shared" (a block's static shared memory), and
+    "dynamic": `var` points to the start of the launch's dynamic shared memory (the kernel's
+    ("dynamic_smem", bytes) attribute), `size` being how many elements the kernel may use;
+    several dynamic arrays alias it at offsets their users add."""
 
     var: Var
     dtype: DataType

@@ -52,6 +52,23 @@ class KernelStep(Step):
         self.fn(*args)
 
 
+@dataclass
+class LaunchStep(KernelStep):
+    """A launch of a hand-written kernel (a script kernel op): pointer arguments from slots,
+    then its scalar arguments, computed from the binding by `scalars`. `dims` gives the
+    kernel's (grid, block) for its arguments: a grid without blocks (an empty tensor) launches
+    nothing, as in the script's own launches (CUDA refuses such a launch)."""
+
+    scalars: Callable[[Env], list] = lambda env: []
+    dims: Callable[[Sequence[Any]], tuple] | None = None
+
+    def run(self, slots: list, env: Env) -> None:
+        args = [_address(slots[k]) for k in self.buffers] + self.scalars(env)
+        if self.dims is not None and 0 in self.dims(args)[0]:
+            return
+        self.fn(*args)
+
+
 def _address(v: Any) -> int:
     return v if isinstance(v, int) else v.data_ptr()
 

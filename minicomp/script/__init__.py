@@ -17,7 +17,9 @@
 `@minicomp.script(target="cuda-emu")`). A function that sets `attrs.grid_dim` and
 `attrs.block_dim` is a kernel; one that does not is a device function, callable from other
 script functions. `kernel.ir`, `kernel.module` and `kernel.source` (CUDA C) show what it
-became; `kernel.with_target("cuda-emu")` forces a target.
+became; `kernel.with_target("cuda-emu")` forces a target. `custom_op("lib::name", kernel,
+outputs=("y",))` registers a kernel as a PyTorch operator (eager, fake and optional backward
+implementations) that graphs compiled by minicomp for cuda or cuda-emu launch natively.
 
 Parameters: `f32[m, k]` is a contiguous row-major tensor; ints are static sizes, and
 `dim.m` (or the string "m", or the bare name under `from __future__ import annotations`)
@@ -56,18 +58,29 @@ tensor), `printf(fmt, *values)` (C's format; f16/bf16 values print as doubles wi
 and narrow ints as ints with %d, i64 needs %lld), the math functions of
 minicomp.ir.expr.MATH_FUNCTIONS plus `max`, `min`, `abs`, `pow` (and `**`), and `attrs`
 (`grid_dim`, `block_dim`: ints or expressions over scalar parameters; `dynamic_smem` bytes;
-`launch_bounds`: the most threads a block may have).
+`launch_bounds`: the most threads a block may have). Tensor cores and async copies (sm_80+,
+fragment layouts in minicomp.backends.cuda.intrinsics_mma): `mma_sync_m16n8k16(d, a, b, c)`
+(one warp's D = A * B + C; each operand a register tensor, a view `acc[i, j]` or its first
+element: 8 f16 or bf16 of A, 4 of B, 4 f32 of C and D), `ldmatrix_x1|x2|x4[_trans](frag,
+smem[r, c])` (the 16-byte shared row this lane names), `cp_async(smem[i], t[j], nbytes,
+src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled past the
+runtime `src_bytes`), `cp_async_commit()`, `cp_async_wait(n)`, `cp_async_wait_all()`.
 
 Not (yet) in the language: slices, strings other than printf's format, bounds checks (an
 index outside a tensor is undefined behaviour, as in CUDA), Python's negative indices, and
-views passed to device functions. printf and dynamic shared memory need backend support that
-is not there yet (minicomp.script.values.StringLiteral is printf's format; dynamic arrays are
-DeclareArray(scope="dynamic")).
+views passed to device functions.
+
+Templates: `minicomp.script.lang.macro` marks a Python function a script calls at parse time
+(it gets IR expressions, returns an IR expression or statements), IR expressions in scope are
+runtime values, and `script(fn, params=(...))` appends IR parameters: the way minicomp's own
+matmul templates compute a fused group's prologue at their loads and its epilogue at their
+stores (minicomp.schedule.templates). docs/script.md is the full language reference.
 """
 
 import sys
 import types as _types
 
+from minicomp.script.custom_op import custom_op
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction, script
 from minicomp.script.lang import (
@@ -78,13 +91,24 @@ from minicomp.script.lang import (
     attrs,
     blockDim,
     blockIdx,
+    cp_async,
+    cp_async_commit,
+    cp_async_wait,
+    cp_async_wait_all,
     dim,
     dynamic_shared_tensor,
     gridDim,
     is_aligned,
+    ldmatrix_x1,
+    ldmatrix_x1_trans,
+    ldmatrix_x2,
+    ldmatrix_x2_trans,
+    ldmatrix_x4,
+    ldmatrix_x4_trans,
     load_vec,
     max,
     min,
+    mma_sync_m16n8k16,
     pow,
     printf,
     register_tensor,
@@ -120,6 +144,7 @@ globals().update(MATH)
 __all__ = [
     "ScriptError",
     "ScriptFunction",
+    "custom_op",
     "TaskMapping",
     "script",
     "spatial",
@@ -158,6 +183,17 @@ __all__ = [
     "load_vec",
     "store_vec",
     "is_aligned",
+    "mma_sync_m16n8k16",
+    "ldmatrix_x1",
+    "ldmatrix_x2",
+    "ldmatrix_x4",
+    "ldmatrix_x1_trans",
+    "ldmatrix_x2_trans",
+    "ldmatrix_x4_trans",
+    "cp_async",
+    "cp_async_commit",
+    "cp_async_wait",
+    "cp_async_wait_all",
     "max",
     "min",
     "abs",

@@ -10,12 +10,13 @@ from collections.abc import Callable
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir import types as T
-from minicomp.ir.expr import MATH_FUNCTIONS, Expr
+from minicomp.ir.expr import MATH_FUNCTIONS, Expr, StringLiteral
 from minicomp.script import conversions as C
 from minicomp.script import lang, mapping
+from minicomp.script import mma as _mma
 from minicomp.script.errors import Issue
 from minicomp.script.types import ScalarType, ptr
-from minicomp.script.values import Effect, StringLiteral, TensorRef
+from minicomp.script.values import Effect, TensorRef
 
 # Element types the backends implement each atomic for.
 ATOMIC_TYPES = {
@@ -58,6 +59,8 @@ def call(p, node: ast.Call):
         return handler(p, func.name, args, kwargs)
     if isinstance(func, ScriptFunction):
         return call_device(p, func, args, kwargs)
+    if isinstance(func, lang.Macro):
+        return _expand(p, func, args, kwargs)
     if func is range:
         raise Issue("range() can only be iterated by a for loop")
     if func is len:
@@ -73,6 +76,22 @@ def call(p, node: ast.Call):
         _no_keywords(kwargs, func.__name__)
         return func(*values)
     raise Issue(f"cannot call {C.describe(func)} in a script")
+
+
+def _expand(p, m: lang.Macro, args: list, kwargs: dict):
+    """The value (or statement) macro `m` gives for these arguments, expanded now."""
+    values = [p.value(a) for a in args]
+    named = {k: p.value(v) for k, v in kwargs.items()}
+    out = m.fn(*values, **named)
+    if out is None:
+        return Effect(S.Seq(()), f"{m.name}()")
+    if isinstance(out, S.Stmt):
+        return Effect(out, f"{m.name}()")
+    if isinstance(out, list | tuple) and all(isinstance(s, S.Stmt) for s in out):
+        return Effect(S.seq(*out) if out else S.Seq(()), f"{m.name}()")
+    if isinstance(out, Expr | bool | int | float | TensorRef):
+        return out
+    raise Issue(f"macro {m.name}() returned {out!r}, not an IR expression or statements")
 
 
 def _no_keywords(kwargs: dict, name: str) -> None:
@@ -341,4 +360,5 @@ HANDLERS = {
     "min": _minmax,
     "abs": _abs,
     "pow": _pow,
+    **_mma.HANDLERS,
 }

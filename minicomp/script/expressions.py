@@ -60,6 +60,7 @@ _SCOPE_TYPES = (
     TensorType,
     PointerType,
     lang.Primitive,
+    lang.Macro,
     lang.LaunchIndex,
     lang.Attrs,
     lang.Dims,
@@ -94,6 +95,12 @@ def check_scope_value(name: str, value):
 
     if isinstance(value, (bool, int, float, ScriptFunction, *_SCOPE_TYPES)):
         return value
+    if isinstance(value, TensorRef) or isinstance(value, Expr) and not isinstance(value, E.Var):
+        return value  # runtime values a template's instantiation gives (sizes, buffers)
+    if isinstance(value, E.Var) and not isinstance(value.type, DataType):
+        raise Issue(f"{name!r} is a pointer variable; wrap it in a TensorRef to index it")
+    if isinstance(value, E.Var):
+        return value
     if isinstance(value, DataType):
         return ScalarType(value)
     if any(value is f for f in (*lang.BUILTINS.values(), *_COMPILE_TIME_CALLS)):
@@ -102,7 +109,8 @@ def check_scope_value(name: str, value):
         return tuple(check_scope_value(name, v) for v in value)
     raise Issue(
         f"{name!r} is a {type(value).__name__}; a script can use ints, floats, bools, tuples, "
-        "script functions, task mappings and minicomp.script primitives from its scope"
+        "script functions, task mappings, macros, IR expressions and minicomp.script "
+        "primitives from its scope"
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from minicomp.ir.expr import Call, Expr
 from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import Mutator
+from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.script.errors import Source
 from minicomp.script.signature import Signature, c_name, parse_signature
 
@@ -18,8 +19,9 @@ TARGETS = ("cuda", "cuda-emu")
 class _State:
     """What every view of one script function shares: source, signature, IR and builds."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, params: tuple = ()):
         self.fn = fn
+        self.params = tuple(params)
         self.lock = threading.RLock()
         self._source: Source | None = None
         self._signature: Signature | None = None
@@ -41,7 +43,7 @@ class _State:
     def signature(self) -> Signature:
         with self.lock:
             if self._signature is None:
-                self._signature = parse_signature(self.source, self.fn)
+                self._signature = parse_signature(self.source, self.fn, self.params)
             return self._signature
 
     def parse(self) -> tuple[Function, list[ScriptFunction]]:
@@ -50,7 +52,9 @@ class _State:
         with self.lock:
             if self._ir is None:
                 parser = FunctionParser(self)
-                self._ir = parser.parse()
+                # Task-mapping indices such as (t // 16 * 4 + i) % 4 fold to i under the
+                # loops' bounds, so register tensors keep constant indices (and registers).
+                self._ir = simplify_indices(parser.parse())
                 self._callees = list(parser.callees.values())
             return self._ir, self._callees
 
@@ -66,13 +70,15 @@ class ScriptFunction:
     one of them). Each target's build is made once per kernel and reused.
     """
 
-    def __init__(self, fn, target: str | None = None, *, _state: _State | None = None):
+    def __init__(
+        self, fn, target: str | None = None, *, params: tuple = (), _state: _State | None = None
+    ):
         if target not in (None, *TARGETS):
             raise ValueError(f"a script kernel runs on {' or '.join(TARGETS)}, not {target!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.target = target
-        self._state = _state or _State(fn)
+        self._state = _state or _State(fn, params)
 
     def signature(self) -> Signature:
         """Parameters, kind and name, from the annotations alone."""
@@ -167,13 +173,17 @@ def _final_names(main: tuple[str, Function], callees: list[tuple[str, Function]]
     return Module(final[-1].name, tuple(final))
 
 
-def script(fn=None, *, target: str | None = None):
+def script(fn=None, *, target: str | None = None, params: tuple = ()):
     """Decorator: `@script` or `@script(target="cuda-emu")` turns a typed Python function
-    into a ScriptFunction (a kernel or a device function of the script DSL)."""
+    into a ScriptFunction (a kernel or a device function of the script DSL).
+
+    `params` (kernel-IR Vars) are appended to the function's IR parameters; the script reaches
+    them through IR expressions and macros of its scope (minicomp.script.lang.macro), which is
+    how templates take the buffers and sizes of the fused group they compute."""
     if fn is None:
-        return lambda f: ScriptFunction(f, target)
+        return lambda f: script(f, target=target, params=params)
     if isinstance(fn, ScriptFunction):
         return fn.with_target(target) if target else fn
     if not callable(fn) or not hasattr(fn, "__code__"):
         raise TypeError(f"@script decorates a Python function, not {fn!r}")
-    return ScriptFunction(fn, target)
+    return ScriptFunction(fn, target, params=params)

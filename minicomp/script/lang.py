@@ -31,6 +31,30 @@ class Primitive:
         return f"<script primitive {self.name}>"
 
 
+class Macro:
+    """A Python function a script calls at parse time (`@macro`): it gets its arguments as
+    kernel-IR expressions (or compile-time values, tensors as TensorRefs) and returns an IR
+    expression (the call's value), or IR statements (a statement or a list: the call is a
+    statement), or None. Templates take their fused prologues and epilogues this way."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "macro")
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<script macro {self.name}>"
+
+
+def macro(fn: Callable) -> Macro:
+    """Decorator: `fn`, called from scripts, is expanded at parse time (see Macro)."""
+    return Macro(fn)
+
+
 class LaunchIndex:
     """`threadIdx`, `blockIdx`, `blockDim` or `gridDim`; `.x`, `.y`, `.z` are i32 values."""
 
@@ -91,6 +115,17 @@ unroll = Primitive("unroll")
 load_vec = Primitive("load_vec")
 store_vec = Primitive("store_vec")
 is_aligned = Primitive("is_aligned")
+mma_sync_m16n8k16 = Primitive("mma_sync_m16n8k16")
+ldmatrix_x1 = Primitive("ldmatrix_x1")
+ldmatrix_x2 = Primitive("ldmatrix_x2")
+ldmatrix_x4 = Primitive("ldmatrix_x4")
+ldmatrix_x1_trans = Primitive("ldmatrix_x1_trans")
+ldmatrix_x2_trans = Primitive("ldmatrix_x2_trans")
+ldmatrix_x4_trans = Primitive("ldmatrix_x4_trans")
+cp_async = Primitive("cp_async")
+cp_async_commit = Primitive("cp_async_commit")
+cp_async_wait = Primitive("cp_async_wait")
+cp_async_wait_all = Primitive("cp_async_wait_all")
 max = Primitive("max", builtins.max)  # noqa: A001 - the script's max, Python's outside
 min = Primitive("min", builtins.min)  # noqa: A001
 abs = Primitive("abs", builtins.abs)  # noqa: A001

@@ -4,18 +4,19 @@ Tensor arguments must match their annotation exactly (dtype, number of dimension
 sizes, contiguity) and sit on one device; runtime sizes bind from the tensors' shapes (a size
 parameter may be left out of the call, or given and then checked). CUDA tensors run on the
 `cuda` target, CPU tensors in the emulator, unless the kernel's target says otherwise.
-A launch whose grid has no block (an empty tensor) does nothing.
+A launch whose grid has no block (an empty tensor) does nothing. The dynamic shared memory
+(`attrs.dynamic_smem`) is evaluated per launch; a block over `attrs.launch_bounds` threads,
+or over 227 KiB of dynamic shared memory, is refused.
 """
 
 from __future__ import annotations
 
-import ctypes
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from minicomp.ir import expr as E
-from minicomp.ir.functor import collect
 from minicomp.ir.types import bf16, f16, to_torch
 from minicomp.runtime.symbols import compile_dims, launch_dims
 from minicomp.script.conversions import fits
@@ -41,6 +42,10 @@ class Binder:
         self.order = [p.name for p in f.params]
         self.function = f
         self.dims = launch_dims(f)
+        from minicomp.backends.cuda.module import dynamic_shared_bytes
+
+        shared = dynamic_shared_bytes(f)
+        self.shared = shared if callable(shared) else lambda args: shared
 
     def error(self, p: Param | None, reason: str) -> ScriptError:
         line = p.lineno if p is not None else self.sig.lineno
@@ -197,25 +202,17 @@ def _builder(sf: ScriptFunction, binder: Binder, target: str, device) -> Callabl
         from minicomp.backends.cuda.emu import build_emulated
 
         emu = build_emulated(sf.source, [binder.function], cache_dir=cache_dir)
-        prints = any(c.name == "printf" for c in collect(module, E.Call))
-        # The emulator's launch takes the dynamic shared memory size once it supports it.
-        extra = {"shared_bytes": smem} if (smem := binder.function.attr("dynamic_smem")) else {}
-
-        def run(args: list, grid, block) -> None:
-            emu.launch(name, grid, block, args, **extra)
-            if prints:
-                # The host's stdout is buffered; CUDA shows printf output at synchronisation.
-                ctypes.CDLL(None).fflush(None)
-
-        return run
+        # The emulator flushes the kernels' printf output before a launch returns.
+        return lambda args, grid, block, shared: emu.launch(name, grid, block, args, shared)
     import torch
 
     from minicomp.backends.cuda.module import build
 
     index = device.index if device is not None else torch.cuda.current_device()
     cuda = build(module, device_index=index, cache_dir=cache_dir, arch=config.get("arch"))
+    # The launcher evaluates the dynamic shared memory size itself.
     launcher = cuda.kernel(name, binder.dims)
-    return lambda args, grid, block: launcher(*args)
+    return lambda args, grid, block, shared: launcher(*args)
 
 
 def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
@@ -248,6 +245,30 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
         if run is None:
             run = state.builds[key] = _builder(sf, binder, target, device)
     grid, block = binder.dims(values)
+    shared = binder.shared(values)
+    _check_block(sf, binder.function, math.prod(block), shared)
     if 0 in grid:
         return
-    run(values, grid, block)
+    run(values, grid, block, shared)
+
+
+def _check_block(sf: ScriptFunction, f, threads: int, shared: int) -> None:
+    """Refuse a block over the kernel's launch bounds or the dynamic shared memory limit."""
+    from minicomp.backends.cuda.emu import MAX_DYNAMIC_SHARED
+
+    sig = sf.signature()
+    bound = f.attr("launch_bounds")
+    if bound is not None and threads > bound:
+        raise ScriptError(
+            f"kernel {sig.py_name} is launched with {threads} threads a block, over its "
+            f"attrs.launch_bounds ({bound})",
+            sf._state.source.filename,
+            sig.lineno,
+        )
+    if not 0 <= shared <= MAX_DYNAMIC_SHARED:
+        raise ScriptError(
+            f"kernel {sig.py_name} is launched with {shared} bytes of dynamic shared memory; a "
+            f"block may have at most {MAX_DYNAMIC_SHARED} ({MAX_DYNAMIC_SHARED // 1024} KiB)",
+            sf._state.source.filename,
+            sig.lineno,
+        )

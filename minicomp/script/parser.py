@@ -357,6 +357,7 @@ class FunctionParser(ExprParser):
         if not 1 <= len(items) <= 3:
             raise Issue(f"attrs.{name} has 1 to 3 dimensions, not {len(items)}")
         scalars = {p.var for p in self.sig.params if p.kind == "scalar"}
+        scalars |= {v for v in self.sig.extra if isinstance(v.type, DataType)}
         dims: list = []
         for d in items:
             if C.is_number(d) and isinstance(d, int) and not isinstance(d, bool):

@@ -40,15 +40,18 @@ class Signature:
     params: tuple[Param, ...]
     ret: DataType | None
     lineno: int
+    extra: tuple[Var, ...] = ()  # IR parameters given by `script(params=...)`, not by name
 
     @property
     def ir_params(self) -> tuple[Var, ...]:
         """The IR parameters: for kernels the pointers first, then the scalars (the order the
-        runtime's launchers expect); for device functions the script's order."""
+        runtime's launchers expect), then the extra ones; for device functions the script's
+        order, then the extra ones."""
         if self.kind != "kernel":
-            return tuple(p.var for p in self.params)
+            return tuple(p.var for p in self.params) + self.extra
         pointers = [p.var for p in self.params if p.kind != "scalar"]
-        return tuple(pointers + [p.var for p in self.params if p.kind == "scalar"])
+        scalars = [p.var for p in self.params if p.kind == "scalar"]
+        return tuple(pointers + scalars) + self.extra
 
 
 class _AnnotationParser(ExprParser):
@@ -120,8 +123,9 @@ def is_kernel(src: Source, fn) -> bool:
     return False
 
 
-def parse_signature(src: Source, fn) -> Signature:
-    """The signature of script function `fn` from its source's annotations."""
+def parse_signature(src: Source, fn, extra: tuple[Var, ...] = ()) -> Signature:
+    """The signature of script function `fn` from its source's annotations, with the IR
+    parameters `extra` after the declared ones."""
     tree = src.tree
     a = tree.args
     if a.vararg or a.kwarg or a.kwonlyargs or a.defaults or a.kw_defaults:
@@ -161,7 +165,12 @@ def parse_signature(src: Source, fn) -> Signature:
             raise src.error(tree.returns, "a kernel returns nothing; remove the return annotation")
         ret = r.dtype if r is not None else None
     name = c_name(fn.__name__) if kind == "kernel" else unique_name(fn.__name__)
-    return Signature(fn.__name__, name, kind, tuple(params), ret, tree.lineno)
+    taken = {p.name for p in params}
+    for v in extra:
+        if not isinstance(v, Var) or v.name in taken:
+            raise src.error(tree, f"extra parameter {v!r} is not an IR variable of a new name")
+        taken.add(v.name)
+    return Signature(fn.__name__, name, kind, tuple(params), ret, tree.lineno, tuple(extra))
 
 
 def _annotation(src: Source, parser: _AnnotationParser, arg: ast.arg, evaluated: dict):

@@ -1,5 +1,5 @@
 """What names and expressions of a script stand for while it is parsed: tensors, effects,
-and the string literal node printf needs."""
+and the bindings of names."""
 
 from __future__ import annotations
 
@@ -7,26 +7,10 @@ from dataclasses import dataclass
 
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
-from minicomp.ir.expr import Dim, Expr, Var
-from minicomp.ir.node import node
+from minicomp.ir.expr import Dim, Expr, StringLiteral, Var  # noqa: F401 - printf's format
 from minicomp.ir.types import DataType, i64
 from minicomp.script.conversions import fits, is_number
 from minicomp.script.errors import Issue
-
-
-@node
-class StringLiteral(Expr):
-    """A C string literal, the format argument of the `printf` intrinsic.
-
-    The kernel IR has no string type yet; this node is what the script front-end hands the
-    backend (see minicomp.script's notes on printf).
-    """
-
-    value: str
-
-    @property
-    def dtype(self) -> DataType:
-        raise TypeError("a string literal has no scalar type")
 
 
 @dataclass(frozen=True)

@@ -67,5 +67,11 @@ def test_views_feeding_matmuls_match_eager_and_copy_nothing(target):
     with torch.no_grad():
         check_compiled(f, x, w, target=target)
         report = minicomp.explain(f, x, w, options={"target": target})
-    assert report.kernel_count == 0
-    assert any("zero-copy" in name for name in report.fallbacks)
+    if target == "cpu":
+        # ATen's GEMM reads the views in place.
+        assert report.kernel_count == 0
+        assert any("zero-copy" in name for name in report.fallbacks)
+    else:
+        # CUDA computes the products itself, reading the views through their index maps:
+        # one kernel a product, no copy.
+        assert report.kernel_count == 2 and not report.fallbacks

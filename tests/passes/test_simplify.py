@@ -98,3 +98,18 @@ def test_symbolic_extents():
     back = unravel(ravel((v,), (s * 8,)), shape)
     composed = [substitute(b, {v: unravel(ravel((i, j), shape), (s * 8,))[0]}) for b in back]
     assert [simplify_expr(c, bounds) for c in composed] == [i, j]
+
+
+def test_launch_indices_are_non_negative_and_threads_below_1024():
+    from minicomp.ir.expr import Call, cast
+    from minicomp.ir.types import i32
+
+    t = cast(Call("thread_idx_x", (), i32), i64)
+    r = Var("r", i64)
+    bounds = {r: (0, 3)}
+    assert simplify_expr((t % 16 * 4 + r) % 4, bounds) == r
+    assert simplify_expr((t // 16 * 4 + r) // 4, bounds) == t // 16
+    assert simplify_expr(t % 1024, bounds) == t
+    # Nothing is known of a plain i32 value.
+    x = cast(Var("x", i32), i64)
+    assert simplify_expr((x * 4 + r) % 4, bounds) != r

@@ -267,10 +267,10 @@ def launched(monkeypatch) -> list:
     records = []
     original = emu.EmuModule.launch
 
-    def record(self, name, grid, block, args):
+    def record(self, name, grid, block, args, shared_bytes=0):
         body = self.source[self.source.index(f" {name}(") :].split("\n}\n")[0]
         records.append((body, [a for a in args if isinstance(a, int)]))
-        return original(self, name, grid, block, args)
+        return original(self, name, grid, block, args, shared_bytes)
 
     monkeypatch.setattr(emu.EmuModule, "launch", record)
     return records

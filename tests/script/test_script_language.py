@@ -9,6 +9,7 @@ import torch
 import minicomp
 from minicomp.backends.cuda.emu import EmulatorError
 from minicomp.ir import stmt as S
+from minicomp.ir.expr import StringLiteral
 from minicomp.ir.functor import collect
 from minicomp.script import (
     abs,
@@ -53,10 +54,8 @@ from minicomp.script import (
     threadIdx,
     unroll,
 )
-from minicomp.script.values import StringLiteral
 
 N = 300  # not a multiple of any block size below
-BACKEND_XFAIL = pytest.mark.xfail(reason="needs backend printf/dynamic smem", strict=True)
 
 
 def nan(*shape, dtype=torch.float32):
@@ -600,7 +599,6 @@ def test_printf_ir():
     assert [v.dtype.short for v in values] == ["i32", "f32", "i32"]
 
 
-@BACKEND_XFAIL
 def test_printf_prints(script_target, capfd):
     x = torch.tensor([0.0, 0.5, 1.25, 2.0])
     hello.with_target(script_target)(x)
@@ -634,7 +632,6 @@ def test_dynamic_shared_memory_ir():
     assert f.attr("dynamic_smem") == 800 + 256 * 4
 
 
-@BACKEND_XFAIL
 def test_dynamic_shared_memory_runs(script_target):
     x, y = torch.randn(256), torch.randint(-100, 100, (256,), dtype=torch.int32)
     out, outi = nan(256), sentinel(256)

@@ -190,3 +190,25 @@ def test_tiled_matmul_with_task_mappings(script_target, shape):
     torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
     # `t = threadIdx.x` and 256 threads: the mappings need no guard; one If is the bounds check.
     assert len(collect(TILED.ir.body, S.If)) == 1
+
+
+def test_composed_mapping_indices_fold_for_register_tiles(script_target):
+    """`acc[i % 4, j % 4]` of a spatial * repeat mapping indexes by the repeat loops alone, so
+    the register tile stays in registers (no stack frame under NVRTC)."""
+    m = spatial(16, 16) * repeat(4, 4)
+
+    @minicomp.script
+    def tile(out: f32[64, 64]):
+        attrs.grid_dim = 1
+        attrs.block_dim = 256
+        acc = register_tensor(f32, (4, 4))
+        for i, j in m.on(threadIdx.x):
+            acc[i % 4, j % 4] = f32(i * 64 + j)
+        for i, j in m.on(threadIdx.x):
+            out[i, j] = acc[i % 4, j % 4]
+
+    stores = [s for s in collect(tile.ir.body, S.Store) if s.buf.name == "acc"]
+    assert stores and all("thread_idx" not in str(s.index) for s in stores)
+    out = torch.full((64, 64), float("nan"))
+    tile.with_target(script_target)(out)
+    assert torch.equal(out.cpu(), torch.arange(4096.0).view(64, 64))

@@ -1,5 +1,5 @@
-"""Every kernel of the script tests compiles with NVRTC for sm_80 (the GPU path, checked
-without a GPU)."""
+"""Every kernel of the script tests compiles with NVRTC for sm_80 and sm_90 (the GPU path,
+checked without a GPU)."""
 
 import importlib.util
 import os
@@ -7,8 +7,6 @@ import os
 import pytest
 
 from minicomp.backends.cuda import nvrtc
-from minicomp.ir import stmt as S
-from minicomp.ir.functor import collect
 from minicomp.script import ScriptFunction
 
 try:
@@ -22,6 +20,7 @@ SIBLINGS = (
     "test_script_launch.py",
     "test_script_errors.py",
     "test_script_annotations.py",
+    "test_script_launch_limits.py",
 )
 
 
@@ -33,32 +32,21 @@ def _load(filename: str):
     return module
 
 
-def _needs_backend(kernel: ScriptFunction) -> bool:
-    """Whether the kernel uses printf or dynamic shared memory, which the backend lacks."""
-    f = kernel.ir
-    printf = any(c.expr.name == "printf" for c in collect(f.body, S.Evaluate))
-    dynamic = any(a.scope == "dynamic" for a in collect(f.body, S.DeclareArray))
-    return printf or dynamic
-
-
 def _kernels():
     params = []
     for filename in SIBLINGS:
         module = _load(filename)
         for name, value in sorted(vars(module).items()):
             if isinstance(value, ScriptFunction) and value.kind == "kernel":
-                marks = ()
-                if _needs_backend(value):
-                    reason = "needs backend printf/dynamic smem"
-                    marks = (pytest.mark.xfail(reason=reason, strict=True),)
-                params.append(pytest.param(value, id=f"{filename[12:-3]}.{name}", marks=marks))
+                params.append(pytest.param(value, id=f"{filename[12:-3]}.{name}"))
     return params
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("kernel", _kernels())
-def test_kernel_compiles_for_sm80(kernel, tmp_path):
+def test_kernel_compiles(kernel, arch, tmp_path):
     binary = nvrtc.compile_cuda(
-        kernel.source, arch="sm_80", name=kernel.ir.name, cache_dir=str(tmp_path)
+        kernel.source, arch=arch, name=kernel.ir.name, cache_dir=str(tmp_path)
     )
     assert kernel.ir.name in binary.resources
     usage = binary.resources[kernel.ir.name]

@@ -3,7 +3,8 @@
 The source starts with the text of device.h (our device header: stdint typedefs under NVRTC,
 the `mc_*` helpers, 16-bit shuffles and compare-and-swap atomics), then device functions
 (`static __device__ __forceinline__`), then kernels (`extern "C" __global__`, with
-`__launch_bounds__` when the block size is a constant). Launch indices render as int32 casts
+`__launch_bounds__(n)`: n is the kernel's ("launch_bounds", n) attribute when it has one, else
+its block size when that is a constant). Launch indices render as int32 casts
 of `threadIdx.x`..., since the IR types them i32 and unsigned arithmetic would change the
 meaning of a subtraction or comparison. Loops of kind `parallel` and `vectorize` render as
 plain loops (a schedule maps parallelism onto threads before codegen); `unroll` gives
@@ -16,6 +17,14 @@ first element; the buffer is only read), `store_vec(buf, i, reg, lanes)` →
 `mc_store_vec<bytes>(&buf[i], reg)`, and `is_aligned(buf[i], bytes)` →
 `mc_is_aligned(&buf[i], bytes)`. A vector is 2, 4, 8, 16 or 32 bytes (two 16-byte accesses)
 and its address must be aligned to its size, 16 at most.
+
+`printf(fmt, values...)` (its first argument a StringLiteral) renders as CUDA's device printf
+with the format spelled as an escaped C string literal; f16/bf16 values print as floats and
+bools as ints. Arrays of scope "dynamic" live in the launch's dynamic shared memory, the
+device header's `mc_dynamic_smem` (16-byte aligned): each such DeclareArray is a typed
+pointer to its start (the script front-end addresses later tensors through an element
+offset, so its size counts the elements before it), and the kernel's ("dynamic_smem", bytes)
+attribute says how many bytes a launch gives.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
-from minicomp.ir.types import DataType, PointerType, f32, f64, i32, i64, u32, u64
+from minicomp.ir.types import DataType, PointerType, boolean, f32, f64, i32, i64, u32, u64
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device.h")
 FULL_MASK = "0xffffffffu"
@@ -92,6 +101,11 @@ CUDA_RESERVED = frozenset(
 )
 # The sizes of the device header's vector access helpers.
 VECTOR_BYTES = (2, 4, 8, 16, 32)
+# The most threads a CUDA block may have.
+MAX_BLOCK_THREADS = 1024
+# The device header's name for the dynamic shared memory of a launch.
+DYNAMIC_SMEM = "mc_dynamic_smem"
+_C_ESCAPES = {ord("\\"): "\\\\", ord('"'): '\\"', ord("?"): "\\?", 10: "\\n", 9: "\\t", 13: "\\r"}
 # Shuffles move 32- or 64-bit registers; narrower integers travel as int32.
 _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
@@ -118,6 +132,21 @@ def block_threads(f: Function) -> int | None:
     return total
 
 
+def c_string_literal(text: str) -> str:
+    """`text` as a C string literal: its UTF-8 bytes, printable ASCII kept, quotes,
+    backslashes, `?` (trigraphs) and control characters escaped, other bytes as 3-digit
+    octal escapes (which, unlike hex ones, never swallow a following digit)."""
+    out = []
+    for b in text.encode("utf-8"):
+        if b in _C_ESCAPES:
+            out.append(_C_ESCAPES[b])
+        elif 0x20 <= b < 0x7F:
+            out.append(chr(b))
+        else:
+            out.append(f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
+
 class CudaRenderer(MmaIntrinsics, CLikeRenderer):
     """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
 
@@ -134,13 +163,33 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
         if f.ret is not None:
             raise ValueError(f"kernel {f.name} returns {f.ret}; kernels return nothing")
         threads = block_threads(f)
+        if threads is not None and not 1 <= threads <= MAX_BLOCK_THREADS:
+            raise ValueError(
+                f"kernel {f.name} has {threads} threads a block; CUDA allows 1-{MAX_BLOCK_THREADS}"
+            )
+        bound = f.attr("launch_bounds")
+        if bound is not None:
+            if isinstance(bound, E.Const):
+                bound = bound.value
+            if not isinstance(bound, int) or not 1 <= bound <= MAX_BLOCK_THREADS:
+                raise ValueError(
+                    f"kernel {f.name} has launch bounds {bound!r}; a bound is an int from 1 to "
+                    f"{MAX_BLOCK_THREADS}"
+                )
+            if threads is not None and threads > bound:
+                raise ValueError(
+                    f"kernel {f.name} has {threads} threads a block, over its launch bounds {bound}"
+                )
+            threads = bound
         if threads is None:
             return 'extern "C" __global__'
-        if threads < 1 or threads > 1024:
-            raise ValueError(f"kernel {f.name} has {threads} threads a block; CUDA allows 1-1024")
         return f'extern "C" __global__ __launch_bounds__({threads})'
 
     def array_decl(self, s: S.DeclareArray) -> str:
+        if s.scope == "dynamic":
+            # Every dynamic array starts the dynamic shared memory; `size` is only a bound.
+            t = self.type_name(s.dtype)
+            return f"{t}* {self.name_of(s.var)} = ({t}*){DYNAMIC_SMEM};"
         local = super().array_decl(s)
         if s.scope == "shared":
             # ldmatrix rows, cp.async and vector accesses need 16-byte aligned shared arrays.
@@ -223,6 +272,20 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
         if dt == f32:
             return f"mc_atomic_max_f32({address}, {self.expr(value)})"
         raise ValueError(f"atomic_max is not available on {dt}")
+
+    def intrinsic_printf(self, e: E.Call) -> str:
+        if not e.args or not isinstance(e.args[0], E.StringLiteral):
+            raise ValueError(f"printf takes a string literal format first: {e}")
+        args = [c_string_literal(e.args[0].value)]
+        for a in e.args[1:]:
+            # Varargs promote float to double and narrow ints to int; our f16/bf16 bit
+            # patterns and bools need converting first to print as numbers.
+            if is_half(a.dtype):
+                a = E.Cast(a, f32)
+            elif a.dtype == boolean or a.dtype.nbytes < 4:
+                a = E.Cast(a, i32)
+            args.append(self.expr(a))
+        return f"printf({', '.join(args)})"
 
     # ---- vector memory access ----
 

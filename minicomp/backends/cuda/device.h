@@ -36,6 +36,13 @@ typedef unsigned long long uint64_t;
 #define MC_DEVICE static __device__ __forceinline__
 #endif
 
+/* The launch's dynamic shared memory (its size is the launch's sharedMemBytes); dynamic
+   arrays are typed pointers into it. The emulator defines the name as a per-block buffer.
+   Device printf needs no declaration: NVRTC has it built in, the emulator uses stdio's. */
+#ifndef MC_EMULATE
+extern __shared__ __align__(16) unsigned char mc_dynamic_smem[];
+#endif
+
 /* ---- bit casts ---- */
 
 MC_DEVICE uint32_t mc_bits_f32(float x) { return __float_as_uint(x); }

@@ -20,6 +20,11 @@ from typing import Any
 import torch
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+"""Dynamic shared memory a kernel may use without opting in (cuFuncSetAttribute)."""
+MAX_DYNAMIC_SHARED = 227 * 1024
+"""The opt-in limit assumed when the driver cannot say (an H100's; an A100 has 163 KiB)."""
 
 
 class CudaDriverError(RuntimeError):
@@ -143,6 +148,29 @@ def ensure_context(index: int) -> None:
     _thread.device = index
 
 
+_optin: dict[tuple[int, int], int] = {}
+
+
+def max_dynamic_shared(index: int) -> int:
+    """The most shared memory a block of device `index` may opt in to, in bytes."""
+    lib = libcuda()
+    key = (id(lib), index)
+    limit = _optin.get(key)
+    if limit is None:
+        limit = MAX_DYNAMIC_SHARED
+        query = getattr(lib, "cuDeviceGetAttribute", None)  # stand-in drivers may lack it
+        if query is not None:
+            query.argtypes = [ctypes.POINTER(_int), _int, _int]
+            query.restype = _int
+            dev, value = _int(), _int()
+            check(lib.cuDeviceGet(ctypes.byref(dev), index), f"cuDeviceGet({index})")
+            attribute = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            check(query(ctypes.byref(value), attribute, dev), "cuDeviceGetAttribute")
+            limit = value.value
+        _optin[key] = limit
+    return limit
+
+
 def device_arch(index: int) -> str:
     """The architecture of device `index`, like "sm_90"."""
     major, minor = torch.cuda.get_device_capability(index)
@@ -196,8 +224,10 @@ class Launcher:
     """Launches one kernel on PyTorch's current stream.
 
     Called with the kernel's arguments (integer addresses for pointers, then numbers);
-    `dims(args)` gives (grid, block) for them. The ctypes argument buffers are built once per
-    calling thread and refilled in place at every launch.
+    `dims(args)` gives (grid, block) for them. `shared_bytes` is the dynamic shared memory of
+    a block: a number, or a function of the arguments. Above 48 KiB the kernel opts in to it
+    (once per new maximum); more than the device allows is refused. The ctypes argument
+    buffers are built once per calling thread and refilled in place at every launch.
     """
 
     def __init__(
@@ -206,18 +236,34 @@ class Launcher:
         name: str,
         ctypes_: Sequence[Any],
         dims: Callable[[Sequence[Any]], tuple[tuple, tuple]],
-        shared_bytes: int = 0,
+        shared_bytes: int | Callable[[Sequence[Any]], int] = 0,
     ):
         self.module = module
         self.name = name
         self.function = module.function(name)
         self.ctypes = tuple(ctypes_)
         self.dims = dims
-        self.shared_bytes = shared_bytes
+        self._shared_fn = shared_bytes if callable(shared_bytes) else None
+        self.shared_bytes = 0 if callable(shared_bytes) else int(shared_bytes)
         self.device_index = module.device_index
         self._stream = _stream_reader()
         self._launch = libcuda().cuLaunchKernel
         self._local = threading.local()
+        self._allowed = DEFAULT_DYNAMIC_SHARED
+        if self.shared_bytes > self._allowed:
+            self.allow_shared(self.shared_bytes)
+
+    def allow_shared(self, nbytes: int) -> None:
+        """Let the kernel use `nbytes` of dynamic shared memory; refuse more than the device's
+        opt-in limit."""
+        limit = max_dynamic_shared(self.device_index)
+        if nbytes > limit:
+            raise CudaDriverError(
+                f"kernel {self.name} needs {nbytes} bytes of dynamic shared memory; device "
+                f"{self.device_index} allows a block at most {limit} ({limit // 1024} KiB)"
+            )
+        self.module.set_max_dynamic_shared(self.name, nbytes)
+        self._allowed = nbytes
 
     def _buffers(self) -> tuple[list, Any]:
         buffers = getattr(self._local, "buffers", None)
@@ -237,9 +283,10 @@ class Launcher:
         for v, a in zip(values, args):
             v.value = a
         (gx, gy, gz), (bx, by, bz) = self.dims(args)
+        shared = self.shared_bytes if self._shared_fn is None else self._shared_fn(args)
+        if shared > self._allowed:
+            self.allow_shared(shared)
         stream = self._stream(self.device_index)
-        code = self._launch(
-            self.function, gx, gy, gz, bx, by, bz, self.shared_bytes, stream, params, None
-        )
+        code = self._launch(self.function, gx, gy, gz, bx, by, bz, shared, stream, params, None)
         if code != 0:
             check(code, f"launching kernel {self.name} (grid {(gx, gy, gz)}, block {(bx, by, bz)})")

@@ -5,6 +5,9 @@
 // thread when the kernel has barriers or warp collectives, or one iteration of a plain loop
 // when it has none. Because a block never leaves its OS thread, `__shared__` is a function-local
 // `static thread_local` variable: one copy per OS thread, so one per block running at a time.
+// The dynamic shared memory (device.h's `mc_dynamic_smem`) is likewise a buffer of the OS
+// thread, of the launch's size, reached through a thread-local pointer. Device printf is the
+// host's; a launch flushes stdout before it returns, as a CUDA synchronisation shows the output.
 //
 // The fiber switch is a small x86-64 routine (callee-saved registers and stack pointer); other architectures, and builds with MC_EMU_UCONTEXT defined, use
 // swapcontext, which costs a signal-mask system call per switch.
@@ -132,6 +135,10 @@ static thread_local Block* tls_block;  // null in plain (fiberless) mode
 // The first misaligned vector access of the block running on this OS thread (a GPU faults).
 static thread_local const void* tls_misaligned;
 static thread_local unsigned tls_misaligned_bytes;
+// The dynamic shared memory of the block running on this OS thread (null when a launch has none).
+static thread_local unsigned char* tls_dynamic_smem;
+// The most dynamic shared memory a block may have: an H100's opt-in limit, 227 KiB.
+static const unsigned long long MAX_DYNAMIC_SHARED = 227ull * 1024;
 
 // Thrown only in plain mode, where the kernel runs on the worker's own stack.
 struct PlainModeBarrier {};
@@ -497,7 +504,21 @@ struct Worker {
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     std::vector<Fiber*> queue;
-    ~Worker() { release(); }
+    // Dynamic shared memory, sized exactly (to 16 bytes) so ASan builds see overruns.
+    unsigned char* smem = nullptr;
+    size_t smem_bytes = 0;
+    unsigned char* dynamic_smem(size_t n) {
+        if (n != smem_bytes) {
+            free(smem);
+            smem = n ? (unsigned char*)aligned_alloc(16, (n + 15) & ~(size_t)15) : nullptr;
+            smem_bytes = smem ? n : 0;
+        }
+        return smem;
+    }
+    ~Worker() {
+        release();
+        free(smem);
+    }
 };
 
 static std::string misaligned_error() {
@@ -508,7 +529,7 @@ static std::string misaligned_error() {
 
 // Runs block `linear` of the grid; returns an error message, or "" on success.
 static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
-                             uint3 dim, unsigned linear, Worker& w) {
+                             uint3 dim, size_t shared, unsigned linear, Worker& w) {
     Block b{};
     b.kernel = kernel;
     b.body = body;
@@ -521,6 +542,10 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     tls_block_dim = dim;
     tls_grid_dim = grid;
     tls_misaligned = nullptr;
+    tls_dynamic_smem = w.dynamic_smem(shared);
+    if (shared && !tls_dynamic_smem) {
+        return format("cannot allocate %zu bytes of dynamic shared memory", shared);
+    }
     if (!fibers) {
         try {
             run_plain(&b);
@@ -567,8 +592,8 @@ static void asan_callback(const char* report) {
 #endif
 
 static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsigned gy,
-                  unsigned gz, unsigned bx, unsigned by, unsigned bz, void** args, char* err,
-                  int errlen) {
+                  unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned long long shared,
+                  void** args, char* err, int errlen) {
     std::string error;
     unsigned long long threads = (unsigned long long)bx * by * bz;
     if (!gx || !gy || !gz || !bx || !by || !bz) {
@@ -577,6 +602,9 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         error = format("block (%u,%u,%u) has more threads than CUDA allows", bx, by, bz);
     } else if (gy > 65535 || gz > 65535) {
         error = format("grid (%u,%u,%u) exceeds CUDA's y/z limits", gx, gy, gz);
+    } else if (shared > MAX_DYNAMIC_SHARED) {
+        error = format("%llu bytes of dynamic shared memory; a block may have %llu", shared,
+                       MAX_DYNAMIC_SHARED);
     }
 #ifdef MC_EMU_ASAN
     static std::once_flag once;
@@ -595,7 +623,8 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         for (;;) {
             unsigned long long i = next.fetch_add(1);
             if (i >= nblocks || i > first_bad.load()) break;
-            std::string e = run_block(kernel, body, args, fibers, grid, dim, (unsigned)i, w);
+            std::string e =
+                run_block(kernel, body, args, fibers, grid, dim, (size_t)shared, (unsigned)i, w);
             if (e.empty()) continue;
             std::lock_guard<std::mutex> lock(mutex);
             if (i < first_bad.load()) {
@@ -619,6 +648,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         asan_report->clear();
     }
 #endif
+    fflush(stdout);  // the kernels' printf output, before Python prints anything else
     if (error.empty()) return 0;
     snprintf(err, (size_t)errlen, "kernel '%s': %s", kernel, error.c_str());
     return 1;
@@ -632,6 +662,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
 #define blockIdx (::mc_emu::tls_block_idx)
 #define blockDim (::mc_emu::tls_block_dim)
 #define gridDim (::mc_emu::tls_grid_dim)
+#define mc_dynamic_smem (::mc_emu::tls_dynamic_smem)
 #define __syncthreads() ::mc_emu::syncthreads(__LINE__)
 #define __syncwarp(...) ::mc_emu::syncwarp()
 

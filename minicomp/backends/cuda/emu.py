@@ -3,7 +3,9 @@
 The generated source is compiled unchanged after ``emu.h`` (the host implementation of the
 CUDA names the device header uses), together with one small launch wrapper per kernel. Each
 CUDA block runs on one OS thread; its threads are fibers when the kernel has barriers or warp
-collectives, else iterations of a plain loop.
+collectives, else iterations of a plain loop. A launch's dynamic shared memory
+(``shared_bytes``, at most :data:`MAX_DYNAMIC_SHARED`) is a buffer per block; device
+``printf`` writes to the process's stdout, flushed before the launch returns.
 
 ASan builds (``asan=True``) need the ASan runtime loaded before anything else in the process:
 run them in a subprocess started with :func:`asan_environment` (``LD_PRELOAD`` of libasan).
@@ -34,6 +36,8 @@ HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
 DEFAULT_CXXFLAGS = "-O2 -std=c++17 -fPIC -shared -pthread -fno-strict-aliasing"
 _ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g"
 _ERROR_BYTES = 16384
+MAX_DYNAMIC_SHARED = 227 * 1024
+"""The most dynamic shared memory an emulated block may have (an H100's opt-in limit)."""
 
 # Intrinsic names (kernel IR) and CUDA spellings (source) that need the threads as fibers.
 _SYNC_INTRINSICS = (
@@ -190,10 +194,11 @@ def _wrapper(spec: KernelSpec) -> str:
     return (
         f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
         f'extern "C" int mc_emu_launch_{spec.name}(unsigned gx, unsigned gy, unsigned gz,\n'
-        "    unsigned bx, unsigned by, unsigned bz, void** args, char* err, int errlen) {\n"
+        "    unsigned bx, unsigned by, unsigned bz, unsigned long long shared, void** args,\n"
+        "    char* err, int errlen) {\n"
         f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
         f"mc_emu_body_{spec.name},\n"
-        "                        gx, gy, gz, bx, by, bz, args, err, errlen);\n"
+        "                        gx, gy, gz, bx, by, bz, shared, args, err, errlen);\n"
         "}\n"
     )
 
@@ -238,6 +243,7 @@ class EmuModule:
             entry = getattr(library, f"mc_emu_launch_{s.name}")
             entry.restype = ctypes.c_int
             entry.argtypes = [ctypes.c_uint] * 6 + [
+                ctypes.c_ulonglong,
                 ctypes.POINTER(ctypes.c_void_p),
                 ctypes.c_char_p,
                 ctypes.c_int,
@@ -249,17 +255,24 @@ class EmuModule:
         """Set the fiber stack size per CUDA thread and the OS threads running blocks (0: all)."""
         self.library.mc_emu_configure(stack_bytes, workers)
 
-    def launch(self, name: str, grid, block, args: Sequence[Any]) -> None:
-        """Run kernel ``name``; tensors pass their data pointer (they must be on the CPU)."""
+    def launch(self, name: str, grid, block, args: Sequence[Any], shared_bytes: int = 0) -> None:
+        """Run kernel ``name`` with ``shared_bytes`` of dynamic shared memory a block; tensors
+        pass their data pointer (they must be on the CPU)."""
         entry, ctypes_ = self._entries[name]
         if len(args) != len(ctypes_):
             raise TypeError(f"kernel {name} takes {len(ctypes_)} arguments, {len(args)} given")
+        if not 0 <= shared_bytes <= MAX_DYNAMIC_SHARED:
+            raise EmulatorError(
+                f"kernel {name}: {shared_bytes} bytes of dynamic shared memory; a block may have "
+                f"0 to {MAX_DYNAMIC_SHARED} ({MAX_DYNAMIC_SHARED // 1024} KiB)",
+                kernel=name,
+            )
         values = [_argument(name, i, a, t) for i, (a, t) in enumerate(zip(args, ctypes_))]
         pointers = (ctypes.c_void_p * max(1, len(values)))(
             *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values]
         )
         err = ctypes.create_string_buffer(_ERROR_BYTES)
-        status = entry(*_as_dims(grid), *_as_dims(block), pointers, err, _ERROR_BYTES)
+        status = entry(*_as_dims(grid), *_as_dims(block), shared_bytes, pointers, err, _ERROR_BYTES)
         if status != 0:
             raise EmulatorError(err.value.decode(errors="replace"), kernel=name)
 

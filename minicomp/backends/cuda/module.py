@@ -9,7 +9,10 @@ from minicomp.backends.ctypes_params import param_ctype
 from minicomp.backends.cuda import driver
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.nvrtc import CudaBinary, compile_cuda, supported_archs
-from minicomp.ir.func import Module
+from minicomp.ir import expr as E
+from minicomp.ir.func import Function, Module
+from minicomp.ir.types import DataType
+from minicomp.runtime.symbols import compile_dims
 
 
 def pick_arch(device_index: int) -> str:
@@ -43,13 +46,26 @@ class CudaModule:
         """Kernel `name` as a callable: integer addresses for pointers, then numbers; it launches
         on PyTorch's current stream with (grid, block) = `dims(args)`."""
         f = self.module.function(name)
-        shared = f.attr("dynamic_smem") or 0
-        if shared:
-            self.loaded.set_max_dynamic_shared(name, shared)
-        return driver.Launcher(self.loaded, name, [param_ctype(p) for p in f.params], dims, shared)
+        ctypes_ = [param_ctype(p) for p in f.params]
+        return driver.Launcher(self.loaded, name, ctypes_, dims, dynamic_shared_bytes(f))
 
     def __repr__(self) -> str:
         return f"CudaModule({self.module.name!r}, arch={self.binary.arch!r})"
+
+
+def dynamic_shared_bytes(kernel: Function) -> int | Callable[[Sequence[Any]], int]:
+    """The dynamic shared memory of a launch of `kernel` (its ("dynamic_smem", bytes)
+    attribute): an int, or a function of the kernel's arguments when the size is an
+    expression over its scalar parameters."""
+    size = kernel.attr("dynamic_smem", 0)
+    if not isinstance(size, E.Expr):
+        return int(size)
+    if isinstance(size, E.Const):
+        return int(size.value)
+    evaluate = compile_dims([size])
+    scalars = [i for i, p in enumerate(kernel.params) if isinstance(p.type, DataType)]
+    names = [kernel.params[i].name for i in scalars]
+    return lambda args: evaluate(dict(zip(names, (args[i] for i in scalars))))[0]
 
 
 def build(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from minicomp.ir.graph import ComputeOp, ExternOp, Graph, Op, Value
+from minicomp.ir.expr import Const
+from minicomp.ir.graph import ComputeOp, ExternOp, Graph, KernelOp, Op, Value
 from minicomp.passes.graph.rewrite import rename_op, rename_values
 
 # Extern targets whose name holds one of these draw random numbers: two calls differ.
@@ -42,6 +43,9 @@ def _key(n: Op) -> Any:
     types = tuple(v.type for v in n.outputs)
     if isinstance(n, ComputeOp):
         return ("compute", n.inputs, types, n.definition.replace(name=""), _zero_signs(n))
+    if isinstance(n, KernelOp):
+        scalars = tuple(_tagged(a.value) if isinstance(a, Const) else a for a in n.args)
+        return ("kernel", n.function, n.callees, n.inputs, types, scalars)
     if isinstance(n, ExternOp) and not n.has_effects and not _is_random(n.target):
         key = (
             "extern",
@@ -64,7 +68,6 @@ def _zero_signs(n: ComputeOp) -> frozenset:
     """The signs of the float zero literals in `n`'s definition: structural equality takes
     -0.0 for 0.0, so definitions differing only there must not merge. (A set, so a definition
     holding both signs is only told apart from one holding a single sign.)"""
-    from minicomp.ir.expr import Const
     from minicomp.ir.node import Node
 
     signs, stack, seen = set(), [n.definition.body], set()

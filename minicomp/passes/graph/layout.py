@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minicomp.ir.expr import Dim, binary, dim_expr
-from minicomp.ir.graph import ExternOp, Graph, Value
+from minicomp.ir.compute import TensorInput, compute
+from minicomp.ir.expr import Dim, Expr, binary, dim_expr
+from minicomp.ir.graph import ComputeOp, ExternOp, Graph, KernelOp, Op, TensorType, Value
 
 
 def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
@@ -36,4 +37,53 @@ def layouts_for(graph: Graph) -> dict[str, tuple]:
             keep = isinstance(n, ExternOp) or v in outputs
             strides = v.type.strides if keep and v.type.strides is not None else None
             out[v.name] = strides if strides is not None else contiguous_strides(v.shape)
+    return out
+
+
+def is_row_major(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """Whether `strides` are row-major for `shape` (size-1 dims may have any stride; symbolic
+    strides must match after simplification, so the answer may be a conservative no)."""
+    from minicomp.passes.kernel.simplify import simplify_expr
+
+    def norm(d: Dim) -> Dim:
+        return simplify_expr(d) if isinstance(d, Expr) else d
+
+    for d, s, want in zip(shape, strides, contiguous_strides(shape)):
+        if not (isinstance(d, int) and d == 1) and norm(s) != norm(want):
+            return False
+    return True
+
+
+def contiguous_kernel_inputs(graph: Graph) -> Graph:
+    """Make every input of a kernel launch (KernelOp) row-major: a value whose layout is not
+    (a transposed graph input, a strided ATen result or alias) is copied first by a compute op,
+    which fusion then turns into (part of) a kernel. Run it after the passes that drop
+    identity copies."""
+    layouts = layouts_for(graph)
+    taken = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
+    taken |= {v.name for n in graph.nodes for v in n.outputs}
+    copies: dict[Value, Value] = {}
+    nodes: list[Op] = []
+    for n in graph.nodes:
+        if isinstance(n, KernelOp):
+            inputs = []
+            for v in n.inputs:
+                if not is_row_major(v.shape, layouts[v.name]) and v not in copies:
+                    copies[v] = _copy_of(v, taken, nodes)
+                inputs.append(copies.get(v, v))
+            n = n.replace(inputs=tuple(inputs)) if tuple(inputs) != n.inputs else n
+        nodes.append(n)
+    return graph.replace(nodes=tuple(nodes)) if copies else graph
+
+
+def _copy_of(v: Value, taken: set[str], nodes: list[Op]) -> Value:
+    """A row-major copy of `v`, its compute op appended to `nodes`."""
+    name, k = f"{v.name}_contiguous", 1
+    while name in taken:
+        name, k = f"{v.name}_contiguous_{k}", k + 1
+    taken.add(name)
+    out = Value(name, TensorType(v.shape, v.dtype, v.type.device, contiguous_strides(v.shape)))
+    src = TensorInput(v.name, v.shape, v.dtype)
+    definition = compute(name, v.shape, lambda *i: src[i])
+    nodes.append(ComputeOp("contiguous", (v,), (out,), definition))
     return out

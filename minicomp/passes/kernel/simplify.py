@@ -12,12 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from minicomp.ir.expr import Binary, Const, Expr, Select, Unary, Var, binary, const, unary
+from minicomp.ir.expr import (
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Select,
+    Unary,
+    Var,
+    binary,
+    const,
+    unary,
+)
 from minicomp.ir.functor import Mutator
 
 Bounds = Mapping[Var, tuple]
 # A linear form: {atom: coefficient} plus a constant; atoms are non-sum expressions.
 Linear = tuple[dict, int]
+# What CUDA guarantees of the launch indices (a block has at most 1024 threads).
+_LAUNCH_INDEX_BOUNDS = {
+    **{f"thread_idx_{a}": (0, 1023) for a in "xyz"},
+    **{f"block_idx_{a}": (0, None) for a in "xyz"},
+    **{f"block_dim_{a}": (1, 1024) for a in "xyz"},
+    **{f"grid_dim_{a}": (1, None) for a in "xyz"},
+}
 
 
 def simplify_expr(e: Expr, bounds: Bounds | None = None) -> Expr:
@@ -137,6 +156,11 @@ class _Simplifier(Mutator):
         if isinstance(t, Var):
             lo, hi = self.bounds.get(t, (None, None))
             return lo, hi if isinstance(hi, int) else None
+        if isinstance(t, Call) and not t.args and t.name in _LAUNCH_INDEX_BOUNDS:
+            return _LAUNCH_INDEX_BOUNDS[t.name]
+        if isinstance(t, Cast) and t.dtype.is_integer and t.a.dtype.is_integer:
+            if t.dtype.nbytes > t.a.dtype.nbytes or t.dtype == t.a.dtype:
+                return self.interval(t.a)
         if isinstance(t, Binary) and isinstance(t.b, Const) and t.b.value > 0:
             lo, hi = self.interval(t.a)
             if lo is None or lo < 0:

@@ -1,0 +1,125 @@
+"""The examples of examples/: each runs as a script and reports a small error, and the tiled
+matmul template is checked directly against torch.matmul for several tile configurations."""
+
+import importlib.util
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+ERROR = re.compile(r"max error vs torch\.\w+: ([0-9.e+-]+)")
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", f"{EXAMPLES}/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _devices() -> list:
+    cuda = pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+    )
+    return ["cpu", cuda]
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize(
+    "name,args,tolerance",
+    [
+        ("script_naive_matmul", ["--size", "33", "40", "21"], 1e-4),
+        (
+            "script_tiled_matmul",
+            ["--size", "70", "45", "67", "--tiles", "64", "64", "8", "4", "4"],
+            1e-4,
+        ),
+        ("script_softmax", ["--size", "9", "300"], 1e-6),
+    ],
+)
+def test_example_runs_and_reports_a_small_error(name, args, tolerance, device):
+    result = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, f"{name}.py"), *args, "--device", device],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = ERROR.search(result.stdout)
+    assert found is not None, result.stdout
+    assert float(found.group(1)) < tolerance, result.stdout
+    where = "GPU" if device == "cuda" else "emulat"
+    assert where in result.stdout
+
+
+@pytest.fixture
+def script_target(target):
+    """Script kernels run on cuda-emu and cuda (tensors are created on the GPU for cuda)."""
+    if target == "cpu":
+        pytest.skip("script kernels run on cuda or cuda-emu")
+    return target
+
+
+TILED = _load_example("script_tiled_matmul")
+CONFIGS = [TILED.TILES, (64, 32, 16, 4, 2)]
+_kernels = {}
+
+
+def _tiled(config):
+    if config not in _kernels:
+        _kernels[config] = TILED.make_tiled_matmul(*config)
+    return _kernels[config]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("shape", [(37, 50, 21), (130, 16, 129), (64, 32, 128)])
+def test_tiled_matmul_template(script_target, config, shape):
+    m, k, n = shape
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    c = torch.full((m, n), math.nan)
+    _tiled(config).with_target(script_target)(a, b, c)
+    torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_tiled_matmul_template_rejects_uneven_tiles():
+    with pytest.raises(ValueError, match="cannot share"):
+        TILED.make_tiled_matmul(64, 64, 12, 4, 4)
+
+
+def test_language_reference_snippets_run(tmp_path):
+    """Every ```python block of docs/script.md, run in order as one module on CPU tensors
+    (the emulator); the blocks hold their own checks."""
+    with open(os.path.join(ROOT, "docs", "script.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) > 10
+    script = tmp_path / "snippets.py"
+    script.write_text("\n".join(f"# block {k}\n{b}" for k, b in enumerate(blocks)))
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "thread 2 sees 1.25" in result.stdout  # the printf snippet
+
+
+def test_example_kernels_compile_for_sm80_without_spills(tmp_path):
+    """The GPU path, checked without a GPU: NVRTC compiles each example's kernels."""
+    nvrtc = pytest.importorskip("minicomp.backends.cuda.nvrtc")
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+    kernels = [_load_example("script_naive_matmul").matmul, _load_example("script_softmax").softmax]
+    kernels += [_tiled(config) for config in CONFIGS]
+    for kernel in kernels:
+        binary = nvrtc.compile_cuda(
+            kernel.source, arch="sm_80", name=kernel.ir.name, cache_dir=str(tmp_path)
+        )
+        usage = binary.resources[kernel.ir.name]
+        assert usage.spill_stores == 0 and usage.stack_bytes == 0, (kernel, usage)
