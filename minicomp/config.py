@@ -42,6 +42,13 @@ class Options:
         "Schedule search. 0: heuristics, no benchmarking; 1: a small space; 2: the full space.",
         choices=(0, 1, 2),
     )
+    tune_budget: int | None = _option(
+        None,
+        "Seconds the tuner may spend on one kernel (compiling and timing candidates) before it "
+        "keeps the best one so far. Unset: 30 at search space 1, 300 at search space 2; 0: no "
+        "limit.",
+        minimum=0,
+    )
     tensor_cores: bool = _option(True, "Let CUDA matmul and conv templates use tensor cores.")
     cuda_graphs: bool = _option(
         True, "Capture each compiled CUDA plan once as a CUDA graph and replay it."
@@ -205,15 +212,18 @@ def _env_or_default(spec: _Spec) -> Any:
     return _check(spec, _parse_env(spec, text), f"from ${spec.env}")
 
 
-def resolve(options: Mapping[str, Any] | None = None) -> Options:
+def resolve(options: Mapping[str, Any] | None = None, *, mode: str | None = None) -> Options:
     """Resolve every option for one compilation.
 
     Precedence, highest first: ``options`` (from ``torch.compile(..., options=...)``), values
-    given to :func:`set` or :func:`patch`, ``MINICOMP_*`` environment variables, defaults.
+    given to :func:`set` or :func:`patch`, ``MINICOMP_*`` environment variables, torch.compile's
+    ``mode`` (see :func:`from_torch_mode`), defaults. A mode is a preset: an option set
+    explicitly anywhere wins over it.
     """
     options = dict(options or {})
     for name in options:
         _spec(name)
+    preset = from_torch_mode(mode)
     with _lock:
         overrides = dict(_overrides)
     values = {}
@@ -222,6 +232,8 @@ def resolve(options: Mapping[str, Any] | None = None) -> Options:
             values[name] = _check(spec, options[name], "from torch.compile options")
         elif name in overrides:
             values[name] = overrides[name]
+        elif name in preset and spec.env not in os.environ:
+            values[name] = _check(spec, preset[name], f"from torch.compile mode {mode!r}")
         else:
             values[name] = _env_or_default(spec)
     return Options(**values)
@@ -283,7 +295,14 @@ _TORCH_MODES: dict[str | None, dict[str, Any]] = {
 
 
 def from_torch_mode(mode: str | None) -> dict[str, Any]:
-    """Map torch.compile's ``mode`` onto minicomp options (to merge under explicit options)."""
+    """Map torch.compile's ``mode`` onto minicomp options (:func:`resolve` puts them under
+    every explicitly set option).
+
+    torch.compile passes ``mode`` to a backend other than Inductor as a keyword argument,
+    ``backend(gm, example_inputs, mode=...)``, and only when it is given and not "default";
+    it refuses ``mode`` and ``options`` together, so within one torch.compile call the mode
+    competes only with :func:`set` and the environment.
+    """
     if mode not in _TORCH_MODES:
         known = ", ".join(repr(m) for m in _TORCH_MODES)
         raise ValueError(f"unknown torch.compile mode {mode!r}; minicomp knows {known}")

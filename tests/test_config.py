@@ -160,3 +160,32 @@ def test_describe_lists_every_option():
         assert f"`{name}`" in markdown
     assert "-O3 -march=native" in text
     assert markdown.count("\n") == len(config.names()) + 2
+
+
+def test_mode_is_a_preset_under_every_explicit_option(monkeypatch):
+    assert config.resolve(mode="max-autotune").search_space == 2
+    options = config.resolve(mode="max-autotune-no-cudagraphs")
+    assert options.search_space == 2 and options.cuda_graphs is False
+    assert config.resolve(mode="reduce-overhead").cuda_graphs is True
+    assert config.resolve(mode="default") == config.resolve()
+    # Explicit options, set/patch and the environment each win over the mode.
+    assert config.resolve({"search_space": 1}, mode="max-autotune").search_space == 1
+    with config.patch(cuda_graphs=True):
+        assert config.resolve(mode="max-autotune-no-cudagraphs").cuda_graphs is True
+    monkeypatch.setenv("MINICOMP_SEARCH_SPACE", "0")
+    assert config.resolve(mode="max-autotune").search_space == 0
+    with pytest.raises(ValueError, match="unknown torch.compile mode 'fastest'"):
+        config.resolve(mode="fastest")
+
+
+def test_tune_budget(monkeypatch):
+    assert config.resolve().tune_budget is None
+    assert config.resolve({"tune_budget": 5}).tune_budget == 5
+    monkeypatch.setenv("MINICOMP_TUNE_BUDGET", "120")
+    assert config.resolve().tune_budget == 120
+    monkeypatch.setenv("MINICOMP_TUNE_BUDGET", "none")
+    assert config.resolve().tune_budget is None
+    with pytest.raises(ValueError, match="'tune_budget'.*>= 0"):
+        config.set(tune_budget=-1)
+    with pytest.raises(ValueError, match="'tune_budget'"):
+        config.set(tune_budget=2.5)

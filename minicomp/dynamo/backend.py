@@ -138,6 +138,10 @@ def minicomp_backend(
     mode: str | None = None,
     options: dict | None = None,
 ) -> Callable:
-    """The `minicomp` backend of torch.compile."""
-    resolved = config.resolve({**config.from_torch_mode(mode), **(options or {})})
+    """The `minicomp` backend of torch.compile.
+
+    torch.compile calls it with ``mode=`` when a mode other than "default" is given (see
+    config.from_torch_mode); explicitly set options win over the mode's preset.
+    """
+    resolved = config.resolve(options, mode=mode)
     return make_backend(resolved)(gm, example_inputs)

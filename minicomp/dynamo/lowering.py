@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,17 +46,133 @@ class CompileRecord:
     target: str = ""
     plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
     trace: bool = False  # keep the graph text after every pass (explain, verbose)
+    options: Options | None = None  # what the graph was compiled with
 
 
-def schedule_graph(graph: Graph, target: str, layouts: dict) -> list[Function]:
-    """One kernel function per fused group."""
+def schedule_graph(
+    graph: Graph,
+    target: str,
+    layouts: dict,
+    choose: Callable | None = None,
+    options: Options | None = None,
+) -> list[Function]:
+    """One kernel function per fused group; on CUDA targets `choose` (see make_chooser) picks
+    each template's config, and `options` say whether templates may use tensor cores."""
     if target == "cpu":
-        from minicomp.schedule.cpu import schedule_cpu as schedule
-    elif target in ("cuda", "cuda-emu"):
-        from minicomp.schedule.cuda import schedule_cuda as schedule
-    else:
+        from minicomp.schedule.cpu import schedule_cpu
+
+        return [schedule_cpu(n, layouts) for n in graph.nodes if isinstance(n, FusedOp)]
+    if target not in ("cuda", "cuda-emu"):
         raise ValueError(f"unknown target {target!r}")
-    return [schedule(n, layouts) for n in graph.nodes if isinstance(n, FusedOp)]
+    from minicomp.schedule.cuda import schedule_cuda
+
+    groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
+    return [schedule_cuda(n, layouts, choose, options) for n in groups]
+
+
+def make_chooser(
+    options: Options, target: str, layouts: dict, device_index: int | None = None
+) -> Callable:
+    """The function a CUDA template calls to pick its config for one fused group:
+    ``choose(template, problem, op, aten=None) -> tune.tuner.Choice``.
+
+    On the cuda target with search space 1 or 2 it tunes (tune/tuner.py) with a CudaRunner
+    for the group; `aten`, when given, is the ATen candidate: a function of a
+    tune.tuner.Workload writing the group's outputs with PyTorch operators. Elsewhere, and
+    for groups that cannot be measured (symbolic sizes, non-float inputs), it returns the
+    template's heuristic config.
+    """
+    from minicomp.tune.tuner import fusion_signature, tune
+
+    def choose(template: Any, problem: Any, op: FusedOp, aten: Callable | None = None):
+        if target != "cuda":
+            return tune(template, problem, options=options, runner=None)
+        if options.search_space == 0 or not CudaRunner.can_measure(op, layouts):
+            return tune(template, problem, options=options, runner=None, level=0)
+        runner = CudaRunner(op, layouts, options, device_index, aten)
+        return tune(template, problem, options=options, runner=runner, fusion=fusion_signature(op))
+
+    return choose
+
+
+class CudaRunner:
+    """Builds candidate kernels of one fused group and runs them on random inputs on the GPU:
+    the tuner's tune.tuner.Runner for the cuda target.
+
+    A kernel takes the group's input buffers, then its outputs (the order KernelStep passes).
+    """
+
+    def __init__(
+        self,
+        op: FusedOp,
+        layouts: dict,
+        options: Options,
+        device_index: int | None = None,
+        aten: Callable | None = None,
+    ):
+        from minicomp.backends.cuda.module import pick_arch
+        from minicomp.backends.cuda.nvrtc import compile_cuda
+
+        self.op = op
+        self.layouts = layouts
+        self.options = options
+        self.index = torch.cuda.current_device() if device_index is None else device_index
+        self.arch = options.arch or pick_arch(self.index)
+        self.l2_bytes = torch.cuda.get_device_properties(self.index).L2_cache_size
+        self.compile_job = functools.partial(
+            compile_cuda, arch=self.arch, cache_dir=options.cache_dir
+        )
+        self.aten = aten
+        self.timer = None
+
+    @staticmethod
+    def can_measure(op: FusedOp, layouts: dict) -> bool:
+        """Whether random inputs can run the group: static sizes and strides, float inputs (an
+        index input holding random values could send a kernel out of bounds)."""
+        for v in (*op.inputs, *op.outputs):
+            dims = (*v.shape, *layouts[v.name])
+            if not all(isinstance(d, int) for d in dims):
+                return False
+        return all(v.dtype.is_float for v in op.inputs)
+
+    def render(self, kernel: Function) -> str:
+        from minicomp.backends.cuda.codegen import render_module
+
+        return render_module(Module(kernel.name, (kernel,)))
+
+    def load(self, kernel: Function, source: str) -> Callable:
+        from minicomp.backends.cuda.module import build
+
+        module = build(
+            Module(kernel.name, (kernel,)),
+            device_index=self.index,
+            cache_dir=self.options.cache_dir,
+            arch=self.arch,
+        )
+        launcher = module.kernel(kernel.name, launch_dims(kernel))
+
+        def launch(w) -> None:
+            launcher(*(t.data_ptr() for t in (*w.inputs, *w.outputs)), *w.scalars)
+
+        return launch
+
+    def workload(self, seed: int):
+        from minicomp.tune.tuner import Workload
+
+        device = torch.device("cuda", self.index)
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def tensor(v: Value, random: bool) -> torch.Tensor:
+            # Filled through its storage: a broadcast input's strides overlap elements.
+            strides = self.layouts[v.name]
+            size = 1 + sum((n - 1) * s for n, s in zip(v.shape, strides)) if all(v.shape) else 0
+            base = torch.empty(size, dtype=T.to_torch(v.dtype), device=device)
+            if random:
+                base.uniform_(-1.0, 1.0, generator=gen)
+            return base.as_strided(v.shape, strides)
+
+        inputs = [tensor(v, True) for v in self.op.inputs]
+        return Workload(inputs, [tensor(v, False) for v in self.op.outputs])
 
 
 def build_kernels(
@@ -104,7 +221,11 @@ def _emulated_launcher(emu, kernel: Function) -> Callable:
 
     def launch(*args: Any) -> None:
         grid, block = dims(args)
-        emu.launch(name, grid, block, args, shared(args) if callable(shared) else shared)
+        nbytes = shared(args) if callable(shared) else shared
+        if nbytes:
+            emu.launch(name, grid, block, args, nbytes)
+        else:
+            emu.launch(name, grid, block, args)
 
     return launch
 
@@ -385,6 +506,7 @@ def compile_graph(
     t0 = time.perf_counter()
     target = resolve_target(options.target, graph)
     record.target = target
+    record.options = options
     trace = record.passes if record.trace else None
     pipeline = passes_for(target) + [fuse]
     if target in ("cuda", "cuda-emu") and has_script_ops(graph):
@@ -394,7 +516,13 @@ def compile_graph(
     record.graph = graph
     layouts = layouts_for(graph)
     t1 = time.perf_counter()
-    kernels = [simplify_indices(k) for k in schedule_graph(graph, target, layouts)]
+    if target != "cuda" and options.search_space > 0:
+        from minicomp.tune.tuner import notice_untuned
+
+        notice_untuned(target, options.search_space)
+    choose = make_chooser(options, target, layouts, device_index)
+    scheduled = schedule_graph(graph, target, layouts, choose, options)
+    kernels = [simplify_indices(k) for k in scheduled]
     launched, device_functions = _script_functions(graph)
     record.kernels = kernels + launched
     t2 = time.perf_counter()

@@ -592,6 +592,17 @@ class _VectorPlanner:
         return _Vector(buf, first, reg, flag)
 
 
-def schedule_cuda(op: FusedOp, layouts: Mapping[str, Strides]) -> Function:
-    """The CUDA kernel for a fused group, given the strides of every value it touches."""
+def schedule_cuda(
+    op: FusedOp, layouts: Mapping[str, Strides], choose=None, options=None
+) -> Function:
+    """The CUDA kernel for a fused group, given the strides of every value it touches: a
+    template's (minicomp.schedule.templates: matrix products) where one applies, else the
+    auto-scheduler's. `choose` picks a template's config (dynamo.lowering.make_chooser; None:
+    its heuristic); `options` (minicomp.config.Options) say whether tensor cores may be used."""
+    if op.is_reduction:
+        from minicomp.schedule.templates import schedule_contraction
+
+        kernel = schedule_contraction(op, layouts, options, choose)
+        if kernel is not None:
+            return kernel
     return CudaKernelBuilder(op, layouts).build()

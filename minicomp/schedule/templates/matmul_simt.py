@@ -1,0 +1,297 @@
+"""A register-tiled SIMT matmul template (f32 or f64 accumulation, CUDA cores).
+
+A block computes a BM x BN tile of C (one batch at a time, batches along gridDim.z), stepping
+over K by BK. Each step the block's threads cooperatively load the A tile (BM x BK) and the B
+tile (BK x BN) through the prologue macros into registers, store them to one of two shared
+buffers (A transposed, so that both are read along M / N), and, after one barrier, compute
+from it while the next step's loads are in flight:
+
+    regs <- tile 0
+    for t in steps:  smem[t % 2] <- regs; sync; regs <- tile t + 1; compute smem[t % 2]
+
+One barrier a step is enough: buffer t % 2 is written again at step t + 2, after every thread
+passed the barrier of step t + 1, hence finished computing step t.
+
+A thread owns a TM x TN sub-tile of C in registers, as groups of V consecutive rows (columns)
+V * (BM / TM) apart, so that the shared reads of a warp are 16-byte vectors without bank
+conflicts; the shared rows are padded by one vector so that the transposing stores of A do not
+conflict either. The thread mapping of the cooperative loads follows the operand's contiguous
+dimension in memory (consecutive threads read consecutive addresses). The epilogue macro stores
+each accumulator, guarded where the tiling has partial tiles. Tiles are rasterised in groups of
+GROUP_M rows of tiles, so that blocks running together share their A and B tiles in L2.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from minicomp.ir.expr import Dim
+from minicomp.ir.func import Function
+from minicomp.schedule.templates.problem import (
+    GROUP_M,
+    MatmulProblem,
+    ceil_div,
+    launch_grid,
+    needs_check,
+)
+from minicomp.script import (
+    attrs,
+    blockIdx,
+    gridDim,
+    i64,
+    register_tensor,
+    script,
+    shared_tensor,
+    syncthreads,
+    threadIdx,
+    unroll,
+)
+
+# Static shared memory a block may have without opting in.
+MAX_SHARED = 48 * 1024
+# Blocks that fill the GPU (an H100 has 132 SMs); the heuristic prefers tiles giving this many.
+TARGET_BLOCKS = 132
+
+
+@dataclass(frozen=True)
+class SimtConfig:
+    """Block tile bm x bn x bk, thread tile tm x tn."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def __str__(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}_t{self.tm}x{self.tn}"
+
+
+def _vector(problem: MatmulProblem) -> int:
+    """Elements in a 16-byte shared-memory vector of the accumulator type."""
+    return max(1, 16 // problem.acc_dtype.nbytes)
+
+
+def valid(problem: MatmulProblem, cfg: SimtConfig) -> bool:
+    """Whether `cfg` is a consistent tiling for `problem`'s types."""
+    if cfg.bm % cfg.tm or cfg.bn % cfg.tn:
+        return False
+    threads = cfg.threads
+    if threads % 32 or not 64 <= threads <= 512:
+        return False
+    if (cfg.bm * cfg.bk) % threads or (cfg.bk * cfg.bn) % threads:
+        return False
+    v = _vector(problem)
+    if cfg.tm % min(v, cfg.tm) or cfg.tn % min(v, cfg.tn):  # whole vectors, or one short one
+        return False
+    smem = 2 * cfg.bk * (cfg.bm + cfg.bn + 2 * v) * problem.acc_dtype.nbytes
+    regs = cfg.tm * cfg.tn * problem.acc_dtype.nbytes // 4
+    return smem <= MAX_SHARED and regs <= 64
+
+
+_F32_LEVEL1 = (
+    SimtConfig(128, 128, 8, 8, 8),
+    SimtConfig(128, 64, 8, 8, 4),
+    SimtConfig(64, 128, 8, 4, 8),
+    SimtConfig(64, 64, 8, 4, 4),
+    SimtConfig(32, 64, 16, 4, 4),
+    SimtConfig(32, 32, 16, 4, 4),
+)
+_F64_LEVEL1 = (
+    SimtConfig(128, 64, 8, 8, 4),
+    SimtConfig(64, 64, 8, 4, 4),
+    SimtConfig(32, 64, 16, 4, 4),
+    SimtConfig(32, 32, 16, 4, 4),
+)
+
+
+def space(problem: MatmulProblem, level: int) -> list[SimtConfig]:
+    """The configs to try: level 1 a handful, level 2 every valid tiling of a grid of
+    choices (level 0: the heuristic's alone)."""
+    if level <= 0:
+        return [heuristic(problem)]
+    first = _F64_LEVEL1 if problem.acc_dtype.nbytes == 8 else _F32_LEVEL1
+    configs = [c for c in first if valid(problem, c)]
+    if level >= 2:
+        grid = itertools.product((32, 64, 128), (32, 64, 128), (8, 16, 32), (2, 4, 8), (2, 4, 8))
+        configs += [c for c in (SimtConfig(*p) for p in grid) if valid(problem, c)]
+    return list(dict.fromkeys(configs))
+
+
+def _assumed(d: Dim) -> int:
+    """A size for the heuristic's arithmetic: symbolic sizes count as large."""
+    return d if isinstance(d, int) else 4096
+
+
+def blocks(problem: MatmulProblem, bm: int, bn: int) -> int:
+    """Blocks a bm x bn tiling launches (symbolic sizes taken as large)."""
+    b, m, n = (_assumed(d) for d in (problem.batch, problem.m, problem.n))
+    return b * -(-m // bm) * -(-n // bn)
+
+
+def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int, int]:
+    """Of (bm, bn) tiles ordered largest first: the first that launches TARGET_BLOCKS blocks
+    without tiles much larger than the matrix; else the one launching the most blocks."""
+    m, n = _assumed(problem.m), _assumed(problem.n)
+    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(2 * m, 32) and bn <= max(2 * n, 32)]
+    fitting = fitting or tiles[-1:]
+    for bm, bn in fitting:
+        if blocks(problem, bm, bn) >= TARGET_BLOCKS:
+            return bm, bn
+    return max(fitting, key=lambda t: (blocks(problem, *t), -t[0] * t[1]))
+
+
+def heuristic(problem: MatmulProblem) -> SimtConfig:
+    """The config used without measuring: 128x128x8 tiles with 8x8 per thread for large
+    problems, smaller tiles when M or N is small or there would be too few blocks."""
+    by_tile = {(c.bm, c.bn): c for c in reversed(space(problem, 1))}
+    tiles = sorted(by_tile, key=lambda t: -t[0] * t[1])
+    return by_tile[pick_tile(problem, tiles)]
+
+
+def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
+    """The kernel computing `problem` with tiling `cfg` (named after the fused group)."""
+    BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
+    dt = problem.acc_dtype
+    V = _vector(problem)
+    VM, VN = min(V, TM), min(V, TN)
+    TX, TY = BN // TN, BM // TM
+    THREADS = TX * TY
+    SM, SN = TY * VM, TX * VN  # distance between a thread's row (column) groups
+    PAD = V
+    A_LOADS, B_LOADS = BM * BK // THREADS, BK * BN // THREADS
+    A_ALONG_K = problem.a_major == "k"
+    B_ALONG_K = problem.b_major == "k"
+    M, N, K, B = problem.m, problem.n, problem.k, problem.batch
+    TILES_M, TILES_N = ceil_div(M, BM), ceil_div(N, BN)
+    STEPS = ceil_div(K, BK)
+    GROUP = GROUP_M
+    GRID = launch_grid(problem, BM, BN)
+    check_m, check_n, check_k = needs_check(M, BM), needs_check(N, BN), needs_check(K, BK)
+    load_a = problem.load_a(check_m=check_m, check_k=check_k)
+    load_b = problem.load_b(check_k=check_k, check_n=check_n)
+    store_c = problem.store_c(check_m=check_m, check_n=check_n)
+
+    @script(params=problem.params)
+    def matmul_simt():
+        attrs.grid_dim = GRID
+        attrs.block_dim = THREADS
+        tid = threadIdx.x
+        ty = tid // TX
+        tx = tid % TX
+        # Grouped rasterisation: GROUP rows of tiles, column by column.
+        pid = i64(blockIdx.x)
+        # (max(.., 1): an empty C has no tiles, and the one block stores nothing)
+        width = GROUP * max(TILES_N, 1)
+        first = pid // width * GROUP
+        rows = max(min(TILES_M - first, GROUP), 1)
+        m0 = (first + pid % width % rows) * BM
+        n0 = pid % width // rows * BN
+        a_s = shared_tensor(dt, (2, BK, BM + PAD))
+        b_s = shared_tensor(dt, (2, BK, BN + PAD))
+        a_r = register_tensor(dt, (A_LOADS,))
+        b_r = register_tensor(dt, (B_LOADS,))
+        a_f = register_tensor(dt, (TM,))
+        b_f = register_tensor(dt, (TN,))
+        acc = register_tensor(dt, (TM, TN))
+        bz = i64(blockIdx.z)
+        while bz < B:
+            for i in unroll(range(TM)):
+                for j in unroll(range(TN)):
+                    acc[i, j] = 0.0
+            # Registers <- tile 0.
+            for q in unroll(range(A_LOADS)):
+                e = q * THREADS + tid
+                if A_ALONG_K:
+                    a_r[q] = load_a(bz, m0 + e // BK, e % BK)
+                else:
+                    a_r[q] = load_a(bz, m0 + e % BM, e // BM)
+            for q in unroll(range(B_LOADS)):
+                e = q * THREADS + tid
+                if B_ALONG_K:
+                    b_r[q] = load_b(bz, e % BK, n0 + e // BK)
+                else:
+                    b_r[q] = load_b(bz, e // BN, n0 + e % BN)
+            for t in range(STEPS):
+                buf = t % 2
+                for q in unroll(range(A_LOADS)):
+                    e = q * THREADS + tid
+                    if A_ALONG_K:
+                        a_s[buf, e % BK, e // BK] = a_r[q]
+                    else:
+                        a_s[buf, e // BM, e % BM] = a_r[q]
+                for q in unroll(range(B_LOADS)):
+                    e = q * THREADS + tid
+                    if B_ALONG_K:
+                        b_s[buf, e % BK, e // BK] = b_r[q]
+                    else:
+                        b_s[buf, e // BN, e % BN] = b_r[q]
+                syncthreads()
+                if t + 1 < STEPS:
+                    k0 = (t + 1) * BK
+                    for q in unroll(range(A_LOADS)):
+                        e = q * THREADS + tid
+                        if A_ALONG_K:
+                            a_r[q] = load_a(bz, m0 + e // BK, k0 + e % BK)
+                        else:
+                            a_r[q] = load_a(bz, m0 + e % BM, k0 + e // BM)
+                    for q in unroll(range(B_LOADS)):
+                        e = q * THREADS + tid
+                        if B_ALONG_K:
+                            b_r[q] = load_b(bz, k0 + e % BK, n0 + e // BK)
+                        else:
+                            b_r[q] = load_b(bz, k0 + e // BN, n0 + e % BN)
+                for kk in unroll(range(BK)):
+                    for i in unroll(range(TM)):
+                        a_f[i] = a_s[buf, kk, i // VM * SM + ty * VM + i % VM]
+                    for j in unroll(range(TN)):
+                        b_f[j] = b_s[buf, kk, j // VN * SN + tx * VN + j % VN]
+                    for i in unroll(range(TM)):
+                        for j in unroll(range(TN)):
+                            acc[i, j] += a_f[i] * b_f[j]
+            for i in unroll(range(TM)):
+                for j in unroll(range(TN)):
+                    m = m0 + i // VM * SM + ty * VM + i % VM
+                    n = n0 + j // VN * SN + tx * VN + j % VN
+                    store_c(bz, m, n, acc[i, j])
+            # The next batch writes the shared buffers again.
+            syncthreads()
+            bz += gridDim.z
+
+    kernel = matmul_simt.ir
+    attrs_ = dict(kernel.attrs)
+    attrs_["template"] = f"{NAME}[{cfg}]"
+    return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
+
+
+NAME = "matmul_simt"
+
+
+class SimtTemplate:
+    """The SIMT matmul as the tuner sees it (minicomp.tune.tuner.Template)."""
+
+    name = NAME
+
+    def candidates(self, problem: MatmulProblem, level: int) -> list[SimtConfig]:
+        return space(problem, level)
+
+    def heuristic(self, problem: MatmulProblem) -> SimtConfig:
+        return heuristic(problem)
+
+    def instantiate(self, problem: MatmulProblem, config: SimtConfig) -> Function:
+        return instantiate(problem, config)
+
+    def signature(self, problem: MatmulProblem) -> str:
+        return problem.signature()
+
+    def applies(self, problem: MatmulProblem) -> bool:
+        """Whether this template computes `problem` (any f32 or f64 accumulation)."""
+        return True
+
+
+TEMPLATE = SimtTemplate()

@@ -1,0 +1,412 @@
+"""A fused matrix product as a template sees it: sizes, kernel parameters, and its prologue and
+epilogue as script macros.
+
+A Contraction (minicomp.schedule.contraction) names the loop variables of each side: batch B,
+rows M (read by operand a), columns N (read by b) and the reduced K, each side possibly several
+variables. A template works on flat coordinates instead, `b < B`, `m < M`, `n < N`, `k < K`,
+where M is the product of the extents of the M variables (row-major), and so on. The macros
+turn flat coordinates back into the group's variables (idiv/imod), substitute them into the
+operand expressions (the prologue fusion inlined), and lower tensor elements to strided loads
+of the kernel's buffers:
+
+    load_a(b, m, k)        the value of operand a, 0 outside [0, M) x [0, K)
+    load_b(b, k, n)        the value of operand b, 0 outside [0, K) x [0, N)
+    store_c(b, m, n, acc)  the epilogue's stores for accumulator value `acc`, skipped outside
+                           [0, M) x [0, N)
+
+A template asks for a macro with the guards its tiling needs (none where a static size is a
+multiple of the tile) and, for tensor cores, the operand in its narrow type: an operand that is
+a widening cast of f16/bf16 is loaded without the cast.
+
+`plain_a` / `plain_b` describe an operand that is a bare strided read of one input buffer (no
+computation besides a widening cast) with unit stride along K ("k": rows of M or N are
+contiguous runs of K) or along M / N ("mn"); a tensor-core template copies such an operand
+to shared memory with cp.async instead of computing it in registers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from minicomp.ir import types as T
+from minicomp.ir.compute import TensorElement
+from minicomp.ir.expr import (
+    Cast,
+    Const,
+    Dim,
+    Expr,
+    Var,
+    as_expr,
+    cast,
+    const,
+    dim_expr,
+    logical_and,
+    maximum,
+    minimum,
+    prod,
+    select,
+)
+from minicomp.ir.functor import collect, substitute
+from minicomp.ir.graph import FusedOp
+from minicomp.ir.printer import expr_str
+from minicomp.ir.stmt import If, Stmt, Store, seq
+from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
+from minicomp.schedule.contraction import Axis, Contraction
+from minicomp.script.lang import Macro, macro
+from minicomp.script.values import TensorRef
+
+# Accumulator types the templates compute in.
+ACC_TYPES = (T.f32, T.f64)
+# Rows of tiles rasterised together (blocks running at once share A and B tiles in L2).
+GROUP_M = 8
+# The largest gridDim.z; a kernel loops over more batches.
+MAX_GRID_Z = 65535
+
+
+def is_unit(x: Dim) -> bool:
+    return isinstance(x, int) and x == 1
+
+
+def ceil_div(n: Dim, d: int) -> Dim:
+    """ceil(n / d) for a size (int, or i64 expression)."""
+    if isinstance(n, int):
+        return -(-n // d)
+    return (dim_expr(n) + (d - 1)) // d
+
+
+def needs_check(size: Dim, tile: int) -> bool:
+    """Whether a tiling of `size` by `tile` has partial tiles (always for symbolic sizes)."""
+    return not isinstance(size, int) or size == 0 or size % tile != 0
+
+
+def launch_grid(problem: MatmulProblem, bm: int, bn: int) -> tuple[Dim, Dim, Dim]:
+    """The grid of a bm x bn tiling: every tile along x (at least one block), batches along z
+    (at most MAX_GRID_Z; the kernel loops over the rest)."""
+    tiles = prod((ceil_div(problem.m, bm), ceil_div(problem.n, bn)))
+    x = max(tiles, 1) if isinstance(tiles, int) else maximum(tiles, 1)
+    b = problem.batch
+    if isinstance(b, int):
+        z: Dim = min(max(b, 1), MAX_GRID_Z)
+    else:
+        z = minimum(maximum(b, 1), MAX_GRID_Z)
+    return x, 1, z
+
+
+def _index(x) -> Expr:
+    """A coordinate a script passes (an int, or an integer IR expression) as i64."""
+    return cast(as_expr(x, T.i64), T.i64)
+
+
+def unravel(flat: Expr, axes: tuple[Axis, ...]) -> dict[Var, Expr]:
+    """Each variable's row-major coordinate of the flat index `flat` (0 for unit extents)."""
+    kept = [(v, x) for v, x in axes if not is_unit(x)]
+    out: dict[Var, Expr] = {v: const(0) for v, x in axes if is_unit(x)}
+    for i, (v, x) in enumerate(kept):
+        below = prod(x2 for _, x2 in kept[i + 1 :])
+        e = flat if is_unit(below) else flat // dim_expr(below)
+        out[v] = e % dim_expr(x) if i > 0 else e
+    return out
+
+
+def strip_widening(e: Expr) -> Expr:
+    """`e` without the float-widening casts around it (f16 -> f32 ...)."""
+    while isinstance(e, Cast) and e.a.dtype.is_float and e.a.dtype.nbytes <= e.dtype.nbytes:
+        e = e.a
+    return e
+
+
+def _dim_add(a: Dim, b: Dim) -> Dim:
+    return a + b if isinstance(a, int) and isinstance(b, int) else dim_expr(a) + dim_expr(b)
+
+
+def _dim_mul(a: Dim, b: Dim) -> Dim:
+    return a * b if isinstance(a, int) and isinstance(b, int) else dim_expr(a) * dim_expr(b)
+
+
+@dataclass(frozen=True)
+class PlainOperand:
+    """An operand that is exactly a strided read of one input buffer.
+
+    `ref` is the buffer as a one-dimensional script tensor (its storage), `contiguous` the
+    dimension with unit stride ("k", or "mn": along M for a, N for b), `ld` the stride of the
+    other one, `batch_strides` the stride of each batch variable and `base` the element offset
+    of constant indices. Element (b, mn, k) is at `batch_offset(b) + mn * ld + k` ("k") or
+    `batch_offset(b) + k * ld + mn` ("mn").
+    """
+
+    ref: TensorRef
+    contiguous: str
+    ld: Dim
+    batch: tuple[Axis, ...]
+    batch_strides: tuple[Dim, ...]
+    base: Dim
+
+    @property
+    def dtype(self) -> T.DataType:
+        return self.ref.dtype
+
+    def batch_offset(self, b) -> Expr:
+        """The element offset of batch `b` (a flat batch coordinate)."""
+        coords = unravel(_index(b), self.batch)
+        total: Expr = dim_expr(self.base)
+        for (v, _), s in zip(self.batch, self.batch_strides):
+            if not (isinstance(s, int) and s == 0):
+                total = total + coords[v] * dim_expr(s)
+        return total
+
+    def ld_multiple_of(self, elems: int) -> bool | None:
+        """Whether `ld` is a multiple of `elems`: True/False when static, None when symbolic."""
+        return self.ld % elems == 0 if isinstance(self.ld, int) else None
+
+    def batch_offset_macro(self) -> Macro:
+        """`batch_offset(b)` as a script macro."""
+
+        @macro
+        def batch_offset(b):
+            return self.batch_offset(b)
+
+        return batch_offset
+
+
+class MatmulProblem:
+    """A matched contraction with the buffers and sizes of its kernel (see the module doc)."""
+
+    def __init__(self, c: Contraction, layouts: Mapping[str, Strides]):
+        op = c.op
+        self.contraction = c
+        self.op = op
+        self.layouts = layouts
+        loop_vars = set(op.outer_vars) | set(op.inner_vars)
+        self.sig: KernelSignature = signature(op, layouts, loop_vars)
+        self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
+        self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
+        self.batch = prod(x for _, x in c.batch)
+        self.m = prod(x for _, x in c.m)
+        self.n = prod(x for _, x in c.n)
+        self.k = prod(x for _, x in c.k)
+        self.acc_dtype: T.DataType = c.acc_dtype
+        self.a_dtype, self.b_dtype = c.operand_dtypes
+        self.out_dtypes = tuple(v.dtype for v in op.outputs)
+        self.plain_a = self._plain(c.a, c.m)
+        self.plain_b = self._plain(c.b, c.n)
+        self.a_major = self._major(c.a, c.m)
+        self.b_major = self._major(c.b, c.n)
+
+    @classmethod
+    def from_contraction(cls, c: Contraction, layouts: Mapping[str, Strides]):
+        """The problem of contraction `c`, or None when no template computes it (an
+        accumulator other than f32/f64, or a product computed in another type)."""
+        body_dtype = T.promote(c.a.dtype, c.b.dtype)
+        if c.acc_dtype not in ACC_TYPES or body_dtype != c.acc_dtype:
+            return None
+        if c.a.dtype != c.acc_dtype or c.b.dtype != c.acc_dtype:
+            return None
+        return cls(c, layouts)
+
+    @property
+    def params(self) -> tuple[Var, ...]:
+        """The kernel's IR parameters: inputs, outputs, then size symbols (the plan's order)."""
+        return self.sig.params
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    # ---- macros ----
+
+    def load_a(self, *, narrow: bool = False, check_m: bool = True, check_k: bool = True):
+        """Macro `load_a(b, m, k)`: operand a at flat coordinates (in its narrow type when
+        `narrow`), 0 where a checked coordinate is out of range."""
+        c = self.contraction
+        return self._load("load_a", c.a, c.m, narrow, check_m, check_k, self.m, order="mk")
+
+    def load_b(self, *, narrow: bool = False, check_k: bool = True, check_n: bool = True):
+        """Macro `load_b(b, k, n)`: operand b at flat coordinates (see load_a)."""
+        c = self.contraction
+        return self._load("load_b", c.b, c.n, narrow, check_n, check_k, self.n, order="kn")
+
+    def _load(self, name, e, side, narrow, check_side, check_k, extent, order) -> Macro:
+        c = self.contraction
+        value = strip_widening(e) if narrow else e
+
+        def load(b, x, y):
+            mn, k = (x, y) if order == "mk" else (y, x)
+            mn, k = _index(mn), _index(k)
+            mapping = unravel(_index(b), c.batch) | unravel(mn, side) | unravel(k, c.k)
+            loaded = lower_accesses(substitute(value, mapping), self.buffers)
+            conds = []
+            if check_side:
+                conds.append(mn < dim_expr(extent))
+            if check_k:
+                conds.append(k < dim_expr(self.k))
+            if not conds:
+                return loaded
+            return select(logical_and(*conds), loaded, const(0, loaded.dtype))
+
+        load.__name__ = name
+        return macro(load)
+
+    def store_c(self, *, check_m: bool = True, check_n: bool = True) -> Macro:
+        """Macro `store_c(b, m, n, acc)`: the epilogue's stores for accumulator value `acc` at
+        flat coordinates, skipped where a checked coordinate is out of range."""
+        c = self.contraction
+
+        def store_c(b, m, n, acc) -> Stmt:
+            m, n = _index(m), _index(n)
+            mapping: dict = unravel(_index(b), c.batch) | unravel(m, c.m) | unravel(n, c.n)
+            mapping[c.acc] = cast(as_expr(acc, c.acc_dtype), c.acc_dtype)
+            stores = []
+            for st in c.epilogue:
+                buf, strides = self.out_bufs[st.output]
+                body = lower_accesses(substitute(st.body, mapping), self.buffers)
+                index = offset(substitute(st.indices, mapping), strides)
+                stores.append(Store(buf, index, cast(body, self.out_dtypes[st.output])))
+            conds = []
+            if check_m:
+                conds.append(m < dim_expr(self.m))
+            if check_n:
+                conds.append(n < dim_expr(self.n))
+            body = seq(*stores)
+            return If(logical_and(*conds), body) if conds else body
+
+        return macro(store_c)
+
+    # ---- operand analysis ----
+
+    def _plain(self, e: Expr, side: tuple[Axis, ...]) -> PlainOperand | None:
+        """The PlainOperand of operand expression `e`, or None when it computes something or
+        has no unit stride along K or its own side."""
+        c = self.contraction
+        el = strip_widening(e)
+        if not isinstance(el, TensorElement) or el.tensor.name not in self.buffers:
+            return None
+        buf, strides = self.buffers[el.tensor.name]
+        coeff: dict[Var, Dim] = {}
+        base: Dim = 0
+        for index, stride in zip(el.indices, strides):
+            if isinstance(index, Const):
+                base = _dim_add(base, _dim_mul(int(index.value), stride))
+            elif isinstance(index, Var) and index not in coeff:
+                coeff[index] = stride
+            else:
+                return None
+        along_side, along_k = _collapse(side, coeff), _collapse(c.k, coeff)
+        if along_side is None or along_k is None:
+            return None
+        if along_k == 1:
+            contiguous, ld = "k", along_side
+        elif along_side == 1:
+            contiguous, ld = "mn", along_k
+        else:
+            return None
+        value = next(v for v in self.op.inputs if v.name == el.tensor.name)
+        extent: Dim = 1
+        for size, stride in zip(value.shape, strides):
+            extent = _dim_add(extent, _dim_mul(_dim_add(size, -1), stride))
+        if isinstance(extent, int) and extent < 8:
+            return None  # too small for 16-byte copies; the register path handles it
+        ref = TensorRef(value.name, buf, (extent,))
+        batch_strides = tuple(coeff.get(v, 0) for v, _ in c.batch)
+        return PlainOperand(ref, contiguous, ld, c.batch, batch_strides, base)
+
+    def _major(self, e: Expr, side: tuple[Axis, ...]) -> str:
+        """Which dimension of operand `e` is contiguous in memory ("k" or "mn"), judged by
+        the first element it reads along the innermost K variable; "k" when unclear."""
+        k_var = _innermost(self.contraction.k)
+        side_var = _innermost(side)
+        for el in collect(e, TensorElement):
+            if el.tensor.name not in self.buffers:
+                continue
+            _, strides = self.buffers[el.tensor.name]
+            along = {i: s for i, s in zip(el.indices, strides) if isinstance(i, Var)}
+            if k_var in along and along[k_var] == 1:
+                return "k"
+            if side_var in along and along[side_var] == 1:
+                return "mn"
+        return "k"
+
+    # ---- identity for the tuning database ----
+
+    def signature(self) -> str:
+        """A stable description of the problem: sizes, types, strides, operand forms, and a
+        fingerprint of the fused prologue and epilogue (names of values replaced by their
+        position in the kernel's parameters)."""
+        op = self.op
+        sizes = ",".join(_dim_text(d) for d in (self.batch, self.m, self.n, self.k))
+        types = "/".join(t.short for t in (self.a_dtype, self.b_dtype, self.acc_dtype))
+        outs = "/".join(t.short for t in self.out_dtypes)
+        strides = ";".join(
+            ",".join(_dim_text(s) for s in self.layouts[v.name]) for v in op.inputs + op.outputs
+        )
+        forms = "/".join(_plain_text(p) for p in (self.plain_a, self.plain_b))
+        return (
+            f"bmnk={sizes} types={types}->{outs} strides={strides} plain={forms} "
+            f"fused={self.fingerprint()}"
+        )
+
+    def fingerprint(self) -> str:
+        """A short hash of the prologue and epilogue expressions."""
+        c = self.contraction
+        parts = [expr_str(c.a), expr_str(c.b)]
+        for st in c.epilogue:
+            parts.append(f"{st.output}[{','.join(expr_str(i) for i in st.indices)}]")
+            parts.append(expr_str(st.body))
+        text = "\n".join(parts)
+        names = [v.name for v in (*self.op.inputs, *self.op.outputs)]
+        if names:
+            renames = {n: f"v{i}" for i, n in enumerate(names)}
+            pattern = r"\b(" + "|".join(re.escape(n) for n in sorted(names, key=len)[::-1]) + r")\b"
+            text = re.sub(pattern, lambda m: renames[m.group(1)], text)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def static_sizes(self) -> tuple[int, int, int, int] | None:
+        """(B, M, N, K) when all are static."""
+        dims = (self.batch, self.m, self.n, self.k)
+        return dims if all(isinstance(d, int) for d in dims) else None
+
+
+def _innermost(axes: tuple[Axis, ...]) -> Var | None:
+    kept = [v for v, x in axes if not is_unit(x)]
+    return kept[-1] if kept else None
+
+
+def _collapse(axes: tuple[Axis, ...], coeff: Mapping[Var, Dim]) -> Dim | None:
+    """The stride of the flat coordinate over `axes` when the element offset is linear in it
+    (each variable's stride the next one's times its extent), else None; None too when every
+    extent is 1 (no stride to speak of)."""
+    kept = [(v, x) for v, x in axes if not is_unit(x)]
+    if not kept:
+        return None
+    inner = coeff.get(kept[-1][0], 0)
+    expected = inner
+    for i in range(len(kept) - 2, -1, -1):
+        extent = kept[i + 1][1]
+        if not isinstance(expected, int) or not isinstance(extent, int):
+            return None
+        expected *= extent
+        found = coeff.get(kept[i][0], 0)
+        if not isinstance(found, int) or found != expected:
+            return None
+    return inner
+
+
+def _dim_text(d: Dim) -> str:
+    return str(d) if isinstance(d, int) else expr_str(d)
+
+
+def _plain_text(p: PlainOperand | None) -> str:
+    if p is None:
+        return "computed"
+    return f"{p.contiguous}:{_dim_text(p.ld)}"
+
+
+def matmul_problem(op: FusedOp, layouts: Mapping[str, Strides]) -> MatmulProblem | None:
+    """The MatmulProblem of fused group `op`, or None when it is not a contraction a template
+    computes."""
+    from minicomp.schedule.contraction import match_contraction
+
+    c = match_contraction(op)
+    return None if c is None else MatmulProblem.from_contraction(c, layouts)
