@@ -1,11 +1,15 @@
-"""Matrix products become compute ops on the CUDA targets and stay ATen calls on the CPU."""
+"""Matrix products and convolutions become compute ops on the CUDA targets and stay ATen calls
+on the CPU."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import check_compiled
 
 import minicomp
+from minicomp.dynamo.backend import recording
 from minicomp.ir.graph import ExternOp, FusedOp
+from minicomp.schedule.contraction import match_contraction
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -67,3 +71,209 @@ def test_cuda_targets_fuse_the_product_with_its_epilogue(target):
     assert not externs
     (group,) = [n for n in nodes if isinstance(n, FusedOp)]
     assert any("addmm" in m for m in group.members) and any("relu" in m for m in group.members)
+
+
+# ---- convolutions: implicit GEMM (groups == 1), unrolled taps (depthwise), grouped ----
+
+
+def _compiled_records(fn, *args, target, rtol, atol, reference_dtype=torch.float64, **kw):
+    """check_compiled's comparison, and the CompileRecords of the compilation."""
+    records: list = []
+    with recording(records), torch.no_grad():
+        check_compiled(
+            fn, *args, target=target, rtol=rtol, atol=atol, reference_dtype=reference_dtype, **kw
+        )
+    return records
+
+
+def _assert_conv_kernels(records, kind: str) -> None:
+    """On the CUDA targets: no convolution left to ATen, and each convolution's group computed
+    as `kind`: "template" (a matched contraction a matmul template ran), "injective" (the
+    unrolled taps) or "reduction" (the auto-scheduler's rows)."""
+    for record in records:
+        nodes = record.graph.nodes
+        assert not [n.name for n in nodes if isinstance(n, ExternOp) and "convolution" in n.name]
+        groups = [n for n in nodes if isinstance(n, FusedOp)]
+        convs = [g for g in groups if any("convolution" in m for m in g.members)]
+        assert convs
+        templates = {k.name for k in record.kernels if k.attr("template")}
+        for g in convs:
+            contraction = match_contraction(g)
+            if kind == "template":
+                assert contraction is not None and g.name in templates, g.name
+            else:
+                assert contraction is None and g.name not in templates
+                assert g.is_reduction == (kind == "reduction"), g.name
+
+
+CONV_TOLERANCE = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (4e-3, 4e-3),
+    torch.bfloat16: (2e-2, 3e-2),
+}
+# name: (in channels, out channels, kernel, stride, padding, dilation, groups, bias, kind)
+CONVS = {
+    "3x3": (8, 16, (3, 3), 1, 1, 1, 1, True, "template"),
+    "3x5_s2_p12": (8, 12, (3, 5), 2, (1, 2), 1, 1, False, "template"),
+    "d2_s12": (8, 16, (3, 3), (1, 2), 2, 2, 1, True, "template"),
+    "1x1_s2": (8, 16, (1, 1), 2, 0, 1, 1, False, "template"),
+    "depthwise": (8, 8, (3, 3), 2, 1, 1, 8, True, "injective"),
+    "depthwise_x2_d2": (8, 16, (3, 3), 1, 2, 2, 8, False, "injective"),
+    "groups2": (8, 16, (3, 3), 1, 1, 1, 2, True, "reduction"),
+}
+
+
+def _conv_inputs(name, dtype, channels_last):
+    cin, cout, kernel, *_, groups, bias, _ = CONVS[name]
+    x = torch.randn(2, cin, 9, 11, dtype=dtype)
+    w = torch.randn(cout, cin // groups, *kernel, dtype=dtype) / 3
+    if channels_last:
+        x, w = (t.to(memory_format=torch.channels_last) for t in (x, w))
+    return x, w, torch.randn(cout, dtype=dtype) if bias else None
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(CONVS))
+def test_convolution(target, name, dtype, layout):
+    _, _, _, stride, padding, dilation, groups, _, kind = CONVS[name]
+    x, w, b = _conv_inputs(name, dtype, layout == "nhwc")
+
+    def fn(x, w, b):
+        return F.conv2d(x, w, b, stride, padding, dilation, groups)
+
+    rtol, atol = CONV_TOLERANCE[dtype]
+    records = _compiled_records(fn, x, w, b, target=target, rtol=rtol, atol=atol)
+    if target != "cpu":
+        _assert_conv_kernels(records, kind)
+
+
+@pytest.mark.parametrize("name", ["3x3", "depthwise", "groups2"])
+def test_convolution_epilogues(target, name):
+    """conv + bias + relu, and conv + residual + relu, each one kernel on the CUDA targets."""
+    x, w, b = _conv_inputs(name, torch.float32, False)
+    *_, stride, padding, dilation, groups, _, kind = CONVS[name]
+    residual = torch.randn(F.conv2d(x, w, b, stride, padding, dilation, groups).shape)
+
+    def fn(x, w, b, residual):
+        y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+        return torch.relu(y), torch.relu(y + residual) * 0.5
+
+    records = _compiled_records(fn, x, w, b, residual, target=target, rtol=1e-4, atol=1e-4)
+    if target == "cpu":
+        return
+    _assert_conv_kernels(records, kind)
+    (record,) = records
+    assert len([n for n in record.graph.nodes if isinstance(n, FusedOp)]) == 1
+
+
+def test_depthwise_separable_block(target):
+    """depthwise -> scale -> relu -> pointwise: on the CUDA targets the depthwise taps are the
+    pointwise product's prologue, one template kernel."""
+
+    def fn(x, wd, scale, wp, b):
+        y = torch.relu(F.conv2d(x, wd, None, 1, 1, 1, 8) * scale[:, None, None])
+        return torch.relu(F.conv2d(y, wp, b))
+
+    x, wd, _ = _conv_inputs("depthwise", torch.float32, False)
+    args = (x, wd, torch.randn(8), torch.randn(24, 8, 1, 1), torch.randn(24))
+    records = _compiled_records(fn, *args, target=target, rtol=1e-4, atol=1e-4)
+    if target != "cpu":
+        _assert_conv_kernels(records, "template")
+        assert len([n for n in records[0].graph.nodes if isinstance(n, FusedOp)]) == 1
+
+
+def test_convolution_symbolic_sizes_and_1d(target):
+    def fn(x, w, b, s, v):
+        return F.conv2d(x, w, b, 1, 1).relu(), F.conv1d(s, v, None, 2, 1)
+
+    x, w, b = _conv_inputs("3x3", torch.float32, False)
+    s, v = torch.randn(2, 8, 13), torch.randn(6, 8, 3)
+    _compiled_records(fn, x, w, b, s, v, target=target, rtol=1e-4, atol=1e-4, dynamic=True)
+
+
+class _Bottleneck(torch.nn.Module):
+    """A ResNet bottleneck block: 1x1, 3x3 (stride 2), 1x1 convolutions with batch norms and
+    a strided 1x1 projection on the shortcut."""
+
+    def __init__(self, cin: int, width: int, cout: int):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=2, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride=2, bias=False), nn.BatchNorm2d(cout)
+        )
+        for bn in (self.bn1, self.bn2, self.bn3, self.down[1]):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)))
+        return torch.relu(self.bn3(self.conv3(y)) + self.down(x))
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["bn", "folded"])
+def test_resnet_bottleneck(target, folded):
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    torch.manual_seed(0)
+    # (Channels as in ResNet-50's layer2.0. With as many input channels as the block's width
+    # the shortcut and conv3 reduce over equal extents, and fusion puts both in one group,
+    # which is no contraction.)
+    block = _Bottleneck(16, 8, 32).eval()
+    if folded:
+        block.conv1 = fuse_conv_bn_eval(block.conv1, block.bn1)
+        block.conv2 = fuse_conv_bn_eval(block.conv2, block.bn2)
+        block.conv3 = fuse_conv_bn_eval(block.conv3, block.bn3)
+        block.down[0] = fuse_conv_bn_eval(block.down[0], block.down[1])
+        block.bn1 = block.bn2 = block.bn3 = block.down[1] = torch.nn.Identity()
+    x = torch.randn(2, 16, 9, 11).to(memory_format=torch.channels_last)
+    records = _compiled_records(block, x, target=target, rtol=1e-4, atol=1e-4, reference_dtype=None)
+    if target != "cpu":
+        _assert_conv_kernels(records, "template")
+
+
+def test_convolution_kernels_compile_with_nvrtc(tmp_path):
+    """The CUDA C of implicit-GEMM (tensor cores and SIMT), depthwise, grouped convolutions
+    and pooling compiles for sm_80 and sm_90 without spills."""
+    from minicomp.backends.cuda import nvrtc
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+
+    def fn(x, w, wd, wg, xf, wf):
+        y = torch.relu(F.conv2d(x, w, None, 2, 1))
+        y = F.conv2d(y, wd, None, 1, 1, 1, 16) + F.conv2d(y, wg, None, 1, 1, 1, 2)
+        z = F.max_pool2d(F.conv2d(xf, wf, None, 1, (0, 1), 2), 3, 2, 1)
+        return y, z + F.avg_pool2d(z, 3, 1, 1, count_include_pad=False)
+
+    h = torch.float16
+    args = (
+        torch.randn(2, 8, 9, 11, dtype=h),
+        torch.randn(16, 8, 3, 3, dtype=h),
+        torch.randn(16, 1, 3, 3, dtype=h),
+        torch.randn(16, 8, 3, 3, dtype=h),
+        torch.randn(2, 8, 9, 11),
+        torch.randn(16, 8, 3, 3),
+    )
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = minicomp.explain(fn, *args, options={"target": "cuda-emu"})
+    (record,) = report.records
+    assert {k.attr("template").split("[")[0] for k in record.kernels if k.attr("template")} == {
+        "matmul_tc",
+        "matmul_simt",
+    }
+    for arch in ("sm_80", "sm_90"):
+        binary = nvrtc.compile_cuda(record.source, arch=arch, cache_dir=str(tmp_path))
+        for kernel in record.kernels:
+            usage = binary.resources[kernel.name]
+            assert usage.spill_stores == 0 and usage.spill_loads == 0, (kernel.name, usage)

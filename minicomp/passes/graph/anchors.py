@@ -11,15 +11,51 @@ computed in the accumulator type before the final cast. Fusion then groups injec
 (transposes, casts) into the product's operands and injective consumers (the bias, an
 activation, a residual) after it, and the CUDA scheduler recognises the fused group as a
 contraction (minicomp.schedule.contraction) that a matmul template computes.
+
+`convolution` (1 to 3 spatial dims, not transposed, any stride, padding, dilation and groups)
+becomes a sum over the input channels of its group and the kernel taps, the padding a guard:
+
+    conv[n, o, p, q] = sum_{c, r, s} x[n, g * Cg + c, p*sh + r*dh - ph, q*sw + s*dw - pw]
+                                     * w[o, c, r, s]         (g = o // (O / groups))
+
+where an index outside the input reads 0 (`select(inside, x[clamped index], 0)`: the clamp
+keeps every load in bounds, the guard exists only along dims and taps that can leave the
+input). With groups == 1 this is a contraction (M = n, p, q; N = o; K = c, r, s; unit taps
+left out), computed by a matmul template as an implicit GEMM whose operand loads evaluate the
+window. The bias, when given, is a second, elementwise op as for addmm.
+
+When each output channel reads a single input channel (Cg == 1: depthwise convolution, or a
+one-channel input) the sum is only over the taps, a handful of products per output. A
+reduction would give each output a warp (the CUDA row reduction for short rows) with most
+lanes idle and a shuffle tree per output; instead the op is injective, the taps' sum unrolled
+in the expression (at most MAX_TAPS), so the injective scheduler computes one output per
+thread, stores vectorised and coalesced along the width, and guards only the taps that can
+reach the padding. Grouped convolutions with 1 < Cg < C stay one reduction: the output
+channel selects the input channels (o is read by both operands), which is no M/N split, so
+the auto-scheduler's row reduction computes them.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
 
 import torch
 
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorInput, compute, reduce
-from minicomp.ir.expr import Expr, cast, const
+from minicomp.ir.expr import (
+    Expr,
+    Var,
+    as_expr,
+    cast,
+    const,
+    logical_and,
+    maximum,
+    minimum,
+    select,
+)
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
 
 aten = torch.ops.aten
@@ -31,6 +67,8 @@ _PRODUCTS = {
     aten.baddbmm.default: ("bmm", True),
 }
 _ACCUMULATORS = {T.f16: T.f32, T.bf16: T.f32, T.f32: T.f32, T.f64: T.f64}
+# The most kernel taps a single-channel (depthwise) convolution sums unrolled: 7x7.
+MAX_TAPS = 49
 
 
 def lower_anchors(graph: Graph) -> Graph:
@@ -47,6 +85,8 @@ def lower_anchors(graph: Graph) -> Graph:
 
 
 def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
+    if op.target == aten.convolution.default:
+        return _lower_convolution(op, names)
     kind = _PRODUCTS.get(op.target)
     if kind is None or len(op.outputs) != 1:
         return None
@@ -108,6 +148,168 @@ def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
     ]
 
 
+def _arguments(op: ExternOp) -> dict:
+    """The call's arguments by their schema names."""
+    names = [a.name for a in op.target._schema.arguments]
+    return {**dict(zip(names, op.args)), **dict(op.kwargs)}
+
+
+@dataclass(frozen=True)
+class _Conv:
+    """A convolution's static parameters, one entry per spatial dim, and its input (`x`),
+    weight (`w`) and output shapes."""
+
+    x: TensorInput
+    w: TensorInput
+    out_shape: tuple
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+    @property
+    def kernel(self) -> tuple[int, ...]:
+        return self.w.shape[2:]
+
+    @property
+    def group_in(self) -> int:
+        return self.w.shape[1]
+
+    def channel(self, o: Expr, c: Expr | int) -> Expr:
+        """The input channel that output channel `o` reads as its group's channel `c`."""
+        if self.groups == 1:
+            return as_expr(c)
+        group = o // (self.w.shape[0] // self.groups)
+        return group * self.group_in + c
+
+    def needs_guards(self, d: int, tap: Var | int) -> tuple[bool, bool]:
+        """Whether the input index along spatial dim `d` can fall below 0 / past the end, at
+        kernel tap `tap` (an int, or a Var running over every tap)."""
+        k, pad, dil = self.kernel[d], self.padding[d], self.dilation[d]
+        last = tap if isinstance(tap, int) else k - 1
+        first = tap if isinstance(tap, int) else 0
+        size, out = self.x.shape[2 + d], self.out_shape[2 + d]
+        if isinstance(size, int) and isinstance(out, int):
+            upper = (out - 1) * self.stride[d] + last * dil - pad > size - 1
+        else:
+            # ATen's output size gives (out - 1) * stride <= size + 2 pad - (k - 1) dil - 1
+            # whatever the input size, so the last index is at most size - 1 plus this.
+            upper = pad - (k - 1 - last) * dil > 0
+        return first * dil - pad < 0, upper
+
+    def window(self, n: Expr, channel: Expr, pos: tuple, taps: tuple, acc) -> Expr:
+        """The input element output position `pos` reads at kernel `taps`, in type `acc`;
+        0 in the padding."""
+        idx: list[Expr] = [n, channel]
+        inside = []
+        for d, (p, t) in enumerate(zip(pos, taps)):
+            e = p * self.stride[d]
+            if isinstance(t, int):
+                e = e + (t * self.dilation[d] - self.padding[d])
+            else:
+                e = e + t * self.dilation[d] - self.padding[d]
+            lower, upper = self.needs_guards(d, t)
+            if lower:
+                inside.append(e >= 0)
+                e = maximum(e, 0)
+            if upper:
+                size = self.x.shape[2 + d]
+                inside.append(e < size)
+                e = minimum(e, size - 1)
+            idx.append(e)
+        el = self.x[tuple(idx)]
+        if inside:
+            return cast(select(logical_and(*inside), el, const(0, el.dtype)), acc)
+        return cast(el, acc)
+
+    def taps_sum(self, n: Expr, o: Expr, pos: tuple, acc) -> Expr:
+        """The unrolled sum over every kernel tap of a single-channel convolution."""
+        total: Expr | None = None
+        for taps in itertools.product(*(range(k) for k in self.kernel)):
+            term = self.window(n, self.channel(o, 0), pos, taps, acc)
+            term = term * cast(self.w[(o, 0, *taps)], acc)
+            total = term if total is None else total + term
+        assert total is not None
+        return total
+
+    def reduction(self, n: Expr, o: Expr, pos: tuple, acc) -> Expr:
+        """The sum over the group's channels and the kernel taps (unit extents left out)."""
+        extents = [x for x in (self.group_in, *self.kernel) if x != 1]
+
+        def body(*r):
+            it = iter(r)
+            c = next(it) if self.group_in != 1 else 0
+            taps = tuple(next(it) if k != 1 else 0 for k in self.kernel)
+            a = self.window(n, self.channel(o, c), pos, taps, acc)
+            return a * cast(self.w[(o, c, *taps)], acc)
+
+        return reduce("sum", extents, body)
+
+
+def _lower_convolution(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
+    """A convolution as compute ops (see the module docstring), or None to keep ATen's."""
+    args = _arguments(op)
+    refs = [args.get("input"), args.get("weight")]
+    bias_ref = args.get("bias")
+    if len(op.outputs) != 1 or args.get("transposed") is not False:
+        return None
+    if not all(isinstance(r, ArgRef) for r in refs + ([bias_ref] if bias_ref else [])):
+        return None
+    x, w = (op.inputs[r.index] for r in refs)
+    bias = op.inputs[bias_ref.index] if bias_ref is not None else None
+    out = op.outputs[0]
+    dt = out.dtype
+    acc = _ACCUMULATORS.get(dt)
+    if acc is None or any(v.dtype != dt for v in (x, w, bias) if v is not None):
+        return None
+    spatial = len(x.shape) - 2
+    if not 1 <= spatial <= 3 or len(w.shape) != len(x.shape) or len(out.shape) != len(x.shape):
+        return None
+    params = []
+    for key in ("stride", "padding", "dilation"):
+        p = tuple(args.get(key, ()))
+        p = p * spatial if len(p) == 1 else p
+        if len(p) != spatial or not all(isinstance(i, int) for i in p):
+            return None
+        params.append(p)
+    groups = args.get("groups")
+    if not isinstance(groups, int) or not all(isinstance(d, int) and d > 0 for d in w.shape):
+        return None
+    if w.shape[0] % groups:
+        return None
+    tx, tw = (TensorInput(v.name, v.shape, v.dtype) for v in (x, w))
+    conv = _Conv(tx, tw, out.shape, *params, groups)
+    inputs = tuple(dict.fromkeys(v for v in (x, w, bias) if v is not None))
+    tbias = TensorInput(bias.name, bias.shape, bias.dtype) if bias is not None else None
+    if conv.group_in == 1 and math.prod(conv.kernel) <= MAX_TAPS:
+
+        def depthwise(n, o, *pos):
+            total = conv.taps_sum(n, o, pos, acc)
+            if tbias is not None:
+                total = total + cast(tbias[o], acc)
+            return cast(total, dt)
+
+        return [ComputeOp(op.name, inputs, (out,), compute(out.name, out.shape, depthwise))]
+    if tbias is None:
+        definition = compute(
+            out.name, out.shape, lambda n, o, *pos: cast(conv.reduction(n, o, pos, acc), dt)
+        )
+        return [ComputeOp(op.name, inputs, (out,), definition)]
+    # The sum in the accumulator type, then the bias as an elementwise op (as for addmm).
+    pname = _fresh(f"{out.name}_conv", names)
+    pdef = compute(pname, out.shape, lambda n, o, *pos: conv.reduction(n, o, pos, acc))
+    pvalue = Value(pname, TensorType(out.shape, acc, out.type.device))
+    tprod = TensorInput(pname, out.shape, acc)
+
+    def add_bias(*idx):
+        return cast(tprod[idx] + cast(tbias[idx[1]], acc), dt)
+
+    return [
+        ComputeOp(op.name, tuple(dict.fromkeys((x, w))), (pvalue,), pdef),
+        ComputeOp(op.name, (pvalue, bias), (out,), compute(out.name, out.shape, add_bias)),
+    ]
+
+
 def _scaled(fn, alpha):
     if alpha == 1:
         return fn
@@ -134,4 +336,3 @@ def _fresh(base: str, used: set[str]) -> str:
         name, n = f"{base}{n}", n + 1
     used.add(name)
     return name
-
