@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one call (device time is scarce): the CUDA test suite, then the benchmark.
 # Logs and the JSON go to $OUT (the device tool's folder) or benchmarks/results/gpu-run.
-#   bash benchmarks/gpu_run.sh [tests|bench|all]
+#   bash benchmarks/gpu_run.sh [tests|bench|matmul|all]
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results/gpu-run}
@@ -20,7 +20,11 @@ if [ "$what" != bench ]; then
     MINICOMP_TEST_TARGETS=cuda timeout 400 python3 -m pytest -q -n 8 -p no:cacheprovider tests \
         2>&1 | tee "$out/cuda-tests.txt" | tail -40
 fi
-if [ "$what" != tests ]; then
+if [ "$what" = all ] || [ "$what" = matmul ]; then
+    timeout 300 python3 benchmarks/matmul.py --tune-budget 10 --out "$out/matmul.json" \
+        2>&1 | tee "$out/matmul.txt"
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
     timeout 300 python3 benchmarks/cuda_bench.py --repeat 30 --out "$out/cuda-bench.json" \
         2>&1 | tee "$out/cuda-bench.txt"
 fi
