@@ -3,6 +3,8 @@ and tensor cores (f16, bf16), with fused prologues and epilogues, transposed, st
 batched operands and sizes that are no multiple of any tile, compiled by torch.compile on
 cuda-emu against float64 PyTorch; every level-1 candidate compiled by NVRTC without spills."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -209,8 +211,10 @@ def test_widening_prologue_on_simt():
 # ---- every template config ----
 
 
-def _fixed_config(monkeypatch, template, config) -> None:
-    monkeypatch.setattr(type(template), "heuristic", lambda self, problem: config)
+def _fixed_config(monkeypatch, module, config) -> None:
+    """Make `module`'s template pick `config` at level 0."""
+    fixed = dataclasses.replace(module.TEMPLATE, heuristic=lambda problem: config)
+    monkeypatch.setattr(module, "TEMPLATE", fixed)
 
 
 SIMT_CONFIGS = [str(c) for c in matmul_simt._F32_LEVEL1]
@@ -220,7 +224,7 @@ TC_CONFIGS = [str(c) for c in matmul_tc._LEVEL1]
 @pytest.mark.parametrize("config", SIMT_CONFIGS)
 def test_simt_configs(monkeypatch, config):
     cfg = next(c for c in matmul_simt._F32_LEVEL1 if str(c) == config)
-    _fixed_config(monkeypatch, matmul_simt.TEMPLATE, cfg)
+    _fixed_config(monkeypatch, matmul_simt, cfg)
     x, w, b = torch.randn(40, 72), torch.randn(72, 33), torch.randn(33)
     used = run(lambda x, w, b: torch.tanh(x.t().t() @ w + b), x, w, b)
     assert used == [f"{SIMT}[{config}]"]
@@ -229,7 +233,7 @@ def test_simt_configs(monkeypatch, config):
 @pytest.mark.parametrize("config", TC_CONFIGS)
 def test_tc_configs(monkeypatch, config):
     cfg = next(c for c in matmul_tc._LEVEL1 if str(c) == config)
-    _fixed_config(monkeypatch, matmul_tc.TEMPLATE, cfg)
+    _fixed_config(monkeypatch, matmul_tc, cfg)
     a = torch.randn(72, 40, dtype=torch.float16).t()
     b = torch.randn(72, 33, dtype=torch.float16)
     used = run(lambda a, b: F.relu(a @ b), a, b, dtype=torch.float16)

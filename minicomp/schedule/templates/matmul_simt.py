@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from minicomp.ir.expr import Dim
 from minicomp.ir.func import Function
+from minicomp.schedule.templates.base import Template
 from minicomp.schedule.templates.problem import (
     GROUP_M,
     MatmulProblem,
@@ -272,26 +273,4 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
 NAME = "matmul_simt"
 
 
-class SimtTemplate:
-    """The SIMT matmul as the tuner sees it (minicomp.tune.tuner.Template)."""
-
-    name = NAME
-
-    def candidates(self, problem: MatmulProblem, level: int) -> list[SimtConfig]:
-        return space(problem, level)
-
-    def heuristic(self, problem: MatmulProblem) -> SimtConfig:
-        return heuristic(problem)
-
-    def instantiate(self, problem: MatmulProblem, config: SimtConfig) -> Function:
-        return instantiate(problem, config)
-
-    def signature(self, problem: MatmulProblem) -> str:
-        return problem.signature()
-
-    def applies(self, problem: MatmulProblem) -> bool:
-        """Whether this template computes `problem` (any f32 or f64 accumulation)."""
-        return True
-
-
-TEMPLATE = SimtTemplate()
+TEMPLATE = Template(NAME, space, heuristic, instantiate)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from minicomp.ir import types as T
 from minicomp.ir.func import Function
+from minicomp.schedule.templates.base import Template
 from minicomp.schedule.templates.matmul_simt import pick_tile
 from minicomp.schedule.templates.problem import (
     GROUP_M,
@@ -426,25 +427,4 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
 
 
-class TcTemplate:
-    """The tensor-core matmul as the tuner sees it (minicomp.tune.tuner.Template)."""
-
-    name = NAME
-
-    def candidates(self, problem: MatmulProblem, level: int) -> list[TcConfig]:
-        return space(problem, level)
-
-    def heuristic(self, problem: MatmulProblem) -> TcConfig:
-        return heuristic(problem)
-
-    def instantiate(self, problem: MatmulProblem, config: TcConfig) -> Function:
-        return instantiate(problem, config)
-
-    def signature(self, problem: MatmulProblem) -> str:
-        return problem.signature()
-
-    def applies(self, problem: MatmulProblem) -> bool:
-        return applies(problem)
-
-
-TEMPLATE = TcTemplate()
+TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)
