@@ -1,4 +1,4 @@
-"""Softmax, log-softmax and layer-norm lowerings evaluated against PyTorch eager."""
+"""Softmax, log-softmax, layer-norm and batch-norm lowerings evaluated against PyTorch eager."""
 
 import pytest
 import torch
@@ -75,3 +75,110 @@ def _computes_read(t):
                 seen.append(u)
                 stack.append(u)
     return seen
+
+
+# ---- batch norm ----
+
+BN_SHAPES = {"NC": (6, 5), "NCL": (4, 5, 7), "NCHW": (2, 5, 4, 6)}
+
+
+def _bn_params(channels, stats_dtype, affine, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(channels, generator=g).to(stats_dtype)
+    var = (torch.rand(channels, generator=g) + 0.5).to(stats_dtype)
+    if not affine:
+        return mean, var, None, None
+    w = (torch.rand(channels, generator=g) + 0.5).to(stats_dtype)
+    return mean, var, w, torch.randn(channels, generator=g).to(stats_dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS + (torch.bfloat16,))
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("shape", list(BN_SHAPES))
+def test_batch_norm_inference_lowering(shape, affine, dtype):
+    x = make_tensor(BN_SHAPES[shape], dtype, special=NO_INF)
+    # Half inputs come with f32 statistics and parameters, as in a module under autocast.
+    stats = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    mean, var, w, b = _bn_params(x.shape[1], stats, affine)
+    op = aten._native_batch_norm_legit_no_training.default
+    check_lowering(op, x, w, b, mean, var, 0.1, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("shape", list(BN_SHAPES))
+def test_batch_norm_batch_statistics_lowering(shape, affine, dtype):
+    x = make_tensor(BN_SHAPES[shape], dtype, special=False)
+    _, _, w, b = _bn_params(x.shape[1], dtype, affine)
+    check_lowering(aten._native_batch_norm_legit.no_stats, x, w, b, True, 0.1, 1e-5)
+
+
+BN_TOLERANCE = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+
+
+def _compile_records(fn, *args, target, rtol, atol):
+    from helpers import check_compiled
+
+    from minicomp.dynamo.backend import recording
+
+    records: list = []
+    with recording(records), torch.no_grad():
+        check_compiled(fn, *args, target=target, rtol=rtol, atol=atol)
+    return records
+
+
+def _assert_no_batch_norm_extern(records):
+    from minicomp.ir.graph import ExternOp
+
+    assert records
+    for record in records:
+        externs = [n.name for n in record.graph.nodes if isinstance(n, ExternOp)]
+        assert not [e for e in externs if "batch_norm" in e], externs
+
+
+@pytest.mark.parametrize("layout", ["NC", "NCL", "NCHW", "NHWC"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_batch_norm_inference_compiled(target, dtype, affine, layout):
+    x = torch.randn(BN_SHAPES.get(layout, BN_SHAPES["NCHW"]), dtype=dtype) * 3 + 1
+    if layout == "NHWC":
+        x = x.to(memory_format=torch.channels_last)
+    mean, var, w, b = _bn_params(x.shape[1], torch.float32, affine, seed=1)
+
+    def fn(x, mean, var, w, b):
+        return torch.nn.functional.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5) * 2
+
+    rtol, atol = BN_TOLERANCE[dtype]
+    records = _compile_records(fn, x, mean, var, w, b, target=target, rtol=rtol, atol=atol)
+    _assert_no_batch_norm_extern(records)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_conv_batch_norm_relu_is_one_template_kernel(channels_last):
+    from minicomp.ir.graph import FusedOp
+    from minicomp.schedule.contraction import match_contraction
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    bn = nn.BatchNorm2d(12)
+    bn.running_mean.uniform_(-0.5, 0.5)
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.uniform_(-0.5, 0.5)
+    model = nn.Sequential(nn.Conv2d(6, 12, 3, padding=1, bias=False), bn, nn.ReLU()).eval()
+    x = torch.randn(2, 6, 9, 11)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    records = _compile_records(model, x, target="cuda-emu", rtol=1e-4, atol=1e-4)
+    _assert_no_batch_norm_extern(records)
+    (record,) = records
+    (group,) = [n for n in record.graph.nodes if isinstance(n, FusedOp)]
+    assert any("batch_norm" in m for m in group.members)
+    assert match_contraction(group) is not None
+    (kernel,) = record.kernels
+    assert kernel.attr("template")

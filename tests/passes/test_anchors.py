@@ -223,9 +223,8 @@ def test_resnet_bottleneck(target, folded):
     from torch.nn.utils.fusion import fuse_conv_bn_eval
 
     torch.manual_seed(0)
-    # (Channels as in ResNet-50's layer2.0. With as many input channels as the block's width
-    # the shortcut and conv3 reduce over equal extents, and fusion puts both in one group,
-    # which is no contraction.)
+    # Channels as in ResNet-50's layer2.0 (tests/passes/test_fusion.py has the case where the
+    # shortcut and conv3 reduce over equal extents).
     block = _Bottleneck(16, 8, 32).eval()
     if folded:
         block.conv1 = fuse_conv_bn_eval(block.conv1, block.bn1)

@@ -342,3 +342,136 @@ def test_signed_zero_constants_survive_fusion():
         torch.from_numpy(xs) > 0, torch.from_numpy(xs) * 0.0, torch.from_numpy(xs) * -0.0
     )
     np.testing.assert_array_equal(np.signbit(actual), torch.signbit(expected).numpy())
+
+
+# --- contractions stay whole ---------------------------------------------------------------
+
+
+def sibling_reductions(contractions: bool) -> Graph:
+    """Two sums over k joined by an elementwise consumer: matrix products (x @ w1, x @ w2)
+    when `contractions`, else row statistics of x (sum of x, sum of x * x)."""
+    b = GraphBuilder()
+    x = b.input("x", (6, 8))
+    w1, w2 = b.input("w1", (8, 5)), b.input("w2", (8, 5))
+    if contractions:
+        p1 = b.compute("p1", (6, 5), lambda i, j: reduce("sum", (8,), lambda k: x[i, k] * w1[k, j]))
+        p2 = b.compute("p2", (6, 5), lambda i, j: reduce("sum", (8,), lambda k: x[i, k] * w2[k, j]))
+        out = b.compute("out", (6, 5), lambda i, j: E.maximum(p1[i, j] + p2[i, j], 0.0))
+    else:
+        p1 = b.compute("p1", (6, 1), lambda i, j: reduce("sum", (8,), lambda k: x[i, k]))
+        p2 = b.compute("p2", (6, 1), lambda i, j: reduce("sum", (8,), lambda k: x[i, k] * x[i, k]))
+        out = b.compute("out", (6, 8), lambda i, j: x[i, j] * p2[i, 0] - p1[i, 0])
+    b.output(out)
+    return b.build()
+
+
+def test_sibling_contractions_stay_separate_kernels_and_the_consumer_joins_the_later():
+    from minicomp.schedule.contraction import match_contraction
+
+    g = sibling_reductions(contractions=True)
+    f = fuse(g)
+    assert_well_formed(f)
+    first, second = fused_ops(f)
+    assert first.members == ("p1",) and second.members == ("p2", "out")
+    for op in (first, second):
+        assert sum(isinstance(s, ReduceStage) for s in op.stages) == 1
+        assert match_contraction(op) is not None, op.name
+    assert "p1" in [v.name for v in second.inputs]
+    assert_compiles_like_reference(g)
+
+
+def test_sibling_reductions_that_are_no_contractions_still_share_a_kernel():
+    g = sibling_reductions(contractions=False)
+    f = fuse(g)
+    assert_well_formed(f)
+    (op,) = f.nodes
+    assert set(op.members) == {"p1", "p2", "out"}
+    assert [s.kind for s in op.stages if isinstance(s, ReduceStage)] == ["sum", "sum"]
+    assert_compiles_like_reference(g)
+
+
+def _contraction_kernels(records) -> list[FusedOp]:
+    """Every fused group of `records` holding a reduction; each asserted to be a contraction
+    that a matmul template computed."""
+    from minicomp.schedule.contraction import match_contraction
+
+    found = []
+    for record in records:
+        assert not [n.name for n in record.graph.nodes if isinstance(n, ExternOp)]
+        templates = {k.name for k in record.kernels if k.attr("template")}
+        for op in fused_ops(record.graph):
+            if op.is_reduction:
+                assert match_contraction(op) is not None, op.name
+                assert op.name in templates, op.name
+                found.append(op)
+    return found
+
+
+def _compile_on_cuda_emu(fn, *args) -> tuple[object, list]:
+    from helpers import compile_minicomp
+
+    from minicomp.dynamo.backend import recording
+
+    records: list = []
+    with recording(records), torch.no_grad():
+        actual = compile_minicomp(fn, "cuda-emu")(*args)
+    return actual, records
+
+
+def test_sum_of_two_products_uses_two_template_kernels():
+    x, w1, w2 = torch.randn(24, 40), torch.randn(40, 36), torch.randn(40, 36)
+
+    def fn(x, w1, w2):
+        return torch.relu(x @ w1 + x @ w2)
+
+    actual, records = _compile_on_cuda_emu(fn, x, w1, w2)
+    assert len(_contraction_kernels(records)) == 2
+    expected = fn(x.double(), w1.double(), w2.double())
+    torch.testing.assert_close(actual, expected.float(), rtol=1e-4, atol=1e-4)
+
+
+class _ProjectionBlock(torch.nn.Module):
+    """A ResNet bottleneck with a strided projection shortcut whose input has as many channels
+    as the block's width, so conv3 and the shortcut reduce over equal extents."""
+
+    def __init__(self, channels: int, cout: int):
+        super().__init__()
+        nn = torch.nn
+
+        def conv_bn(cin, co, kernel, stride=1):
+            conv = nn.Conv2d(cin, co, kernel, stride, kernel // 2, bias=False)
+            return nn.Sequential(conv, nn.BatchNorm2d(co))
+
+        self.branch = nn.Sequential(
+            conv_bn(channels, channels, 1),
+            nn.ReLU(),
+            conv_bn(channels, channels, 3, 2),
+            nn.ReLU(),
+            conv_bn(channels, cout, 1),
+        )
+        self.shortcut = conv_bn(channels, cout, 1, 2)
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return torch.relu(self.branch(x) + self.shortcut(x))
+
+
+def test_bottleneck_with_projection_of_equal_extents_keeps_both_convolutions_templates():
+    import copy
+
+    torch.manual_seed(0)
+    block = _ProjectionBlock(16, 32).eval()
+    x = torch.randn(2, 16, 9, 11).to(memory_format=torch.channels_last)
+    actual, records = _compile_on_cuda_emu(block, x)
+    # conv1, conv2, conv3 and the shortcut: four templates, batch norms in their epilogues.
+    convs = _contraction_kernels(records)
+    assert len(convs) == 4
+    assert all(any("convolution" in m for m in op.members) for op in convs)
+    with torch.no_grad():
+        expected = copy.deepcopy(block).double()(x.double())
+    torch.testing.assert_close(actual, expected.float(), rtol=1e-4, atol=1e-4)

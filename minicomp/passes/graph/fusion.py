@@ -1,11 +1,24 @@
-"""Fusion: groups compute ops into kernels (elementwise chains, producers into reductions)."""
+"""Fusion: groups compute ops into kernels (elementwise chains, producers into reductions).
+
+Groups merge greedily, each op's producers into its group in graph order, while the merged
+group has a loop nest (passes/graph/loop_nest.py). One more rule keeps matrix products whole:
+a group that is a contraction (minicomp.schedule.contraction: one sum of a product, which the
+matmul and convolution templates compute) never merges with another group holding a
+reduction. Two sibling products over equal K extents (`x @ w1 + x @ w2`, a ResNet block's
+last convolution and its projection shortcut) would otherwise share a loop nest with two
+sums, which is no contraction and runs as slow row reductions; with the rule their joint
+consumer fuses into the later product's group as its epilogue and the earlier product is a
+kernel of its own. Groups of several reductions that are no contractions (softmax, layer
+norm) fuse as before.
+"""
 
 from __future__ import annotations
 
 import networkx as nx
 
-from minicomp.ir.graph import ComputeOp, Graph, Op
-from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest
+from minicomp.ir.graph import ComputeOp, FusedOp, Graph, Op
+from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest, try_loop_nest
+from minicomp.schedule.contraction import match_contraction
 
 
 class _Groups:
@@ -25,6 +38,9 @@ class _Groups:
         self.members: dict[int, list[int]] = {i: [i] for i in range(len(self.ops))}
         self.graph_outputs = graph.output_values()
         self.rejected: dict[tuple[str, str], str] = {}
+        # Each group's loop nest, once built: a group's outputs (and so its nest) change
+        # only when the group itself does.
+        self.nests: dict[int, FusedOp | None] = {}
 
     def outputs_of(self, members: list[int]):
         """Values of `members` read outside them or returned by the graph."""
@@ -53,20 +69,40 @@ class _Groups:
                     stack.append(s)
         return False
 
+    def holds_reduction(self, g: int) -> bool:
+        return any(not self.ops[i].definition.is_injective for i in self.members[g])
+
+    def is_contraction(self, g: int) -> bool:
+        """Whether group g alone is a contraction a matmul template computes."""
+        if g not in self.nests:
+            members = self.members[g]
+            ops = [self.ops[i] for i in members]
+            self.nests[g] = try_loop_nest("candidate", ops, self.outputs_of(members))
+        nest = self.nests[g]
+        return nest is not None and match_contraction(nest) is not None
+
     def try_merge(self, a: int, b: int) -> bool:
         if self.would_cycle(a, b):
             return False
+        key = (self.ops[self.members[a][-1]].name, self.ops[self.members[b][-1]].name)
+        both_reduce = self.holds_reduction(a) and self.holds_reduction(b)
+        if both_reduce and (self.is_contraction(a) or self.is_contraction(b)):
+            self.rejected[key] = "a contraction shares no kernel with another reduction"
+            return False
         members = sorted(self.members[a] + self.members[b])
         try:
-            build_loop_nest("candidate", [self.ops[i] for i in members], self.outputs_of(members))
+            nest = build_loop_nest(
+                "candidate", [self.ops[i] for i in members], self.outputs_of(members)
+            )
         except NoLoopNest as e:
-            key = (self.ops[self.members[a][-1]].name, self.ops[self.members[b][-1]].name)
             self.rejected[key] = str(e)
             return False
         for i in self.members[a]:
             self.group_of[i] = b
         self.members[b] = members
         del self.members[a]
+        self.nests.pop(a, None)
+        self.nests[b] = nest
         return True
 
     def run(self) -> None:
