@@ -8,8 +8,18 @@ import torch
 
 aten = torch.ops.aten
 
-# Ops minicomp lowers better whole than decomposed: a single-pass row kernel each
-# (and, later, fused attention templates).
+# Ops minicomp lowers better whole than decomposed: a single-pass row kernel each, and the
+# fused attention ops `scaled_dot_product_attention` dispatches to (PyTorch picks one for the
+# inputs' device, dtype and arguments; the math fallback it picks otherwise still
+# decomposes). Each stays one ATen node: the cuda targets launch the attention template for
+# it (passes/graph/attention.py), the cpu target calls it, and a training graph's backward
+# calls its ATen backward, which reads the forward's output and logsumexp.
+_FUSED_ATTENTION = (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
 KEEP_WHOLE = (
     aten._softmax.default,
     aten._log_softmax.default,
@@ -17,7 +27,7 @@ KEEP_WHOLE = (
     aten.log_softmax.int,
     aten.native_layer_norm.default,
     aten.layer_norm.default,
-)
+) + tuple(getattr(aten, name).default for name in _FUSED_ATTENTION if hasattr(aten, name))
 
 
 @functools.cache

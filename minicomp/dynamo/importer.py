@@ -418,16 +418,27 @@ def _flatten_vals(val: Any) -> list[tuple[tuple[int, ...], Any]]:
         for k, v in enumerate(val):
             if isinstance(v, torch.Tensor):
                 out.append(((k,), v))
-            elif v is not None:
+            elif v is not None and not _is_size(v):
                 return []
         return out
     return []
 
 
+def _is_size(v: Any) -> bool:
+    # Sizes beside tensors in a result (the fused attention ops return their max sequence
+    # lengths) are known when tracing: they are rebuilt as numbers, not produced at run time.
+    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+
+
 def _rebuild(val: Any, values) -> Any:
     if isinstance(val, torch.Tensor):
         return next(values)
-    return tuple(next(values) if isinstance(v, torch.Tensor) else None for v in val)
+    return tuple(
+        next(values)
+        if isinstance(v, torch.Tensor)
+        else (from_sympy(v) if _is_symint(v) else v if _is_size(v) else None)
+        for v in val
+    )
 
 
 def import_graph(gm: torch.fx.GraphModule) -> Graph:

@@ -521,6 +521,10 @@ def compile_graph(
 
         notice_untuned(target, options.search_space)
     choose = make_chooser(options, target, layouts, device_index)
+    if target in ("cuda", "cuda-emu"):
+        from minicomp.passes.graph.attention import tune_attention
+
+        graph = record.graph = tune_attention(graph, choose)
     scheduled = schedule_graph(graph, target, layouts, choose, options)
     kernels = [simplify_indices(k) for k in scheduled]
     launched, device_functions = _script_functions(graph)

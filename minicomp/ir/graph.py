@@ -109,7 +109,10 @@ class KernelOp(Op):
     the module. `args` has one entry per parameter of `function`, in order: ArgRef(k) for a
     tensor (k < len(inputs): input k, else output k - len(inputs)), or an Expr for a scalar (a
     constant, or a size expression over the graph's symbols). The kernel reads its inputs and
-    writes its outputs as row-major contiguous tensors.
+    writes its outputs as row-major contiguous tensors, unless `strided`: then it takes every
+    tensor's strides among its scalar arguments (computed from the graph's layouts by the pass
+    that made the op), reads its inputs in place whatever their layout, and writes its
+    outputs with the strides PyTorch gave them (their TensorTypes), as an ATen call would.
     """
 
     name: str
@@ -118,6 +121,7 @@ class KernelOp(Op):
     function: Function
     callees: tuple[Function, ...]
     args: tuple
+    strided: bool = False
 
 
 @node

@@ -23,8 +23,9 @@ def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
 
 
 def layouts_for(graph: Graph) -> dict[str, tuple]:
-    """Strides of every value: PyTorch's for graph inputs, outputs, constants and ATen-call
-    results; row-major for the intermediates minicomp writes."""
+    """Strides of every value: PyTorch's for graph inputs, outputs, constants, ATen-call
+    results and what strided kernel launches write; row-major for the intermediates minicomp
+    writes."""
     outputs = graph.output_values()
     out: dict[str, tuple] = {}
     for v in graph.inputs:
@@ -35,6 +36,7 @@ def layouts_for(graph: Graph) -> dict[str, tuple]:
     for n in graph.nodes:
         for v in n.outputs:
             keep = isinstance(n, ExternOp) or v in outputs
+            keep = keep or isinstance(n, KernelOp) and n.strided
             strides = v.type.strides if keep and v.type.strides is not None else None
             out[v.name] = strides if strides is not None else contiguous_strides(v.shape)
     return out
@@ -57,15 +59,15 @@ def is_row_major(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
 def contiguous_kernel_inputs(graph: Graph) -> Graph:
     """Make every input of a kernel launch (KernelOp) row-major: a value whose layout is not
     (a transposed graph input, a strided ATen result or alias) is copied first by a compute op,
-    which fusion then turns into (part of) a kernel. Run it after the passes that drop
-    identity copies."""
+    which fusion then turns into (part of) a kernel. Strided launches read their inputs in
+    place. Run it after the passes that drop identity copies."""
     layouts = layouts_for(graph)
     taken = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
     taken |= {v.name for n in graph.nodes for v in n.outputs}
     copies: dict[Value, Value] = {}
     nodes: list[Op] = []
     for n in graph.nodes:
-        if isinstance(n, KernelOp):
+        if isinstance(n, KernelOp) and not n.strided:
             inputs = []
             for v in n.inputs:
                 if not is_row_major(v.shape, layouts[v.name]) and v not in copies:

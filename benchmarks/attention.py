@@ -1,0 +1,263 @@
+"""GPU benchmark: scaled_dot_product_attention compiled by minicomp (the fused attention
+template) at search space 0 and 2 against torch.nn.functional.scaled_dot_product_attention
+(PyTorch's flash / memory-efficient / cuDNN kernels), in TFLOP/s.
+
+    python benchmarks/attention.py [--dtypes f16,bf16] [--shapes 1x32x1024x128,...]
+                                   [--causal both] [--levels 0,2] [--repeat 20]
+                                   [--out benchmarks/results/attention-DATE.json]
+
+Shapes are B x H x S x D (batch, heads, sequence length, head dim; Sq = Sk = S), by default
+(1, 32, 1024, 128), (8, 16, 2048, 64) and (4, 32, 4096, 128), each causal and not. FLOPs
+count the two products, 4 B H S^2 D, halved when causal (the masked half is skipped). Each
+function is captured, with every backend alike, in one CUDA graph of `--inner` calls rotating
+through input copies that together exceed twice the L2 cache, and the graph's replays are
+timed with CUDA events (median of `--repeat`). minicomp compiles with cuda_graphs off (the
+benchmark's own graph replaces its) into a fresh cache directory, so search space 2 really
+tunes (at most `--tune-budget` seconds a kernel); "tune s" is the first call's extra time
+over search space 0. "fused" says whether the attention ran as minicomp's kernel (a tuned
+graph keeps PyTorch's call where it measured faster). Errors are against PyTorch's output.
+On a machine without CUDA it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+SHAPES = [(1, 32, 1024, 128), (8, 16, 2048, 64), (4, 32, 4096, 128)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtypes", default="f16,bf16")
+    p.add_argument("--shapes", default=None, help="BxHxSxD items (default: the three above)")
+    p.add_argument("--causal", default="both", choices=("both", "yes", "no"))
+    p.add_argument("--levels", default="0,2", help="minicomp search spaces to compare")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--inner", type=int, default=10, help="calls per timed graph replay")
+    p.add_argument(
+        "--tune-budget", type=int, default=120, help="seconds of tuning per kernel (0: no limit)"
+    )
+    p.add_argument("--cache-dir", default=None, help="minicomp cache (default: a fresh one)")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def shapes_from(text: str | None) -> list[tuple[int, int, int, int]]:
+    if not text:
+        return list(SHAPES)
+    out = []
+    for item in text.split(","):
+        b, h, s, d = (int(x) for x in item.lower().split("x"))
+        out.append((b, h, s, d))
+    return list(dict.fromkeys(out))
+
+
+def input_copies(b: int, h: int, s: int, d: int, dtype: torch.dtype) -> list[tuple]:
+    """Enough (Q, K, V) triples to rotate through that together they exceed twice the L2."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    triple = 3 * b * h * s * d * torch.empty((), dtype=dtype).element_size()
+    copies = max(1, min(16, math.ceil(2 * l2 / triple)))
+    return [
+        tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
+        for _ in range(copies)
+    ]
+
+
+def time_graph(fn, copies: list[tuple], inner: int, repeat: int) -> float:
+    """Median seconds of one call of `fn`, replaying a CUDA graph of `inner` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for args in copies[:3]:  # warm up outside the capture (lazy handles, workspaces)
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(inner):
+            fn(*copies[i % len(copies)])
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3 / inner)
+    return statistics.median(samples)
+
+
+def attention(causal: bool):
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return fn
+
+
+def compile_minicomp(fn, level: int, cache_dir: str, tune_budget: int):
+    """A fresh torch.compile of `fn` by minicomp at search space `level`."""
+    options = {
+        "search_space": level,
+        "tune_budget": tune_budget,
+        "cuda_graphs": False,
+        "target": "cuda",
+        "fallback": "error",
+        "cache_dir": cache_dir,
+    }
+    return torch.compile(fn, backend="minicomp", options=options, dynamic=False)
+
+
+def fused_in(records: list) -> bool:
+    """Whether the compiled graphs launch minicomp's attention template."""
+    from minicomp.ir.graph import KernelOp
+
+    return any(
+        isinstance(n, KernelOp) and n.function.attr("template", "").startswith("attention")
+        for r in records
+        if r.graph is not None
+        for n in r.graph.nodes
+    )
+
+
+def bench_one(shape, dtype, causal, levels, args, cache_dir) -> dict:
+    from minicomp.dynamo.backend import recording
+
+    b, h, s, d = shape
+    copies = input_copies(b, h, s, d, dtype)
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    row = {"b": b, "h": h, "s": s, "d": d, "causal": causal}
+    row["dtype"] = str(dtype).removeprefix("torch.")
+    fn = attention(causal)
+    row["torch_s"] = time_graph(fn, copies, args.inner, args.repeat)
+    q, k, v = copies[0]
+    expected = fn(q, k, v).float()
+    first_call = {}
+    for level in levels:
+        torch._dynamo.reset()
+        compiled = compile_minicomp(fn, level, cache_dir, args.tune_budget)
+        records: list = []
+        t0 = time.perf_counter()
+        try:
+            with recording(records):
+                got = compiled(q, k, v)
+            torch.cuda.synchronize()
+            first_call[level] = time.perf_counter() - t0
+            row[f"mc{level}_fused"] = fused_in(records)
+            row[f"mc{level}_max_abs_err"] = float((got.float() - expected).abs().max())
+            row[f"mc{level}_s"] = time_graph(compiled, copies, args.inner, args.repeat)
+        except Exception as e:  # report it and carry on with the other shapes
+            row[f"mc{level}_error"] = f"{type(e).__name__}: {e}"[:300]
+    if 0 in first_call:
+        for level in levels:
+            if level != 0 and level in first_call:
+                row[f"mc{level}_tune_s"] = max(0.0, first_call[level] - first_call[0])
+    for key in [k for k in row if k.endswith("_s") and not k.endswith("tune_s")]:
+        row[key.removesuffix("_s") + "_tflops"] = flops / row[key] / 1e12
+    return row
+
+
+def print_row(row: dict, levels: list[int]) -> None:
+    shape = f"{row['b']}x{row['h']}x{row['s']}x{row['d']}"
+    cells = [f"{shape:>16}", f"{row['dtype']:>8}", f"{'yes' if row['causal'] else 'no':>6}"]
+    cells.append(f"{row['torch_s'] * 1e3:9.3f}")
+    cells.append(f"{row['torch_tflops']:7.1f}")
+    for level in levels:
+        tflops = row.get(f"mc{level}_tflops")
+        ratio = tflops / row["torch_tflops"] if tflops else None
+        cells.append(f"{row[f'mc{level}_s'] * 1e3:9.3f}" if tflops else f"{'error':>9}")
+        cells.append(f"{tflops:7.1f}" if tflops else f"{'-':>7}")
+        cells.append(f"{ratio:6.2f}x" if ratio else f"{'-':>7}")
+        cells.append(f"{'yes' if row.get(f'mc{level}_fused') else 'no':>5}")
+    for level in levels:
+        if level:
+            tune = row.get(f"mc{level}_tune_s")
+            cells.append(f"{tune:8.1f}" if tune is not None else f"{'-':>8}")
+    bad = [lv for lv in levels if row.get(f"mc{lv}_max_abs_err", 0) > 3e-2]
+    cells.append("WRONG: search space " + ",".join(map(str, bad)) if bad else "")
+    print("  ".join(cells), flush=True)
+    for level in levels:
+        if f"mc{level}_error" in row:
+            print(f"    search space {level}: {row[f'mc{level}_error']}", flush=True)
+
+
+def header(levels: list[int]) -> str:
+    cells = [f"{'B x H x S x D':>16}", f"{'dtype':>8}", f"{'causal':>6}"]
+    cells += [f"{'torch ms':>9}", f"{'TFLOP/s':>7}"]
+    for level in levels:
+        cells += [f"{'mc' + str(level) + ' ms':>9}", f"{'TFLOP/s':>7}", f"{'ratio':>7}"]
+        cells += [f"{'fused':>5}"]
+    cells += [f"{'tune s':>8}" for level in levels if level]
+    return "  ".join(cells) + "\n" + "ratio = minicomp / F.scaled_dot_product_attention"
+
+
+def device_info() -> dict:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "device": props.name,
+        "l2_bytes": props.L2_cache_size,
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/attention.py needs a CUDA GPU; none is available here, nothing measured.")
+        return 0
+    import minicomp  # noqa: F401  (registers the backend; fails early when not installed)
+
+    levels = [int(x) for x in args.levels.split(",")]
+    dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    info = device_info()
+    print(f"{info['device']}, torch {info['torch']}, commit {info['commit'][:10]}, {info['date']}")
+    print(header(levels), flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="minicomp-attention-") as fresh:
+        cache_dir = args.cache_dir or fresh
+        for dtype in dtypes:
+            for shape in shapes_from(args.shapes):
+                for causal in causals:
+                    row = bench_one(shape, dtype, causal, levels, args, cache_dir)
+                    rows.append(row)
+                    print_row(row, levels)
+                    torch.cuda.empty_cache()
+    for level in levels:
+        ratios = [
+            r[f"mc{level}_tflops"] / r["torch_tflops"] for r in rows if f"mc{level}_tflops" in r
+        ]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            print(f"search space {level}: geometric mean {geo:.2f}x PyTorch over {len(ratios)}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({**info, "args": vars(args), "rows": rows}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

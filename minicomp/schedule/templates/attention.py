@@ -1,0 +1,626 @@
+"""A fused attention template (flash attention): softmax(Q K^T * scale + mask) V in one kernel,
+f16 or bf16 operands, tensor cores (mma.sync m16n8k16) and f32 accumulation.
+
+A block owns BM query rows of one (batch, head): BM / 16 warps, 16 rows each. It walks the
+keys in steps of BN. Each step's K and V tiles reach shared memory through `stages` buffers
+(16-byte cp.async copies, zero-filled past the last key; the copy of step t + stages - 1 is
+in flight while step t computes, as in matmul_tc), and a warp then computes
+
+    S = Q K^T                    mma, Q fragments (ldmatrix) against K rows (ldmatrix)
+    S = S * scale * log2(e) (+ mask * log2(e)), -inf where masked
+    m' = max(m, rowmax(S));  P = exp2(S - m');  l = l * exp2(m - m') + rowsum(P)
+    O = O * exp2(m - m') + P V   P converted to f16/bf16 in registers: the accumulator
+                                 layout of S is the A-operand layout of P; V by ldmatrix.trans
+
+all in registers (f32 running max and sum per row; a lane holds two rows, reduced across the
+four lanes of a row with shuffles). At the end O / l goes through shared memory to coalesced
+16-byte stores, and the logsumexp ((m + log2 l) * ln 2) to its own output when asked for.
+
+Masks: causal (top-left aligned, like PyTorch: query i sees keys j <= i) stops the key loop
+at the block's last row and masks only the steps that cross the diagonal; an additive mask
+of any float type, broadcastable to (B, H, Sq, Sk), is read with its strides (a broadcast
+dimension has stride 0). Rows that every key masks give 0 (and logsumexp 0, as in PyTorch).
+
+Every tensor is addressed with its own strides (kernel constants, or size expressions when
+symbolic): Q, K, V and O may be transposed views such as a projection's (B, S, H, D) seen
+as (B, H, S, D). The 16-byte copies need a unit stride along the head dim and row strides
+that are multiples of 8 elements (checked at compile time when static) and 16-byte aligned
+bases, checked at run time once per (batch, head); otherwise the block loads and stores the
+same elements one by one. K and V may have fewer heads than Q (grouped-query attention).
+
+Q's fragments stay in registers for the whole loop when `q_regs` (its shared rows are then
+reused by the last stage buffer); otherwise they are read from shared memory every step
+(large head dims, where registers are short).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+
+from minicomp.ir import types as T
+from minicomp.ir.expr import Dim, Expr, Var, dim_expr, maximum, minimum
+from minicomp.ir.func import Function
+from minicomp.ir.functor import collect
+from minicomp.schedule.templates.base import Template
+from minicomp.schedule.templates.problem import MAX_GRID_Z, ceil_div
+from minicomp.script import (
+    attrs,
+    bf16,
+    blockIdx,
+    cp_async,
+    cp_async_commit,
+    cp_async_wait,
+    cp_async_wait_all,
+    dynamic_shared_tensor,
+    exp2,
+    f16,
+    f32,
+    gridDim,
+    i32,
+    i64,
+    is_aligned,
+    ldmatrix_x4,
+    ldmatrix_x4_trans,
+    load_vec,
+    log2,
+    mma_sync_m16n8k16,
+    register_tensor,
+    script,
+    shfl_xor_sync,
+    store_vec,
+    syncthreads,
+    threadIdx,
+    unroll,
+)
+from minicomp.script.values import TensorRef
+
+NAME = "attention"
+# The most dynamic shared memory a config may take: what every sm_80+ GPU lets a block have
+# (sm_86 and sm_89 opt in to 99 KiB; an A100 163, an H100 227).
+MAX_SHARED = 99 * 1024
+# Elements of padding after each shared row (16 bytes): rows stay 16-byte aligned and the
+# eight rows an ldmatrix reads fall in different banks.
+PAD = 8
+# 16-byte chunks hold 8 elements.
+CHUNK = 8
+# f32 registers a thread may hold in accumulators and Q fragments (more spill).
+MAX_ACC_REGS = 144
+MMA_TYPES = (T.f16, T.bf16)
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = float("-inf")
+_SCRIPT_TYPES = {T.f16: f16, T.bf16: bf16}
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """BM query rows a block (16 a warp), BN keys a step, `stages` K/V buffers, and whether
+    Q's fragments stay in registers."""
+
+    bm: int
+    bn: int
+    stages: int
+    q_regs: bool
+
+    @property
+    def warps(self) -> int:
+        return self.bm // 16
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def __str__(self) -> str:
+        return f"{self.bm}x{self.bn}_s{self.stages}{'_qr' if self.q_regs else ''}"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor the kernel reads or writes: its buffer as a flat script tensor and the element
+    strides of its (batch, head, row, column) dimensions (0 where broadcast)."""
+
+    ref: TensorRef
+    strides: tuple[Dim, Dim, Dim, Dim]
+
+    @property
+    def dtype(self) -> T.DataType:
+        return self.ref.dtype
+
+    def vector_ok(self) -> bool:
+        """Whether 16-byte accesses along rows can work: unit column stride and row, head and
+        batch strides that are multiples of 8 elements (False when a static one is not)."""
+        sb, sh, sr, sc = self.strides
+        if isinstance(sc, int) and sc != 1:
+            return False
+        return not any(isinstance(s, int) and s % CHUNK for s in (sb, sh, sr))
+
+
+@dataclass
+class AttentionProblem:
+    """One attention call: sizes, types, operands, mask and scale (see the module doc).
+
+    `params` are the kernel's IR parameters in the order a KernelOp passes them: the buffers
+    of q, k, v, (mask), o, (lse), then the size symbols the sizes and strides use.
+    """
+
+    name: str
+    dtype: T.DataType
+    batch: Dim
+    heads: Dim
+    kv_heads: Dim
+    seq_q: Dim
+    seq_k: Dim
+    head_dim: int
+    q: Operand
+    k: Operand
+    v: Operand
+    o: Operand
+    lse: Operand | None = None
+    mask: Operand | None = None
+    causal: bool = False
+    scale: float = 1.0
+
+    @property
+    def buffers(self) -> tuple[Var, ...]:
+        ops = (self.q, self.k, self.v, self.mask, self.o, self.lse)
+        return tuple(op.ref.var for op in ops if op is not None)
+
+    @property
+    def symbols(self) -> tuple[Var, ...]:
+        dims = [self.batch, self.heads, self.kv_heads, self.seq_q, self.seq_k]
+        for op in (self.q, self.k, self.v, self.mask, self.o, self.lse):
+            if op is not None:
+                dims += [*op.strides, *op.ref.shape]
+        found = {v for d in dims if isinstance(d, Expr) for v in collect(d, Var)}
+        return tuple(sorted(found, key=lambda v: v.name))
+
+    @property
+    def params(self) -> tuple[Var, ...]:
+        return self.buffers + self.symbols
+
+    def signature(self) -> str:
+        """A stable description for the tuning database: sizes, types, strides, mask, scale."""
+        sizes = ",".join(_dim_text(d) for d in (self.batch, self.heads, self.kv_heads))
+        seqs = ",".join(_dim_text(d) for d in (self.seq_q, self.seq_k))
+        parts = [f"bhk={sizes} s={seqs} d={self.head_dim} t={self.dtype.short}"]
+        for label, op in (("q", self.q), ("k", self.k), ("v", self.v), ("o", self.o)):
+            parts.append(f"{label}={','.join(_dim_text(s) for s in op.strides)}")
+        if self.mask is not None:
+            parts.append(
+                f"mask={self.mask.dtype.short}:{','.join(map(_dim_text, self.mask.strides))}"
+            )
+        parts.append(
+            f"causal={int(self.causal)} scale={self.scale!r} lse={int(self.lse is not None)}"
+        )
+        return " ".join(parts)
+
+
+def _dim_text(d: Dim) -> str:
+    if isinstance(d, int):
+        return str(d)
+    from minicomp.ir.printer import expr_str
+
+    return "s" + hashlib.sha256(expr_str(d).encode()).hexdigest()[:6]
+
+
+# ---- the search space ----
+
+
+def shared_rows(problem: AttentionProblem, cfg: AttnConfig) -> int:
+    """Rows of head-dim elements the block keeps in shared memory (see _layout)."""
+    return _layout(cfg)[2]
+
+
+def _layout(cfg: AttnConfig) -> tuple[int, int, int]:
+    """(first row of Q, first row of the stage buffers, total rows) of the shared rows: stage
+    s holds K at rows 2 s BN + [0, BN) and V after it; with `q_regs`, Q shares the rows of
+    the last stage when it fits there (it is in registers before that stage is first filled),
+    else it comes first."""
+    stage_rows = cfg.stages * 2 * cfg.bn
+    if cfg.q_regs and cfg.bm <= 2 * cfg.bn:
+        return (cfg.stages - 1) * 2 * cfg.bn, 0, stage_rows
+    return 0, cfg.bm, cfg.bm + stage_rows
+
+
+def shared_bytes(problem: AttentionProblem, cfg: AttnConfig) -> int:
+    return shared_rows(problem, cfg) * (problem.head_dim + PAD) * problem.dtype.nbytes
+
+
+def valid(problem: AttentionProblem, cfg: AttnConfig) -> bool:
+    """Whether `cfg` is a consistent tiling within the register and shared-memory limits."""
+    d = problem.head_dim
+    if cfg.bm % 16 or not 1 <= cfg.warps <= 8 or cfg.bn % 16 or cfg.bn < 16:
+        return False
+    if not 2 <= cfg.stages <= 4:
+        return False
+    regs = d // 2 + cfg.bn // 2 + (d // 4 if cfg.q_regs else 0)
+    if regs > MAX_ACC_REGS:
+        return False
+    return shared_bytes(problem, cfg) <= MAX_SHARED
+
+
+_LEVEL1 = (
+    AttnConfig(128, 64, 2, True),
+    AttnConfig(64, 64, 2, True),
+    AttnConfig(128, 32, 2, True),
+    AttnConfig(64, 64, 3, False),
+    AttnConfig(128, 32, 3, False),
+    AttnConfig(64, 32, 2, False),
+    AttnConfig(32, 32, 2, False),
+    AttnConfig(64, 16, 2, False),
+    AttnConfig(64, 16, 3, False),
+)
+
+
+def space(problem: AttentionProblem, level: int) -> list[AttnConfig]:
+    """The configs to try: level 1 a handful, level 2 every valid combination of a grid of
+    choices (level 0: the heuristic's alone)."""
+    if level <= 0:
+        return [heuristic(problem)]
+    configs = [c for c in _LEVEL1 if valid(problem, c)]
+    if level >= 2:
+        grid = itertools.product((32, 64, 128), (16, 32, 64, 128), (2, 3, 4), (True, False))
+        configs += [c for c in (AttnConfig(*p) for p in grid) if valid(problem, c)]
+    return list(dict.fromkeys(configs))
+
+
+# Level-0 preferences by head dim, first valid wins: FlashAttention-2's shapes where they fit.
+_PREFERRED = {
+    64: (AttnConfig(128, 64, 2, True), AttnConfig(64, 64, 2, True)),
+    128: (AttnConfig(128, 64, 2, True), AttnConfig(64, 64, 2, True)),
+    256: (AttnConfig(64, 16, 2, False), AttnConfig(32, 32, 2, False)),
+}
+# Fewer blocks than this leave a large GPU partly idle: take 64-row blocks instead.
+MIN_BLOCKS = 132
+
+
+def heuristic(problem: AttentionProblem) -> AttnConfig:
+    """The config used without measuring: per head dim (rounded up to 64, 128 or 256), the
+    first valid preference; 64-row blocks when 128-row ones would give too few blocks."""
+    d = problem.head_dim
+    key = 64 if d <= 64 else 128 if d <= 128 else 256
+    prefs = [c for c in _PREFERRED[key] if valid(problem, c)]
+    if not prefs:
+        prefs = space(problem, 1) or [AttnConfig(32, 16, 2, False)]
+    best = prefs[0]
+    bh, sq = problem.batch * problem.heads, problem.seq_q
+    if best.bm == 128 and isinstance(bh, int) and isinstance(sq, int):
+        if bh * ceil_div(sq, 128) < MIN_BLOCKS:
+            smaller = [c for c in prefs if c.bm == 64]
+            best = smaller[0] if smaller else best
+    return best
+
+
+def applies(problem: AttentionProblem) -> bool:
+    """f16 or bf16 operands with a head dim the mma tiles cover (a multiple of 16, <= 256)."""
+    d = problem.head_dim
+    return problem.dtype in MMA_TYPES and d % 16 == 0 and 16 <= d <= 256
+
+
+# ---- the kernel ----
+
+
+def _grid(problem: AttentionProblem, bm: int) -> tuple[Dim, Dim, Dim]:
+    """Query tiles along x (at least one block), (batch, head) pairs along y (at most
+    MAX_GRID_Z: the kernel loops over the rest)."""
+    tiles = ceil_div(problem.seq_q, bm)
+    x = max(tiles, 1) if isinstance(tiles, int) else maximum(tiles, 1)
+    bh = problem.batch * problem.heads if _static(problem.batch, problem.heads) else None
+    if bh is not None:
+        return x, min(max(bh, 1), MAX_GRID_Z), 1
+    bh_e = dim_expr(problem.batch) * dim_expr(problem.heads)
+    return x, minimum(maximum(bh_e, 1), MAX_GRID_Z), 1
+
+
+def _static(*dims: Dim) -> bool:
+    return all(isinstance(d, int) for d in dims)
+
+
+def _mul(a: Dim, b: Dim) -> Dim:
+    return a * b if _static(a, b) else dim_expr(a) * dim_expr(b)
+
+
+def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
+    """The kernel computing `problem` with tiling `cfg` (named after the problem)."""
+    if not applies(problem):
+        raise ValueError(
+            f"{NAME} does not compute {problem.dtype.name} with head dim {problem.head_dim}"
+        )
+    dt = problem.dtype
+    D, BM, BN, STAGES = problem.head_dim, cfg.bm, cfg.bn, cfg.stages
+    THREADS = cfg.threads
+    Q_REGS = cfg.q_regs
+    Q_ROW, KV_ROW, ROWS = _layout(cfg)
+    Q_LAST = Q_ROW > 0  # Q shares the last stage's rows
+    CAST = _SCRIPT_TYPES[dt]
+    DK = D // 16  # k steps of Q K^T
+    DT = D // 8  # n tiles of O
+    NT = BN // 8  # n tiles of S
+    PK = BN // 16  # k steps of P V
+    CPR = D // CHUNK  # 16-byte chunks a row
+    # Tile copies: a thread copies chunk tid % CPR of rows tid // CPR + i * RSTEP (one base
+    # address a thread, the rows at constant offsets from it); for a head dim whose chunk
+    # count does not divide the block, chunks i * THREADS + tid in row-major order.
+    SPLIT = THREADS % CPR == 0
+    RSTEP = THREADS // CPR if SPLIT else 0
+    Q_CH, KV_CH = BM * CPR, BN * CPR
+    Q_IT, KV_IT = -(-Q_CH // THREADS), -(-KV_CH // THREADS)
+    Q_EXACT, KV_EXACT = Q_CH % THREADS == 0, KV_CH % THREADS == 0
+    B, H, SQ, SK = problem.batch, problem.heads, problem.seq_q, problem.seq_k
+    GQ = (
+        H // problem.kv_heads
+        if _static(H, problem.kv_heads)
+        else (dim_expr(H) // dim_expr(problem.kv_heads))
+    )
+    BH = _mul(B, H)
+    TILES_M = ceil_div(SQ, BM)
+    GRID = _grid(problem, BM)
+    CAUSAL = problem.causal
+    SCALE2 = problem.scale * LOG2E
+    q, k, v, o = problem.q, problem.k, problem.v, problem.o
+    Q_G, K_G, V_G, O_G = q.ref, k.ref, v.ref, o.ref
+    QSB, QSH, QSS, QSD = q.strides
+    KSB, KSH, KSS, KSD = k.strides
+    VSB, VSH, VSS, VSD = v.strides
+    OSB, OSH, OSS, OSD = o.strides
+    Q_VEC, O_VEC = q.vector_ok(), o.vector_ok()
+    KV_VEC = k.vector_ok() and v.vector_ok()
+    # Key tiles all full: no partial tile to guard.
+    KV_EVEN = isinstance(SK, int) and SK % BN == 0
+    HAS_MASK = problem.mask is not None
+    HAS_LSE = problem.lse is not None
+    if HAS_MASK:
+        M_G = problem.mask.ref
+        MSB, MSH, MSQ, MSK = problem.mask.strides
+    if HAS_LSE:
+        L_G = problem.lse.ref
+        LSB, LSH, LSQ, _ = problem.lse.strides
+
+    @script(params=problem.params)
+    def attention():
+        attrs.grid_dim = GRID
+        attrs.block_dim = THREADS
+        tid = threadIdx.x
+        lane = tid % 32
+        wr = tid // 32 * 16  # the warp's first row in the block
+        g = lane // 4
+        tq = lane % 4
+        smem = dynamic_shared_tensor(dt, (ROWS, D + PAD))
+        if Q_REGS:
+            q_frag = register_tensor(dt, (DK, 8))
+        else:
+            q_a = register_tensor(dt, 8)
+        kf = register_tensor(dt, (2, 4))
+        vf = register_tensor(dt, (2, 4))
+        pa = register_tensor(dt, 8)
+        s = register_tensor(f32, (NT, 4))
+        acc = register_tensor(f32, (DT, 4))
+        m_i = register_tensor(f32, 2)
+        l_i = register_tensor(f32, 2)
+        ov = register_tensor(dt, CHUNK)
+        # Row and key coordinates are i32, element offsets i64.
+        if CAUSAL:
+            m0 = i32(TILES_M - 1 - blockIdx.x) * BM  # the longest rows first
+        else:
+            m0 = blockIdx.x * BM
+        bh = i64(blockIdx.y)
+        while bh < BH:
+            b = bh // H
+            h = bh % H
+            hk = h // GQ
+            q_off = b * QSB + h * QSH
+            k_off = b * KSB + hk * KSH
+            v_off = b * VSB + hk * VSH
+            o_off = b * OSB + h * OSH
+            if HAS_MASK:
+                mk_off = b * MSB + h * MSH
+            if CAUSAL:
+                n_end = max(min(SK, m0 + BM), 0)
+            else:
+                n_end = SK
+            steps = i32((n_end + (BN - 1)) // BN)
+            q_fast = Q_VEC and QSD == 1 and QSS % 8 == 0 and is_aligned(Q_G[q_off], 16)
+            kv_fast = KV_VEC and KSD == 1 and VSD == 1 and KSS % 8 == 0 and VSS % 8 == 0
+            kv_fast = kv_fast and is_aligned(K_G[k_off], 16) and is_aligned(V_G[v_off], 16)
+            # Q: one commit group ahead of the K/V steps.
+            if q_fast:
+                for it_q in unroll(range(Q_IT)):
+                    if SPLIT:
+                        r = tid // CPR + it_q * RSTEP
+                        x = tid % CPR * CHUNK
+                    else:
+                        r = (it_q * THREADS + tid) // CPR
+                        x = (it_q * THREADS + tid) % CPR * CHUNK
+                    if Q_EXACT or r < BM:
+                        gm = m0 + r
+                        src = q_off + i64(gm if gm < SQ else 0) * QSS + x
+                        cp_async(smem[Q_ROW + r, x], Q_G[src], 16, 16 if gm < SQ else 0)
+            else:
+                # Element by element (a compact loop: the rare case stays out of the way).
+                for c in range(tid, BM * D, THREADS):
+                    gm = m0 + c // D
+                    col = c % D
+                    src = q_off + i64(gm) * QSS + col * QSD
+                    smem[Q_ROW + c // D, col] = Q_G[src] if gm < SQ else 0.0
+            cp_async_commit()
+            for d in unroll(range(DT)):
+                for e in unroll(range(4)):
+                    acc[d, e] = 0.0
+            for e in unroll(range(2)):
+                m_i[e] = NEG_INF
+                l_i[e] = 0.0
+            # Iteration `it` issues step `it` into buffer it % STAGES (which step it - STAGES,
+            # computed one iteration earlier, used) and computes step it - (STAGES - 1).
+            for it in range(steps + STAGES - 1):
+                cp_async_wait(STAGES - 2)
+                syncthreads()
+                if Q_REGS and it == STAGES - 1:
+                    for kk in unroll(range(DK)):
+                        ldmatrix_x4(
+                            q_frag[kk], smem[Q_ROW + wr + lane % 16, kk * 16 + lane // 16 * 8]
+                        )
+                    if Q_LAST:
+                        syncthreads()  # Q's rows become the last stage's buffer
+                if it < steps:
+                    kr = KV_ROW + it % STAGES * 2 * BN
+                    n0 = it * BN
+                    if kv_fast:
+                        for it_kv in unroll(range(KV_IT)):
+                            if SPLIT:
+                                r = tid // CPR + it_kv * RSTEP
+                                x = tid % CPR * CHUNK
+                            else:
+                                r = (it_kv * THREADS + tid) // CPR
+                                x = (it_kv * THREADS + tid) % CPR * CHUNK
+                            if KV_EXACT or r < BN:
+                                gn = n0 + r
+                                if KV_EVEN or n0 + BN <= SK:
+                                    # A whole tile: one base address, rows at fixed offsets.
+                                    ks = k_off + i64(gn) * KSS + x
+                                    vs = v_off + i64(gn) * VSS + x
+                                    cp_async(smem[kr + r, x], K_G[ks], 16)
+                                    cp_async(smem[kr + BN + r, x], V_G[vs], 16)
+                                else:
+                                    # The last, partial tile: keys past SK are zero-filled.
+                                    row = gn if gn < SK else 0
+                                    nb = 16 if gn < SK else 0
+                                    ks = k_off + i64(row) * KSS + x
+                                    vs = v_off + i64(row) * VSS + x
+                                    cp_async(smem[kr + r, x], K_G[ks], 16, nb)
+                                    cp_async(smem[kr + BN + r, x], V_G[vs], 16, nb)
+                    else:
+                        for c in range(tid, BN * D, THREADS):
+                            gn = n0 + c // D
+                            col = c % D
+                            ks = k_off + i64(gn) * KSS + col * KSD
+                            vs = v_off + i64(gn) * VSS + col * VSD
+                            smem[kr + c // D, col] = K_G[ks] if gn < SK else 0.0
+                            smem[kr + BN + c // D, col] = V_G[vs] if gn < SK else 0.0
+                if it >= STAGES - 1:
+                    j = it - (STAGES - 1)
+                    kr = KV_ROW + (it + 1) % STAGES * 2 * BN
+                    n0 = j * BN
+                    # S = Q K^T
+                    for t in unroll(range(NT)):
+                        for e in unroll(range(4)):
+                            s[t, e] = 0.0
+                    for kk in unroll(range(DK)):
+                        if not Q_REGS:
+                            ldmatrix_x4(q_a, smem[Q_ROW + wr + lane % 16, kk * 16 + lane // 16 * 8])
+                        for t in unroll(range(0, NT, 2)):
+                            krow = kr + t * 8 + lane // 16 * 8 + lane % 8
+                            ldmatrix_x4(kf[0, 0], smem[krow, kk * 16 + lane // 8 % 2 * 8])
+                            if Q_REGS:
+                                mma_sync_m16n8k16(s[t], q_frag[kk], kf[0], s[t])
+                                mma_sync_m16n8k16(s[t + 1], q_frag[kk], kf[1], s[t + 1])
+                            else:
+                                mma_sync_m16n8k16(s[t], q_a, kf[0], s[t])
+                                mma_sync_m16n8k16(s[t + 1], q_a, kf[1], s[t + 1])
+                    # Scale (log2 domain), mask.
+                    row0 = m0 + wr + g
+                    edge = n0 + BN > SK
+                    if CAUSAL:
+                        edge = edge or n0 + BN - 1 > m0 + wr
+                    for t in unroll(range(NT)):
+                        for e in unroll(range(4)):
+                            s[t, e] = s[t, e] * SCALE2
+                    if HAS_MASK:
+                        for t in unroll(range(NT)):
+                            for e in unroll(range(4)):
+                                gr = row0 + e // 2 * 8
+                                gc = n0 + t * 8 + tq * 2 + e % 2
+                                if gr < SQ and gc < SK:
+                                    mv = M_G[mk_off + i64(gr) * MSQ + i64(gc) * MSK]
+                                    s[t, e] = s[t, e] + f32(mv) * LOG2E
+                    if edge:
+                        for t in unroll(range(NT)):
+                            for e in unroll(range(4)):
+                                gr = row0 + e // 2 * 8
+                                gc = n0 + t * 8 + tq * 2 + e % 2
+                                if CAUSAL:
+                                    if gc >= SK or gc > gr:
+                                        s[t, e] = NEG_INF
+                                else:
+                                    if gc >= SK:
+                                        s[t, e] = NEG_INF
+                    # Online softmax: a lane holds rows g (e < 2) and g + 8 (e >= 2).
+                    for hr in unroll(range(2)):
+                        mx = m_i[hr]
+                        for t in unroll(range(NT)):
+                            mx = max(mx, s[t, hr * 2], s[t, hr * 2 + 1])
+                        mx = max(mx, shfl_xor_sync(mx, 1))
+                        mx = max(mx, shfl_xor_sync(mx, 2))
+                        base = 0.0 if mx == NEG_INF else mx
+                        alpha = exp2(m_i[hr] - base)
+                        m_i[hr] = mx
+                        total = 0.0
+                        for t in unroll(range(NT)):
+                            for c2 in unroll(range(2)):
+                                p = exp2(s[t, hr * 2 + c2] - base)
+                                s[t, hr * 2 + c2] = p
+                                total += p
+                        l_i[hr] = l_i[hr] * alpha + total
+                        for d in unroll(range(DT)):
+                            acc[d, hr * 2] *= alpha
+                            acc[d, hr * 2 + 1] *= alpha
+                    # O += P V
+                    for pk in unroll(range(PK)):
+                        for e in unroll(range(8)):
+                            pa[e] = CAST(s[pk * 2 + e // 4, e % 4])
+                        for d in unroll(range(0, DT, 2)):
+                            vrow = kr + BN + pk * 16 + lane % 16
+                            ldmatrix_x4_trans(vf[0, 0], smem[vrow, d * 8 + lane // 16 * 8])
+                            mma_sync_m16n8k16(acc[d], pa, vf[0], acc[d])
+                            mma_sync_m16n8k16(acc[d + 1], pa, vf[1], acc[d + 1])
+                cp_async_commit()
+            cp_async_wait_all()
+            syncthreads()
+            # O / l through shared memory (the block's first BM rows), then 16-byte stores.
+            for hr in unroll(range(2)):
+                lt = l_i[hr]
+                lt += shfl_xor_sync(lt, 1)
+                lt += shfl_xor_sync(lt, 2)
+                inv = 1.0 / lt if lt > 0.0 else 0.0
+                lr = wr + g + hr * 8
+                for d in unroll(range(DT)):
+                    for c2 in unroll(range(2)):
+                        smem[lr, d * 8 + tq * 2 + c2] = CAST(acc[d, hr * 2 + c2] * inv)
+                if HAS_LSE:
+                    if tq == 0 and m0 + lr < SQ:
+                        # A row every key masks: 0, as PyTorch's kernels give (its backward
+                        # then finds every probability exp(-inf - 0) = 0).
+                        lse = (m_i[hr] + log2(lt)) * LN2 if lt > 0.0 else 0.0
+                        L_G[b * LSB + h * LSH + i64(m0 + lr) * LSQ] = lse
+            syncthreads()
+            o_fast = O_VEC and OSD == 1 and OSS % 8 == 0 and is_aligned(O_G[o_off], 16)
+            if o_fast:
+                for it_o in unroll(range(Q_IT)):
+                    if SPLIT:
+                        r = tid // CPR + it_o * RSTEP
+                        x = tid % CPR * CHUNK
+                    else:
+                        r = (it_o * THREADS + tid) // CPR
+                        x = (it_o * THREADS + tid) % CPR * CHUNK
+                    if Q_EXACT or r < BM:
+                        gm = m0 + r
+                        if gm < SQ:
+                            load_vec(ov, smem[r, x])
+                            store_vec(O_G[o_off + i64(gm) * OSS + x], ov)
+            else:
+                for c in range(tid, BM * D, THREADS):
+                    gm = m0 + c // D
+                    if gm < SQ:
+                        col = c % D
+                        O_G[o_off + i64(gm) * OSS + col * OSD] = smem[c // D, col]
+            syncthreads()
+            bh += gridDim.y
+
+    kernel = attention.ir
+    attrs_ = dict(kernel.attrs)
+    attrs_["template"] = f"{NAME}[{cfg}]"
+    return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
+
+
+TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)
