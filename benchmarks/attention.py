@@ -26,7 +26,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from gpu_timing import compile_minicomp, copies_beyond_l2, time_graph
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 SHAPES = [(1, 32, 1024, 128), (8, 16, 2048, 64), (4, 32, 4096, 128)]
@@ -66,39 +66,13 @@ def shapes_from(text: str | None) -> list[tuple[int, int, int, int]]:
 
 
 def input_copies(b: int, h: int, s: int, d: int, dtype: torch.dtype) -> list[tuple]:
-    """Enough (Q, K, V) triples to rotate through that together they exceed twice the L2."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    """(Q, K, V) triples to rotate through, together beyond twice the L2 cache."""
     triple = 3 * b * h * s * d * torch.empty((), dtype=dtype).element_size()
-    copies = max(1, min(16, math.ceil(2 * l2 / triple)))
-    return [
-        tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
-        for _ in range(copies)
-    ]
 
+    def make() -> tuple:
+        return tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
 
-def time_graph(fn, copies: list[tuple], inner: int, repeat: int) -> float:
-    """Median seconds of one call of `fn`, replaying a CUDA graph of `inner` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for args in copies[:3]:  # warm up outside the capture (lazy handles, workspaces)
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(inner):
-            fn(*copies[i % len(copies)])
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e-3 / inner)
-    return statistics.median(samples)
+    return copies_beyond_l2(make, triple)
 
 
 def attention(causal: bool):
@@ -106,19 +80,6 @@ def attention(causal: bool):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return fn
-
-
-def compile_minicomp(fn, level: int, cache_dir: str, tune_budget: int):
-    """A fresh torch.compile of `fn` by minicomp at search space `level`."""
-    options = {
-        "search_space": level,
-        "tune_budget": tune_budget,
-        "cuda_graphs": False,
-        "target": "cuda",
-        "fallback": "error",
-        "cache_dir": cache_dir,
-    }
-    return torch.compile(fn, backend="minicomp", options=options, dynamic=False)
 
 
 def fused_in(records: list) -> bool:

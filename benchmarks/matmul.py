@@ -23,13 +23,13 @@ import datetime
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+from gpu_timing import compile_minicomp, copies_beyond_l2, time_graph
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 SQUARE = [(n, n, n) for n in (1024, 2048, 4096, 8192)]
@@ -70,55 +70,14 @@ def shapes_from(text: str) -> list[tuple[int, int, int]]:
 
 
 def input_copies(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple]:
-    """Enough (A, B) pairs to rotate through that together they exceed twice the L2 cache."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    """(A, B) pairs to rotate through, together beyond twice the L2 cache."""
     pair = (m * k + k * n) * torch.empty((), dtype=dtype).element_size()
-    copies = max(1, min(16, math.ceil(2 * l2 / pair)))
-    return [
-        (
-            torch.randn(m, k, device="cuda", dtype=dtype),
-            torch.randn(k, n, device="cuda", dtype=dtype),
-        )
-        for _ in range(copies)
-    ]
 
+    def make() -> tuple:
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        return a, torch.randn(k, n, device="cuda", dtype=dtype)
 
-def time_graph(fn, copies: list[tuple], inner: int, repeat: int) -> float:
-    """Median seconds of one call of `fn`, replaying a CUDA graph of `inner` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for args in copies[:3]:  # warm up outside the capture (lazy handles, workspaces)
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(inner):
-            fn(*copies[i % len(copies)])
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e-3 / inner)
-    return statistics.median(samples)
-
-
-def compile_minicomp(level: int, cache_dir: str, tune_budget: int):
-    """A fresh torch.compile of a @ b by minicomp at search space `level`."""
-    options = {
-        "search_space": level,
-        "tune_budget": tune_budget,
-        "cuda_graphs": False,
-        "target": "cuda",
-        "fallback": "error",
-        "cache_dir": cache_dir,
-    }
-    return torch.compile(lambda a, b: a @ b, backend="minicomp", options=options, dynamic=False)
+    return copies_beyond_l2(make, pair)
 
 
 def bench_one(m, n, k, dtype, levels, args, cache_dir) -> dict:
@@ -131,7 +90,7 @@ def bench_one(m, n, k, dtype, levels, args, cache_dir) -> dict:
     first_call = {}
     for level in levels:
         torch._dynamo.reset()
-        fn = compile_minicomp(level, cache_dir, args.tune_budget)
+        fn = compile_minicomp(lambda a, b: a @ b, level, cache_dir, args.tune_budget)
         t0 = time.perf_counter()
         try:
             got = fn(a, b)
