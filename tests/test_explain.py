@@ -109,3 +109,55 @@ def test_a_graph_that_fails_to_compile_is_reported(monkeypatch):
     assert "simulated scheduler failure" in e.fallbacks["<whole graph>"]
     assert "==== fell back to eager ====" in str(e)
     assert e.kernel_count == 0
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: attention, then a GELU MLP, each with a residual."""
+
+    def __init__(self, width=64, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+def test_a_transformer_block_shows_fused_epilogues_and_one_attention_kernel():
+    """On a CUDA target (emulated here), explain shows the block's linears as template kernels
+    with their bias, GELU and residual inside, and the attention as one kernel."""
+    from minicomp.ir.graph import ExternOp, FusedOp, KernelOp
+
+    torch.manual_seed(0)
+    block = Block().half().eval()
+    x = torch.randn(2, 24, 64, dtype=torch.float16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = minicomp.explain(block, x, options={"target": "cuda-emu"})
+        expected = block.float()(x.float())
+        block.half()
+    (record,) = report.records
+    nodes = record.graph.nodes
+    # Only zero-copy views (q, k and v picked out of the projection) stay with ATen.
+    assert all("zero-copy view" in n.name for n in nodes if isinstance(n, ExternOp))
+    (attention,) = [n for n in nodes if isinstance(n, KernelOp)]
+    assert attention.function.attr("template", "").startswith("attention")
+    templates = {k.name: k.attr("template", "") for k in record.kernels}
+    groups = {n.name: n.members for n in nodes if isinstance(n, FusedOp)}
+    matmuls = [name for name, t in templates.items() if t.startswith("matmul_tc")]
+    assert len(matmuls) == 4  # qkv, proj, up, down
+    members = [" ".join(groups[name]) for name in matmuls]
+    assert any("gelu" in m for m in members)  # up's bias and GELU in its epilogue
+    assert sum("add" in m for m in members) >= 2  # the residual adds after proj and down
+    text = str(report)
+    assert "attention[" in text and "matmul_tc[" in text
+    torch._dynamo.reset()
+    out = torch.compile(block, backend="minicomp", options={"target": "cuda-emu"})(x)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
