@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one call (device time is scarce): the CUDA test suite, then the benchmark.
 # Logs and the JSON go to $OUT (the device tool's folder) or benchmarks/results/gpu-run.
-#   bash benchmarks/gpu_run.sh [tests|bench|matmul|attention|all]
+#   bash benchmarks/gpu_run.sh [tests|bench|matmul|attention|conv|all]
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results/gpu-run}
@@ -27,6 +27,10 @@ fi
 if [ "$what" = all ] || [ "$what" = attention ]; then
     timeout 300 python3 benchmarks/attention.py --tune-budget 10 --out "$out/attention.json" \
         2>&1 | tee "$out/attention.txt"
+fi
+if [ "$what" = all ] || [ "$what" = conv ]; then
+    timeout 300 python3 benchmarks/conv.py --dtypes f16 --tune-budget 10 --out "$out/conv.json" \
+        2>&1 | tee "$out/conv.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     timeout 300 python3 benchmarks/cuda_bench.py --repeat 30 --out "$out/cuda-bench.json" \

@@ -3,8 +3,12 @@ fresh minicomp compile at a search space."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
+import os
 import statistics
+import subprocess
 from collections.abc import Callable
 
 import torch
@@ -55,3 +59,42 @@ def compile_minicomp(fn, level: int, cache_dir: str, tune_budget: int):
         "cache_dir": cache_dir,
     }
     return torch.compile(fn, backend="minicomp", options=options, dynamic=False)
+
+
+def device_info() -> dict:
+    """The GPU, torch, date and commit a result was measured with."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "device": props.name,
+        "l2_bytes": props.L2_cache_size,
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+    }
+
+
+def report_geomeans(rows: list[dict], levels: list[int], against: str) -> None:
+    """Print, per search space, the geometric mean of minicomp's TFLOP/s over the baseline's."""
+    for level in levels:
+        ratios = [
+            r[f"mc{level}_tflops"] / r["torch_tflops"] for r in rows if f"mc{level}_tflops" in r
+        ]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            print(f"search space {level}: geometric mean {geo:.2f}x {against} over {len(ratios)}")
+
+
+def write_json(path: str | None, info: dict, args, rows: list[dict]) -> None:
+    """Save the run (device info, arguments, rows) as JSON at `path`, when one is given."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({**info, "args": vars(args), "rows": rows}, f, indent=1)
+        f.write("\n")

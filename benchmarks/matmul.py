@@ -19,17 +19,19 @@ On a machine without CUDA it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
-from gpu_timing import compile_minicomp, copies_beyond_l2, time_graph
+from gpu_timing import (
+    compile_minicomp,
+    copies_beyond_l2,
+    device_info,
+    report_geomeans,
+    time_graph,
+    write_json,
+)
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 SQUARE = [(n, n, n) for n in (1024, 2048, 4096, 8192)]
@@ -142,23 +144,6 @@ def header(levels: list[int]) -> str:
     return "  ".join(cells) + "\n" + "TFLOP/s; ratio = minicomp / torch.matmul"
 
 
-def device_info() -> dict:
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "device": props.name,
-        "l2_bytes": props.L2_cache_size,
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -181,20 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print_row(row, levels)
                 torch.cuda.empty_cache()
-    for level in levels:
-        ratios = [
-            r[f"mc{level}_tflops"] / r["torch_tflops"] for r in rows if f"mc{level}_tflops" in r
-        ]
-        if ratios:
-            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            print(
-                f"search space {level}: geometric mean {geo:.2f}x torch.matmul over {len(ratios)}"
-            )
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({**info, "args": vars(args), "rows": rows}, f, indent=1)
-            f.write("\n")
+    report_geomeans(rows, levels, "torch.matmul")
+    write_json(args.out, info, args, rows)
     return 0
 
 
