@@ -18,8 +18,8 @@ from minicomp.runtime.memory import ALIGN
 def six_ops(x):
     a = torch.sin(x) * 2.0  # 1, 2
     col = a.sum(dim=0, keepdim=True)  # 3: another domain than the row sum below
-    c = a / (col + 1.0)  # 4, 5
-    return torch.tanh(c.sum(dim=1)) * 0.5  # 6, 7, 8
+    c = a / (col.abs() + 1.0)  # 4, 5, 6 (a denominator near 0 would amplify rounding)
+    return torch.tanh(c.sum(dim=1)) * 0.5  # 7, 8, 9
 
 
 def test_chain_with_intermediates_in_the_workspace_matches_eager(target):
