@@ -498,6 +498,7 @@ def compile_graph(
     positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
     in place.
     """
+    from minicomp.dynamo.attention import lower_attention
     from minicomp.dynamo.importer import has_script_ops, lower_script_ops
     from minicomp.passes.graph.fusion import fuse
     from minicomp.passes.graph.layout import contiguous_kernel_inputs
@@ -508,9 +509,14 @@ def compile_graph(
     record.target = target
     record.options = options
     trace = record.passes if record.trace else None
-    pipeline = passes_for(target) + [fuse]
+    passes = passes_for(target)
+    if target in ("cuda", "cuda-emu"):
+        # Front-door lowerings that launch script templates: after the graph passes, so
+        # views read by attention are aliases and every layout is final.
+        passes.append(lower_attention)
+    pipeline = passes + [fuse]
     if target in ("cuda", "cuda-emu") and has_script_ops(graph):
-        pipeline = [lower_script_ops, *passes_for(target), contiguous_kernel_inputs, fuse]
+        pipeline = [lower_script_ops, *passes, contiguous_kernel_inputs, fuse]
     graph = run_passes(graph, pipeline, trace=trace)
     graph = place_constants(graph, target)
     record.graph = graph
@@ -522,7 +528,7 @@ def compile_graph(
         notice_untuned(target, options.search_space)
     choose = make_chooser(options, target, layouts, device_index)
     if target in ("cuda", "cuda-emu"):
-        from minicomp.passes.graph.attention import tune_attention
+        from minicomp.dynamo.attention import tune_attention
 
         graph = record.graph = tune_attention(graph, choose)
     scheduled = schedule_graph(graph, target, layouts, choose, options)

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from minicomp.ir.graph import Graph
 from minicomp.passes.graph.alias_views import alias_views
 from minicomp.passes.graph.anchors import lower_anchors
-from minicomp.passes.graph.attention import lower_attention
 from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import fold_constants
@@ -40,8 +39,8 @@ TARGET_FIRST_PASSES: dict[str, list[GraphPass]] = {
 # launches last: views they read are zero-copy aliases by then, and every layout is final
 # (the launch takes its tensors' strides).
 TARGET_PASSES: dict[str, list[GraphPass]] = {
-    "cuda": [split_reductions, lower_attention],
-    "cuda-emu": [split_reductions, lower_attention],
+    "cuda": [split_reductions],
+    "cuda-emu": [split_reductions],
 }
 
 

@@ -2,7 +2,7 @@
 
 Groups merge greedily, each op's producers into its group in graph order, while the merged
 group has a loop nest (passes/graph/loop_nest.py). One more rule keeps matrix products whole:
-a group that is a contraction (minicomp.schedule.contraction: one sum of a product, which the
+a group that is a contraction (minicomp.passes.graph.contraction: one sum of a product, which the
 matmul and convolution templates compute) never merges with another group holding a
 reduction. Two sibling products over equal K extents (`x @ w1 + x @ w2`, a ResNet block's
 last convolution and its projection shortcut) would otherwise share a loop nest with two
@@ -17,8 +17,8 @@ from __future__ import annotations
 import networkx as nx
 
 from minicomp.ir.graph import ComputeOp, FusedOp, Graph, Op
+from minicomp.passes.graph.contraction import match_contraction
 from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest, try_loop_nest
-from minicomp.schedule.contraction import match_contraction
 
 
 class _Groups:

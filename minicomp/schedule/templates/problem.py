@@ -1,7 +1,7 @@
 """A fused matrix product as a template sees it: sizes, kernel parameters, and its prologue and
 epilogue as script macros.
 
-A Contraction (minicomp.schedule.contraction) names the loop variables of each side: batch B,
+A Contraction (minicomp.passes.graph.contraction) names the loop variables of each side: batch B,
 rows M (read by operand a), columns N (read by b) and the reduced K, each side possibly several
 variables. A template works on flat coordinates instead, `b < B`, `m < M`, `n < N`, `k < K`,
 where M is the product of the extents of the M variables (row-major), and so on. The macros
@@ -53,8 +53,8 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp
 from minicomp.ir.printer import expr_str
 from minicomp.ir.stmt import If, Stmt, Store, seq
+from minicomp.passes.graph.contraction import Axis, Contraction
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
-from minicomp.schedule.contraction import Axis, Contraction
 from minicomp.script.lang import Macro, macro
 from minicomp.script.values import TensorRef
 
@@ -406,7 +406,7 @@ def _plain_text(p: PlainOperand | None) -> str:
 def matmul_problem(op: FusedOp, layouts: Mapping[str, Strides]) -> MatmulProblem | None:
     """The MatmulProblem of fused group `op`, or None when it is not a contraction a template
     computes."""
-    from minicomp.schedule.contraction import match_contraction
+    from minicomp.passes.graph.contraction import match_contraction
 
     c = match_contraction(op)
     return None if c is None else MatmulProblem.from_contraction(c, layouts)

@@ -5,7 +5,7 @@ import torch
 
 import minicomp
 from minicomp.ir.graph import FusedOp
-from minicomp.schedule.contraction import match_contraction
+from minicomp.passes.graph.contraction import match_contraction
 
 
 def _groups(fn, *args):
