@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
 from gpu_timing import (
-    compile_minicomp,
     copies_beyond_l2,
     device_info,
+    measure_levels,
     report_geomeans,
     time_graph,
     write_json,
@@ -97,8 +96,6 @@ def fused_in(records: list) -> bool:
 
 
 def bench_one(shape, dtype, causal, levels, args, cache_dir) -> dict:
-    from minicomp.dynamo.backend import recording
-
     b, h, s, d = shape
     copies = input_copies(b, h, s, d, dtype)
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
@@ -108,28 +105,9 @@ def bench_one(shape, dtype, causal, levels, args, cache_dir) -> dict:
     row["torch_s"] = time_graph(fn, copies, args.inner, args.repeat)
     q, k, v = copies[0]
     expected = fn(q, k, v).float()
-    first_call = {}
-    for level in levels:
-        torch._dynamo.reset()
-        compiled = compile_minicomp(fn, level, cache_dir, args.tune_budget)
-        records: list = []
-        t0 = time.perf_counter()
-        try:
-            with recording(records):
-                got = compiled(q, k, v)
-            torch.cuda.synchronize()
-            first_call[level] = time.perf_counter() - t0
-            row[f"mc{level}_fused"] = fused_in(records)
-            row[f"mc{level}_max_abs_err"] = float((got.float() - expected).abs().max())
-            row[f"mc{level}_s"] = time_graph(compiled, copies, args.inner, args.repeat)
-        except Exception as e:  # report it and carry on with the other shapes
-            row[f"mc{level}_error"] = f"{type(e).__name__}: {e}"[:300]
-    if 0 in first_call:
-        for level in levels:
-            if level != 0 and level in first_call:
-                row[f"mc{level}_tune_s"] = max(0.0, first_call[level] - first_call[0])
-    for key in [k for k in row if k.endswith("_s") and not k.endswith("tune_s")]:
-        row[key.removesuffix("_s") + "_tflops"] = flops / row[key] / 1e12
+    measure_levels(
+        row, fn, copies, expected, flops, levels, args, cache_dir, lambda r: {"fused": fused_in(r)}
+    )
     return row
 
 
@@ -149,7 +127,7 @@ def print_row(row: dict, levels: list[int]) -> None:
         if level:
             tune = row.get(f"mc{level}_tune_s")
             cells.append(f"{tune:8.1f}" if tune is not None else f"{'-':>8}")
-    bad = [lv for lv in levels if row.get(f"mc{lv}_max_abs_err", 0) > 3e-2]
+    bad = [lv for lv in levels if row.get(f"mc{lv}_max_rel_err", 0) > 3e-2]
     cells.append("WRONG: search space " + ",".join(map(str, bad)) if bad else "")
     print("  ".join(cells), flush=True)
     for level in levels:

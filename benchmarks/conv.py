@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
 from gpu_timing import (
-    compile_minicomp,
     copies_beyond_l2,
     device_info,
+    measure_levels,
     report_geomeans,
     time_graph,
     write_json,
@@ -92,25 +91,7 @@ def bench_one(layer: tuple, batch: int, dtype, levels, args, cache_dir) -> dict:
     row["torch_s"] = time_graph(conv, copies, args.inner, args.repeat)
     x, w = copies[0]
     expected = conv(x.double(), w.double()).float()
-    first_call = {}
-    for level in levels:
-        torch._dynamo.reset()
-        fn = compile_minicomp(conv, level, cache_dir, args.tune_budget)
-        t0 = time.perf_counter()
-        try:
-            got = fn(x, w)
-            torch.cuda.synchronize()
-            first_call[level] = time.perf_counter() - t0
-            scale = float(expected.abs().max()) or 1.0
-            row[f"mc{level}_max_rel_err"] = float((got.float() - expected).abs().max()) / scale
-            row[f"mc{level}_s"] = time_graph(fn, copies, args.inner, args.repeat)
-        except Exception as e:  # report it and carry on with the other layers
-            row[f"mc{level}_error"] = f"{type(e).__name__}: {e}"[:300]
-    for level in levels:
-        if level and 0 in first_call and level in first_call:
-            row[f"mc{level}_tune_s"] = max(0.0, first_call[level] - first_call[0])
-    for key in [k for k in row if k.endswith("_s") and not k.endswith("tune_s")]:
-        row[key.removesuffix("_s") + "_tflops"] = flops / row[key] / 1e12
+    measure_levels(row, conv, copies, expected, flops, levels, args, cache_dir)
     return row
 
 

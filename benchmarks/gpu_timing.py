@@ -9,6 +9,7 @@ import math
 import os
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 
 import torch
@@ -98,3 +99,45 @@ def write_json(path: str | None, info: dict, args, rows: list[dict]) -> None:
     with open(path, "w") as f:
         json.dump({**info, "args": vars(args), "rows": rows}, f, indent=1)
         f.write("\n")
+
+
+def measure_levels(
+    row: dict,
+    fn,
+    copies: list[tuple],
+    expected,
+    flops: float,
+    levels: list[int],
+    args,
+    cache_dir: str,
+    inspect: Callable[[list], dict] | None = None,
+) -> None:
+    """Fill `row` with minicomp's results at each search space of `levels`: the first call's
+    error against `expected` (relative to its largest element), the median time, the tuning
+    time over search space 0, and the TFLOP/s of every `*_s` time in the row (the baseline's
+    too). `inspect(records)` adds fields from the first call's compile records."""
+    from minicomp.dynamo.backend import recording
+
+    first_call = {}
+    for level in levels:
+        torch._dynamo.reset()
+        compiled = compile_minicomp(fn, level, cache_dir, args.tune_budget)
+        records: list = []
+        t0 = time.perf_counter()
+        try:
+            with recording(records):
+                got = compiled(*copies[0])
+            torch.cuda.synchronize()
+            first_call[level] = time.perf_counter() - t0
+            if inspect is not None:
+                row.update({f"mc{level}_{k}": v for k, v in inspect(records).items()})
+            scale = float(expected.abs().max()) or 1.0
+            row[f"mc{level}_max_rel_err"] = float((got.float() - expected).abs().max()) / scale
+            row[f"mc{level}_s"] = time_graph(compiled, copies, args.inner, args.repeat)
+        except Exception as e:  # report it and carry on with the other shapes
+            row[f"mc{level}_error"] = f"{type(e).__name__}: {e}"[:300]
+    for level in levels:
+        if level and 0 in first_call and level in first_call:
+            row[f"mc{level}_tune_s"] = max(0.0, first_call[level] - first_call[0])
+    for key in [k for k in row if k.endswith("_s") and not k.endswith("tune_s")]:
+        row[key.removesuffix("_s") + "_tflops"] = flops / row[key] / 1e12

@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 
 import torch
 from gpu_timing import (
-    compile_minicomp,
     copies_beyond_l2,
     device_info,
+    measure_levels,
     report_geomeans,
     time_graph,
     write_json,
@@ -89,26 +88,7 @@ def bench_one(m, n, k, dtype, levels, args, cache_dir) -> dict:
     row["torch_s"] = time_graph(torch.matmul, copies, args.inner, args.repeat)
     a, b = copies[0]
     expected = (a.double() @ b.double()).float()
-    first_call = {}
-    for level in levels:
-        torch._dynamo.reset()
-        fn = compile_minicomp(lambda a, b: a @ b, level, cache_dir, args.tune_budget)
-        t0 = time.perf_counter()
-        try:
-            got = fn(a, b)
-            torch.cuda.synchronize()
-            first_call[level] = time.perf_counter() - t0
-            scale = float(expected.abs().max()) or 1.0
-            row[f"mc{level}_max_rel_err"] = float((got.float() - expected).abs().max()) / scale
-            row[f"mc{level}_s"] = time_graph(fn, copies, args.inner, args.repeat)
-        except Exception as e:  # report it and carry on with the other shapes
-            row[f"mc{level}_error"] = f"{type(e).__name__}: {e}"[:300]
-    if 0 in first_call:
-        for level in levels:
-            if level != 0 and level in first_call:
-                row[f"mc{level}_tune_s"] = max(0.0, first_call[level] - first_call[0])
-    for key in [k for k in row if k.endswith("_s") and not k.endswith("tune_s")]:
-        row[key.removesuffix("_s") + "_tflops"] = flops / row[key] / 1e12
+    measure_levels(row, torch.matmul, copies, expected, flops, levels, args, cache_dir)
     return row
 
 
