@@ -123,3 +123,19 @@ def test_example_kernels_compile_for_sm80_without_spills(tmp_path):
         )
         usage = binary.resources[kernel.ir.name]
         assert usage.spill_stores == 0 and usage.stack_bytes == 0, (kernel, usage)
+
+
+def test_resnet50_example_matches_eager_on_the_cpu():
+    """examples/resnet50.py on a machine without a GPU: float32 on the cpu target, checked
+    against eager inside the script (small images keep it quick)."""
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the example runs float16 at search space 2: benchmarks do that")
+    result = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "resnet50.py"), "--image-size", "32",
+         "--repeat", "2"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "no GPU: ResNet-50 in float32 on the CPU" in result.stdout
+    assert "matches eager" in result.stdout
+    assert re.search(r"minicomp +[0-9.]+ ms", result.stdout), result.stdout
