@@ -1,18 +1,21 @@
 """GPU benchmark: matrix products compiled by minicomp at search space 0 and 2 against
 torch.matmul (cuBLAS), in TFLOP/s, with the time tuning took per kernel.
 
-    python benchmarks/matmul.py [--dtypes f16,bf16,f32] [--shapes square,llm] [--levels 0,2]
-                                [--repeat 20] [--out benchmarks/results/matmul-DATE.json]
+    python benchmarks/matmul.py [--dtypes f16,bf16,f32] [--shapes square,llm,splitk]
+                                [--levels 0,2] [--repeat 20]
+                                [--out benchmarks/results/matmul-DATE.json]
 
 Shapes are M x N x K (C[M, N] = A[M, K] @ B[K, N]): squares from 1024 to 8192 and the
 products of a 7B LLM's layers (4096 x 11008 x 4096 up/gate, 4096 x 4096 x 11008 down) at
-batch-token counts 1, 16, 128 and 4096. Each function is captured, with every backend alike,
-in one CUDA graph of `--inner` calls rotating through input copies that together exceed
-twice the L2 cache, and the graph's replays are timed with CUDA events (median of
-`--repeat`), so neither launch overhead nor a warm L2 flatters anyone. minicomp compiles
-with cuda_graphs off (the benchmark's own graph replaces its) into a fresh cache directory,
-so search space 2 really tunes (at most `--tune-budget` seconds a kernel); "tune s" is the
-first call's extra time over search space 0.
+batch-token counts 1, 16, 128 and 4096, and products with few output tiles over a long K
+that minicomp splits along K ("splitk": 16 x 4096 x 11008 ... 64 x 64 x 65536). Each
+function is captured, with every backend alike, in one CUDA graph of `--inner` calls
+rotating through input copies that together exceed twice the L2 cache, and the graph's
+replays are timed with CUDA events (median of `--repeat`), so neither launch overhead nor a
+warm L2 flatters anyone. minicomp compiles with cuda_graphs off (the benchmark's own graph
+replaces its) into a fresh cache directory, so search space 2 really tunes (at most
+`--tune-budget` seconds a kernel); "tune s" is the first call's extra time over search
+space 0.
 On a machine without CUDA it says so and exits 0.
 """
 
@@ -39,12 +42,17 @@ LLM = [
     for tokens in (1, 16, 128, 4096)
     for n, k in ((11008, 4096), (4096, 11008), (4096, 4096))
 ]
+# Few output tiles over a long K, which minicomp computes split-K (passes/graph/split_k.py):
+# decode-sized products of LLM down projections and long-K reductions with a small output.
+SPLIT_K = [(16, 4096, 11008), (32, 4096, 14336), (16, 1024, 16384), (64, 64, 65536)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtypes", default="f16,bf16,f32")
-    p.add_argument("--shapes", default="square,llm", help="square, llm, or MxNxK items")
+    p.add_argument(
+        "--shapes", default="square,llm,splitk", help="square, llm, splitk, or MxNxK items"
+    )
     p.add_argument("--levels", default="0,2", help="minicomp search spaces to compare")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--inner", type=int, default=10, help="calls per timed graph replay")
@@ -64,6 +72,8 @@ def shapes_from(text: str) -> list[tuple[int, int, int]]:
             out += SQUARE
         elif item == "llm":
             out += LLM
+        elif item == "splitk":
+            out += SPLIT_K
         else:
             m, n, k = (int(x) for x in item.lower().split("x"))
             out.append((m, n, k))

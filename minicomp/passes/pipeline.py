@@ -12,6 +12,7 @@ from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import fold_constants
 from minicomp.passes.graph.simplify_views import simplify_views
+from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.graph.split_reductions import split_reductions
 
 GraphPass = Callable[[Graph], Graph]
@@ -37,10 +38,11 @@ TARGET_FIRST_PASSES: dict[str, list[GraphPass]] = {
 
 # Passes a target adds after the default ones (before fusion). Attention calls become kernel
 # launches last: views they read are zero-copy aliases by then, and every layout is final
-# (the launch takes its tensors' strides).
+# (the launch takes its tensors' strides). split_k precedes split_reductions, which would
+# split a long-K product with few outputs as a row reduction that no matmul template computes.
 TARGET_PASSES: dict[str, list[GraphPass]] = {
-    "cuda": [split_reductions],
-    "cuda-emu": [split_reductions],
+    "cuda": [split_k, split_reductions],
+    "cuda-emu": [split_k, split_reductions],
 }
 
 

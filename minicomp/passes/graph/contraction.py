@@ -12,11 +12,14 @@ read every K variable):
 `a` and `b` are whatever fusion inlined (a transpose, a cast, an activation of the operand:
 the prologue); they are computed at the template's global loads, the epilogue at its stores.
 mm, bmm, addmm and baddbmm (passes/graph/anchors.py) give this form, and so does any other
-computation of the same shape, such as `(x[:, :, None] * w[None]).sum(1)`.
+computation of the same shape, such as `(x[:, :, None] * w[None]).sum(1)`. `product_sides`
+is the classification of the outer variables alone, which the split-K pass
+(passes/graph/split_k.py) applies to a compute op before fusion.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minicomp.ir import types as T
@@ -62,27 +65,36 @@ def _uses(e: Expr) -> set[Var]:
     return set(collect(e, Var))
 
 
-def match_contraction(op: FusedOp) -> Contraction | None:
-    """The contraction `op` computes, or None when it is not one."""
-    reduces = [s for s in op.stages if isinstance(s, ReduceStage)]
-    stores = [s for s in op.stages if isinstance(s, StoreStage)]
-    if len(reduces) != 1 or len(stores) + 1 != len(op.stages) or reduces[0].kind != "sum":
-        return None
-    if any(s.inner for s in stores) or not op.inner_vars:
-        return None
-    red = reduces[0]
-    body = red.body
+@dataclass(frozen=True)
+class ProductSides:
+    """How a sum of a product `a * b` splits its output axes: batch axes (read by both
+    operands, or by neither), M axes (read only by `a`) and N axes (read only by `b`). `a` is
+    the operand whose variables come first in the output's order."""
+
+    batch: tuple[Axis, ...]
+    m: tuple[Axis, ...]
+    n: tuple[Axis, ...]
+    a: Expr
+    b: Expr
+
+
+def product_sides(body: Expr, outer: Sequence[Axis], inner: Sequence[Var]) -> ProductSides | None:
+    """The sides of `body`, the body of a sum over `inner` computed at every point of the
+    `outer` axes, when it is a contraction's product (see the module docstring); else None.
+
+    Shared by match_contraction (a fused group) and the split-K pass (a compute op before
+    fusion, its unit axes left out as fusion leaves them out), so both see the same M and N.
+    """
     if not isinstance(body, Binary) or body.op != "mul" or not body.dtype.is_float:
         return None
     a, b = body.a, body.b
     if not (collect(a, TensorElement) and collect(b, TensorElement)):
         return None
     used_a, used_b = _uses(a), _uses(b)
-    inner = set(op.inner_vars)
-    if not inner <= used_a or not inner <= used_b:
+    if not inner or not set(inner) <= used_a or not set(inner) <= used_b:
         return None
     batch, m, n = [], [], []
-    for v, extent in zip(op.outer_vars, op.outer_extents):
+    for v, extent in outer:
         in_a, in_b = v in used_a, v in used_b
         if in_a and in_b or not in_a and not in_b:
             batch.append((v, extent))
@@ -92,10 +104,27 @@ def match_contraction(op: FusedOp) -> Contraction | None:
             n.append((v, extent))
     if not m or not n:
         return None  # a matrix-vector product is a reduction per row
-    # `a` is the operand whose variables come first in the output's order.
-    first_m = min((op.outer_vars.index(v) for v, _ in m), default=len(op.outer_vars))
-    first_n = min((op.outer_vars.index(v) for v, _ in n), default=len(op.outer_vars))
+    order = [v for v, _ in outer]
+    first_m = min(order.index(v) for v, _ in m)
+    first_n = min(order.index(v) for v, _ in n)
     if first_n < first_m:
         a, b, m, n = b, a, n, m
+    return ProductSides(tuple(batch), tuple(m), tuple(n), a, b)
+
+
+def match_contraction(op: FusedOp) -> Contraction | None:
+    """The contraction `op` computes, or None when it is not one."""
+    reduces = [s for s in op.stages if isinstance(s, ReduceStage)]
+    stores = [s for s in op.stages if isinstance(s, StoreStage)]
+    if len(reduces) != 1 or len(stores) + 1 != len(op.stages) or reduces[0].kind != "sum":
+        return None
+    if any(s.inner for s in stores) or not op.inner_vars:
+        return None
+    red = reduces[0]
+    sides = product_sides(red.body, tuple(zip(op.outer_vars, op.outer_extents)), op.inner_vars)
+    if sides is None:
+        return None
     k = tuple(zip(op.inner_vars, op.inner_extents))
-    return Contraction(op, tuple(batch), tuple(m), tuple(n), k, a, b, red.var, tuple(stores))
+    return Contraction(
+        op, sides.batch, sides.m, sides.n, k, sides.a, sides.b, red.var, tuple(stores)
+    )

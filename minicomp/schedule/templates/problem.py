@@ -21,7 +21,10 @@ a widening cast of f16/bf16 is loaded without the cast.
 `plain_a` / `plain_b` describe an operand that is a bare strided read of one input buffer (no
 computation besides a widening cast) with unit stride along K ("k": rows of M or N are
 contiguous runs of K) or along M / N ("mn"); a tensor-core template copies such an operand
-to shared memory with cp.async instead of computing it in registers.
+to shared memory with cp.async instead of computing it in registers. Its indices may be any
+affine functions of the loop variables (sums of integer multiples of variables and constants,
+such as the `s * CHUNK + kk` of a split-K partial, passes/graph/split_k.py): each variable's
+stride in the buffer is the sum of its coefficient times the buffer's stride over the indices.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from dataclasses import dataclass
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorElement
 from minicomp.ir.expr import (
+    Binary,
     Cast,
     Const,
     Dim,
     Expr,
+    Unary,
     Var,
     as_expr,
     cast,
@@ -284,15 +289,13 @@ class MatmulProblem:
         if not isinstance(el, TensorElement) or el.tensor.name not in self.buffers:
             return None
         buf, strides = self.buffers[el.tensor.name]
-        coeff: dict[Var, Dim] = {}
-        base: Dim = 0
-        for index, stride in zip(el.indices, strides):
-            if isinstance(index, Const):
-                base = _dim_add(base, _dim_mul(int(index.value), stride))
-            elif isinstance(index, Var) and index not in coeff:
-                coeff[index] = stride
-            else:
-                return None
+        coeff = _strides_of(el.indices, strides)
+        if coeff is None:
+            return None
+        coeff, base = coeff
+        loop_vars = {v for v, _ in c.batch + side + c.k}
+        if not set(coeff) <= loop_vars:
+            return None  # a size symbol, or a variable of the other side
         along_side, along_k = _collapse(side, coeff), _collapse(c.k, coeff)
         if along_side is None or along_k is None:
             return None
@@ -314,17 +317,18 @@ class MatmulProblem:
 
     def _major(self, e: Expr, side: tuple[Axis, ...]) -> str:
         """Which dimension of operand `e` is contiguous in memory ("k" or "mn"), judged by
-        the first element it reads along the innermost K variable; "k" when unclear."""
+        the first element it reads along the innermost K variable (at an affine index); "k"
+        when unclear."""
         k_var = _innermost(self.contraction.k)
         side_var = _innermost(side)
         for el in collect(e, TensorElement):
             if el.tensor.name not in self.buffers:
                 continue
             _, strides = self.buffers[el.tensor.name]
-            along = {i: s for i, s in zip(el.indices, strides) if isinstance(i, Var)}
-            if k_var in along and along[k_var] == 1:
+            along, _ = _strides_of(el.indices, strides, skip_others=True) or ({}, 0)
+            if along.get(k_var) == 1:
                 return "k"
-            if side_var in along and along[side_var] == 1:
+            if along.get(side_var) == 1:
                 return "mn"
         return "k"
 
@@ -366,6 +370,58 @@ class MatmulProblem:
         """(B, M, N, K) when all are static."""
         dims = (self.batch, self.m, self.n, self.k)
         return dims if all(isinstance(d, int) for d in dims) else None
+
+
+def _affine(e: Expr) -> tuple[dict[Var, int], int] | None:
+    """`e` as (coefficient of each variable, constant) when it is a sum of integer multiples
+    of variables and constants (`s * 512 + k`, `i - 1`), else None."""
+    if isinstance(e, Const) and e.dtype.is_integer:
+        return {}, int(e.value)
+    if isinstance(e, Var) and e.dtype.is_integer:
+        return {e: 1}, 0
+    if isinstance(e, Cast) and e.dtype == T.i64 and e.a.dtype.is_integer:
+        return _affine(e.a)  # widening an index
+    if isinstance(e, Unary) and e.op == "neg":
+        return _scaled(_affine(e.a), -1)
+    if not isinstance(e, Binary) or e.op not in ("add", "sub", "mul"):
+        return None
+    a, b = _affine(e.a), _affine(e.b)
+    if a is None or b is None:
+        return None
+    if e.op == "mul":
+        if a[0] and b[0]:
+            return None  # a product of variables
+        return _scaled(b, a[1]) if not a[0] else _scaled(a, b[1])
+    b = _scaled(b, 1 if e.op == "add" else -1)
+    terms = dict(a[0])
+    for v, k in b[0].items():
+        terms[v] = terms.get(v, 0) + k
+    return {v: k for v, k in terms.items() if k}, a[1] + b[1]
+
+
+def _scaled(form: tuple[dict[Var, int], int] | None, k: int):
+    if form is None:
+        return None
+    return {v: c * k for v, c in form[0].items() if c * k}, form[1] * k
+
+
+def _strides_of(indices, strides, *, skip_others: bool = False):
+    """(each variable's stride in the buffer, the constant offset) of a read at affine
+    `indices` of a buffer with `strides`; None when an index is not affine, unless
+    `skip_others`, which leaves such indices out (a partial answer, enough for `_major`)."""
+    coeff: dict[Var, Dim] = {}
+    base: Dim = 0
+    for index, stride in zip(indices, strides):
+        form = _affine(index)
+        if form is None:
+            if skip_others:
+                continue
+            return None
+        terms, const_part = form
+        for v, k in terms.items():
+            coeff[v] = _dim_add(coeff.get(v, 0), _dim_mul(k, stride))
+        base = _dim_add(base, _dim_mul(const_part, stride))
+    return {v: x for v, x in coeff.items() if not (isinstance(x, int) and x == 0)}, base
 
 
 def _innermost(axes: tuple[Axis, ...]) -> Var | None:

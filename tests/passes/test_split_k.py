@@ -1,0 +1,269 @@
+"""Split-K (CUDA targets): which matrix products split, into what, and that split graphs and
+compiled cuda-emu functions compute what unsplit ones and float64 PyTorch do."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from graph_builder import GraphBuilder, evaluate_graph, random_inputs
+from helpers import check_compiled
+
+import minicomp
+from minicomp.backends.cuda.codegen import render_module
+from minicomp.dynamo.backend import recording
+from minicomp.ir import types as T
+from minicomp.ir.compute import Reduce, reduce
+from minicomp.ir.expr import cast
+from minicomp.ir.func import Module
+from minicomp.ir.functor import collect
+from minicomp.ir.graph import ComputeOp, Graph
+from minicomp.passes.graph import split_k as split_k_module
+from minicomp.passes.graph.split_k import KSplit, plan_split, split_k
+from minicomp.passes.graph.split_reductions import split_reductions
+from minicomp.passes.pipeline import passes_for
+
+EMU = "cuda-emu"
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch):
+    """Thresholds that split an (8 x 16 x 2048) product into 8 chunks of 256, so that the
+    emulator runs it in seconds."""
+    monkeypatch.setattr(split_k_module, "MIN_K", 1024)
+    monkeypatch.setattr(split_k_module, "MIN_CHUNK", 256)
+
+
+# --- graphs --------------------------------------------------------------------------------
+
+
+def product(m, n, k, dtype=T.f32, batch=(), kind="sum") -> Graph:
+    """`out[..., i, j] = kind over r of a[..., i, r] * b[..., r, j]`, accumulated in f32 or
+    f64 and cast back to `dtype` (anchors.py's form of mm and bmm). Sizes may be symbols."""
+    g = GraphBuilder()
+    sizes = {}
+    for name, d in zip("mnkB", (m, n, k, *batch)):
+        sizes[name] = g.symbol(name) if d is None else d
+    m, n, k = sizes["m"], sizes["n"], sizes["k"]
+    lead = tuple(sizes[x] for x in "B"[: len(batch)])
+    a = g.input("a", (*lead, m, k), dtype)
+    b = g.input("b", (*lead, k, n), dtype)
+    acc = T.f64 if dtype == T.f64 else T.f32
+
+    def body(*idx):
+        *bt, i, j = idx
+
+        def term(r):
+            return cast(a[(*bt, i, r)], acc) * cast(b[(*bt, r, j)], acc)
+
+        return cast(reduce(kind, (k,), term), dtype)
+
+    g.output(g.compute("out", (*lead, m, n), body))
+    return g.build()
+
+
+def computes(g: Graph) -> list[ComputeOp]:
+    return [n for n in g.nodes if isinstance(n, ComputeOp)]
+
+
+def assert_split_close(g: Graph, seed=0) -> Graph:
+    """`split_k(g)` has one more op and evaluates like `g` (up to reassociation)."""
+    s = split_k(g)
+    assert len(computes(s)) == len(computes(g)) + 1
+    inputs = random_inputs(g, seed)
+    for a, e in zip(evaluate_graph(s, inputs), evaluate_graph(g, inputs)):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+    return s
+
+
+# --- when to split -------------------------------------------------------------------------
+
+
+def test_chunking_rule():
+    # LLM-decode shapes: 8 tiles of 16 x 1024 fill the GPU with 32 chunks of 512 ...
+    assert plan_split(8, (16384,)) == KSplit(0, 32, 512, True)
+    # ... one 64 x 64 tile can only reach 128 blocks with chunks of at least 512 ...
+    assert plan_split(1, (65536,)) == KSplit(0, 128, 512, True)
+    # ... and 16 x 4096 x 11008 (32 tiles) takes 8 exact chunks of 1376.
+    assert plan_split(32, (11008,)) == KSplit(0, 8, 1376, True)
+    # An exact chunk wins over a guarded one that launches a few more blocks.
+    assert plan_split(1, (9000,)) == KSplit(0, 15, 600, True)
+    # No exact chunk fills the GPU for a prime K: the last chunk is guarded.
+    assert plan_split(8, (16411,)) == KSplit(0, 17, 966, False)
+    # Several K axes: only the outermost is chunked, the taps stay whole in every chunk.
+    assert plan_split(1, (1024, 3, 3)) == KSplit(0, 16, 64, True)
+    assert plan_split(2, (1, 4, 8192)) == KSplit(1, 4, 1, True)
+    assert plan_split(split_k_module.MAX_TILES, (65536,)) is None  # the grid is wide enough
+    assert plan_split(1, (split_k_module.MIN_K - 1,)) is None  # K is short
+
+
+def test_which_products_split():
+    splits = [
+        product(16, 1024, 16384),  # 8 tiles
+        product(64, 64, 65536, T.f16),
+        product(16, 256, 16384, batch=(4,)),  # bmm: 4 x 2 tiles
+        product(16, 4096, 11008, T.bf16),  # 32 skinny tiles, K < 4 * N
+    ]
+    for g in splits:
+        assert len(computes(split_k(g))) == 2
+    whole = [
+        product(2048, 1024, 16384),  # 128 tiles
+        product(128, 128, 8192, batch=(66,)),  # 66 tiles across the batch
+        product(16, 1024, 4096),  # K too short
+        product(None, 64, 16384),  # symbolic M
+        product(64, 64, None),  # symbolic K
+        product(64, 64, 16384, batch=(None,)),  # symbolic batch
+        product(64, 1, 16384),  # matrix-vector: a row reduction, not a contraction
+        product(1, 64, 16384),  # a unit M: fusion drops it, the same row reduction
+        product(64, 64, 16384, kind="max"),  # not a sum
+    ]
+    for g in whole:
+        assert split_k(g) is g
+    gb = GraphBuilder()
+    x = gb.input("x", (64, 16384))
+    gb.output(gb.compute("s", (64, 64), lambda i, j: reduce("sum", (16384,), lambda r: x[i, r])))
+    g = gb.build()
+    assert split_k(g) is g  # a sum, but of no product
+
+
+def test_the_pass_runs_for_the_cuda_targets_before_split_reductions():
+    for target in ("cuda", "cuda-emu"):
+        passes = passes_for(target)
+        assert passes.index(split_k) < passes.index(split_reductions)
+    assert split_k not in passes_for("cpu")
+
+
+# --- what the split looks like --------------------------------------------------------------
+
+
+def test_partial_and_final_shapes_and_types():
+    g = product(16, 1024, 16384, T.f16)
+    s = split_k(g)
+    partial, final = computes(s)
+    # S first, the accumulator type (f32 for f16 operands), the graph's inputs.
+    assert partial.outputs[0].shape == (32, 16, 1024)
+    assert partial.outputs[0].dtype == T.f32
+    assert [v.name for v in partial.inputs] == ["a", "b"]
+    (red,) = collect(partial.definition.body, Reduce)
+    assert red.extents == (512,)
+    # The chunk index is affine: no clamp, no guard.
+    assert "min(" not in repr(red.body) and " if " not in repr(red.body)
+    # The final op sums the chunks and casts back; it keeps the original output.
+    assert final.outputs == g.nodes[0].outputs and final.inputs == partial.outputs
+    assert final.outputs[0].dtype == T.f16
+    (total,) = collect(final.definition.body, Reduce)
+    assert total.extents == (32,)
+    # split_reductions leaves both ops alone.
+    assert split_reductions(s) is s
+
+
+def test_batched_partial_puts_the_chunks_before_the_batch():
+    s = split_k(product(16, 256, 16384, batch=(4,)))
+    partial, final = computes(s)
+    assert partial.outputs[0].shape == (32, 4, 16, 256)
+    assert final.outputs[0].shape == (4, 16, 256)
+
+
+def test_split_graphs_evaluate_like_the_original(small_thresholds):
+    assert_split_close(product(8, 16, 2048))  # exact chunks
+    s = assert_split_close(product(8, 16, 2000))  # a guarded last chunk
+    partial, _ = computes(s)
+    assert "min(" in repr(partial.definition.body)
+    assert_split_close(product(4, 16, 2048, batch=(3,)))
+    # Two K axes (channels and taps): the channels are chunked, the taps kept whole.
+    g = GraphBuilder()
+    x, w = g.input("x", (8, 256, 5)), g.input("w", (256, 5, 16))
+    g.output(
+        g.compute(
+            "y",
+            (8, 16),
+            lambda i, j: reduce("sum", (256, 5), lambda c, t: x[i, c, t] * w[c, t, j]),
+        )
+    )
+    s = assert_split_close(g.build())
+    (red,) = collect(computes(s)[0].definition.body, Reduce)
+    assert red.extents[1:] == (5,)
+
+
+# --- kernels --------------------------------------------------------------------------------
+
+
+def _kernels(fn, *args):
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = minicomp.explain(fn, *args, options={"target": EMU})
+    return report, [k for r in report.records for k in r.kernels]
+
+
+@pytest.mark.parametrize(
+    "dtype, template", [(torch.float16, "matmul_tc["), (torch.float32, "matmul_simt[")]
+)
+def test_explain_shows_a_template_partial_and_a_reduction(small_thresholds, dtype, template):
+    a, b = torch.randn(8, 2048, dtype=dtype), torch.randn(2048, 16, dtype=dtype)
+    report, (partial, final) = _kernels(torch.mm, a, b)
+    assert report.kernel_count == 2
+    assert partial.attr("template").startswith(template)
+    assert final.attr("template") is None
+    assert "mm_splitk" in str(report)
+
+
+def test_nvrtc_compiles_the_partial_kernels(small_thresholds, tmp_path):
+    from minicomp.backends.cuda import nvrtc
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+    h = torch.float16
+    # Exact chunks (plain operands, cp.async) and a guarded last chunk (computed operands).
+    for case, k in {"exact": 2048, "guarded": 2000}.items():
+        a, b = torch.randn(8, k, dtype=h), torch.randn(k, 16, dtype=h)
+        _, (partial, _) = _kernels(torch.mm, a, b)
+        assert partial.attr("template").startswith("matmul_tc["), case
+        source = render_module(Module(partial.name, (partial,)))
+        for arch in ("sm_80", "sm_90"):
+            binary = nvrtc.compile_cuda(source, arch=arch, name=case, cache_dir=str(tmp_path))
+            usage = binary.resources[partial.name]
+            assert usage.registers > 0, binary.log
+            assert usage.spill_stores == 0 and usage.spill_loads == 0, (case, arch, usage)
+
+
+# --- end to end on cuda-emu against float64 PyTorch -------------------------------------------
+
+
+def run(fn, *args, **tolerance):
+    """`fn` compiled for cuda-emu against float64 eager; the kernels' templates."""
+    records: list = []
+    with recording(records), torch.no_grad():
+        check_compiled(fn, *args, target=EMU, reference_dtype=torch.float64, **tolerance)
+    kernels = [k for r in records for k in r.kernels]
+    assert len(kernels) == 2, [k.name for k in kernels]
+    return [k.attr("template") for k in kernels]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mm(small_thresholds, dtype):
+    a, b = torch.randn(8, 2048, dtype=dtype), torch.randn(2048, 16, dtype=dtype)
+    partial, final = run(torch.mm, a, b, rtol=1e-3, atol=1e-3)
+    assert partial is not None and final is None
+
+
+def test_addmm_with_relu_fuses_into_the_final_kernel(small_thresholds):
+    h = torch.float16
+    x, w = torch.randn(8, 2048, dtype=h), torch.randn(16, 2048, dtype=h)
+    bias = torch.randn(16, dtype=h)
+    # Linear (a transposed weight), bias and relu: the epilogue fuses into the final kernel,
+    # so two kernels in all.
+    partial, _ = run(lambda x, w, b: F.relu(F.linear(x, w, b)), x, w, bias, rtol=1e-3, atol=1e-3)
+    assert partial.startswith("matmul_tc[")
+
+
+def test_k_the_chunk_does_not_divide(small_thresholds):
+    # Chunks of 334: the last one holds 330 products and 4 guarded zeros.
+    a, b = torch.randn(8, 2000, dtype=torch.float16), torch.randn(2000, 16, dtype=torch.float16)
+    run(torch.mm, a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_bmm(small_thresholds):
+    a, b = torch.randn(3, 8, 2048), torch.randn(3, 2048, 16)
+    run(torch.bmm, a, b, rtol=1e-4, atol=1e-4)
