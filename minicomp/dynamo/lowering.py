@@ -81,16 +81,28 @@ def make_chooser(
     tune.tuner.Workload writing the group's outputs with PyTorch operators. Elsewhere, and
     for groups that cannot be measured (symbolic sizes, non-float inputs), it returns the
     template's heuristic config.
+
+    A chooser remembers its answers by template and group: the scheduler's call for a group
+    that tune_contractions already asked about (with the ATen candidate) gets that answer
+    back, without tuning the group a second time.
     """
     from minicomp.tune.tuner import fusion_signature, tune
 
-    def choose(template: Any, problem: Any, op: FusedOp, aten: Callable | None = None):
+    chosen: dict[tuple[str, Any], Any] = {}
+
+    def decide(template: Any, problem: Any, op: FusedOp, aten: Callable | None):
         if target != "cuda":
             return tune(template, problem, options=options, runner=None)
         if options.search_space == 0 or not CudaRunner.can_measure(op, layouts):
             return tune(template, problem, options=options, runner=None, level=0)
         runner = CudaRunner(op, layouts, options, device_index, aten)
         return tune(template, problem, options=options, runner=runner, fusion=fusion_signature(op))
+
+    def choose(template: Any, problem: Any, op: FusedOp, aten: Callable | None = None):
+        key = (template.name, op)
+        if key not in chosen:
+            chosen[key] = decide(template, problem, op, aten)
+        return chosen[key]
 
     return choose
 
@@ -322,6 +334,7 @@ class PlanBuilder:
         outputs = g.output_values()
         inputs, binders, checked = [], [], []
         kernel_reads = {v for n in g.nodes if isinstance(n, _LAUNCHED) for v in n.inputs}
+        kernel_reads |= _strided_reads(g)
         for pos, v in enumerate(g.inputs):
             if isinstance(v, Var):
                 inputs.append(("symbol", v.name))
@@ -419,6 +432,23 @@ class PlanBuilder:
 
 # Operators the plan launches as kernels of its own module.
 _LAUNCHED = (FusedOp, KernelOp)
+
+
+_SELECT = torch.ops.aten.select.int
+
+
+def _strided_reads(graph: Graph) -> set[Value]:
+    """The values `aten.as_strided` calls view (through `aten.select` calls): their strides
+    must be the layout's, as for a kernel's inputs (dynamo.aten_contraction's operand views)."""
+    producers = graph.producers()
+    found = set()
+    for n in graph.nodes:
+        if isinstance(n, ExternOp) and n.target is torch.ops.aten.as_strided.default:
+            v = n.inputs[0]
+            while isinstance(p := producers.get(v), ExternOp) and p.target is _SELECT:
+                v = p.inputs[0]
+            found.add(v)
+    return found
 
 
 def _scalars_builder(scalars: list[tuple[Var, Expr]]) -> Callable[[dict], list]:
@@ -528,9 +558,17 @@ def compile_graph(
         notice_untuned(target, options.search_space)
     choose = make_chooser(options, target, layouts, device_index)
     if target in ("cuda", "cuda-emu"):
+        from minicomp.dynamo.aten_contraction import tune_contractions
         from minicomp.dynamo.attention import tune_attention
 
         graph = record.graph = tune_attention(graph, choose)
+        tuned = tune_contractions(
+            graph, choose, layouts, options=options, target=target, device_index=device_index
+        )
+        if tuned is not graph:
+            # The GEMMs' results are new values.
+            graph = record.graph = tuned
+            layouts = layouts_for(graph)
     scheduled = schedule_graph(graph, target, layouts, choose, options)
     kernels = [simplify_indices(k) for k in scheduled]
     launched, device_functions = _script_functions(graph)

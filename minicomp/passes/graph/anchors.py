@@ -30,9 +30,22 @@ reduction would give each output a warp (the CUDA row reduction for short rows) 
 lanes idle and a shuffle tree per output; instead the op is injective, the taps' sum unrolled
 in the expression (at most MAX_TAPS), so the injective scheduler computes one output per
 thread, stores vectorised and coalesced along the width, and guards only the taps that can
-reach the padding. Grouped convolutions with 1 < Cg < C stay one reduction: the output
-channel selects the input channels (o is read by both operands), which is no M/N split, so
-the auto-scheduler's row reduction computes them.
+reach the padding.
+
+A grouped convolution (1 < Cg < C, more than one output channel per group) is a batched
+GEMM, one per group: in the form above the output channel o both selects the input channels
+and indexes the weight (o is read by both operands: no M/N split), so the sum is computed
+over outer axes that split it, o = g * Og + oo (Og = O / groups):
+
+    conv5[n, g, oo, p, q] = sum_{c, r, s} x[n, g * Cg + c, ...] * w[g * Og + oo, c, r, s]
+
+g is read by both operands (a batch axis), n, p, q by x only (M), oo by w only (N); the bias
+is added in that shape too, and a view then reshapes (N, G, Og, P, Q) to (N, O, P, Q). The
+view ends the template's group (fusion cannot store along o // Og and o % Og): it fuses with
+the consumers after it, or is a copy of its own when the graph returns it. When PyTorch gives
+the output channels-last strides, the 5-d axes run (n, p, q, g, oo) instead, so that the
+template writes, and the view reads, memory in the output's order. A grouped convolution with
+one output channel per group (Og == 1: no N axis) stays one row reduction over the 4-d output.
 """
 
 from __future__ import annotations
@@ -232,15 +245,28 @@ class _Conv:
         assert total is not None
         return total
 
+    @property
+    def group_out(self) -> int:
+        return self.w.shape[0] // self.groups
+
     def reduction(self, n: Expr, o: Expr, pos: tuple, acc) -> Expr:
         """The sum over the group's channels and the kernel taps (unit extents left out)."""
+        return self._sum(n, o, lambda c: self.channel(o, c), pos, acc)
+
+    def grouped_reduction(self, n: Expr, g: Expr, oo: Expr, pos: tuple, acc) -> Expr:
+        """The sum of output channel `oo` of group `g`, each index a loop variable of its own
+        (the batched-GEMM form of the module docstring)."""
+        o = g * self.group_out + oo
+        return self._sum(n, o, lambda c: g * self.group_in + c, pos, acc)
+
+    def _sum(self, n: Expr, o: Expr, channel, pos: tuple, acc) -> Expr:
         extents = [x for x in (self.group_in, *self.kernel) if x != 1]
 
         def body(*r):
             it = iter(r)
             c = next(it) if self.group_in != 1 else 0
             taps = tuple(next(it) if k != 1 else 0 for k in self.kernel)
-            a = self.window(n, self.channel(o, c), pos, taps, acc)
+            a = self.window(n, channel(c), pos, taps, acc)
             return a * cast(self.w[(o, c, *taps)], acc)
 
         return reduce("sum", extents, body)
@@ -290,6 +316,8 @@ def _lower_convolution(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
             return cast(total, dt)
 
         return [ComputeOp(op.name, inputs, (out,), compute(out.name, out.shape, depthwise))]
+    if groups > 1 and conv.group_in > 1 and conv.group_out > 1:
+        return _grouped_convolution(op, conv, inputs, bias, names)
     if tbias is None:
         definition = compute(
             out.name, out.shape, lambda n, o, *pos: cast(conv.reduction(n, o, pos, acc), dt)
@@ -308,6 +336,77 @@ def _lower_convolution(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
         ComputeOp(op.name, tuple(dict.fromkeys((x, w))), (pvalue,), pdef),
         ComputeOp(op.name, (pvalue, bias), (out,), compute(out.name, out.shape, add_bias)),
     ]
+
+
+def _grouped_convolution(
+    op: ExternOp, conv: _Conv, inputs: tuple, bias: Value | None, names: set[str]
+) -> list[ComputeOp]:
+    """A grouped convolution as a batched GEMM over 5-d outer axes, its bias, and the view
+    back to the output's shape (see the module docstring)."""
+    out = op.outputs[0]
+    dt, device = out.dtype, out.type.device
+    acc = _ACCUMULATORS[dt]
+    og = conv.group_out
+    n_size, pos_sizes = out.shape[0], tuple(out.shape[2:])
+    last = _channels_last(out)
+    if last:
+        shape5 = (n_size, *pos_sizes, conv.groups, og)
+    else:
+        shape5 = (n_size, conv.groups, og, *pos_sizes)
+
+    def split(idx: tuple) -> tuple:
+        """(n, g, oo, positions) of a 5-d index."""
+        if last:
+            return idx[0], idx[-2], idx[-1], tuple(idx[1:-2])
+        return idx[0], idx[1], idx[2], tuple(idx[3:])
+
+    def join(n, g, oo, pos: tuple) -> tuple:
+        return (n, *pos, g, oo) if last else (n, g, oo, *pos)
+
+    def total(*idx):
+        n, g, oo, pos = split(idx)
+        return conv.grouped_reduction(n, g, oo, pos, acc)
+
+    name5 = _fresh(f"{out.name}_groups", names)
+    value5 = Value(name5, TensorType(shape5, dt, device))
+    if bias is None:
+        ops = [ComputeOp(op.name, inputs, (value5,), compute(name5, shape5, _cast_to(total, dt)))]
+    else:
+        pname = _fresh(f"{out.name}_conv", names)
+        pvalue = Value(pname, TensorType(shape5, acc, device))
+        tprod = TensorInput(pname, shape5, acc)
+        tbias = TensorInput(bias.name, bias.shape, bias.dtype)
+
+        def add_bias(*idx):
+            _, g, oo, _ = split(idx)
+            return cast(tprod[idx] + cast(tbias[g * og + oo], acc), dt)
+
+        ops = [
+            ComputeOp(
+                op.name,
+                tuple(v for v in inputs if v != bias),
+                (pvalue,),
+                compute(pname, shape5, total),
+            ),
+            ComputeOp(op.name, (pvalue, bias), (value5,), compute(name5, shape5, add_bias)),
+        ]
+    t5 = TensorInput(name5, shape5, dt)
+
+    def view(n, o, *pos):
+        return t5[join(n, o // og, o % og, pos)]
+
+    return [*ops, ComputeOp(op.name, (value5,), (out,), compute(out.name, out.shape, view))]
+
+
+def _channels_last(v: Value) -> bool:
+    """Whether PyTorch gave `v` (an N, C, spatial... tensor) unit stride along C."""
+    strides = v.type.strides
+    c = v.shape[1]
+    return strides is not None and isinstance(c, int) and c > 1 and strides[1] == 1
+
+
+def _cast_to(fn, dt):
+    return lambda *idx: cast(fn(*idx), dt)
 
 
 def _scaled(fn, alpha):
