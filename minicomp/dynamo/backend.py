@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,9 +34,45 @@ def recording(records: list) -> Iterator[None]:
 
 
 def compile_aten_graph(
-    gm: torch.fx.GraphModule, options: config.Options, kind: str, records: list | None = None
+    gm: torch.fx.GraphModule,
+    options: config.Options,
+    kind: str,
+    records: list | None = None,
+    freeze: Mapping[int, torch.Tensor] | None = None,
 ) -> Callable:
-    """A callable running an ATen-level graph through minicomp (or eagerly, on failure)."""
+    """A callable running an ATen-level graph through minicomp (or eagerly, on failure).
+
+    `freeze` maps positions of the graph's inputs to the tensors they hold (parameters and
+    buffers, see freeze_candidates): those the graph neither mutates nor returns an alias of
+    become constants of the graph (see FrozenRunner).
+    """
+    static = _static_inputs() if kind == "forward" else ()
+    frozen = _frozen_inputs(gm, freeze) if freeze is not None else {}
+    plan = _compile(gm, options, kind, records, frozen, static)
+    if plan is None:
+        return _boxed(gm)
+    if frozen:
+        return FrozenRunner(gm, plan, frozen, static, options, kind, records)
+
+    def run(args: list) -> Any:
+        out = plan(*args)
+        args.clear()
+        return out
+
+    run._boxed_call = True  # AOTAutograd passes a list it lets us free
+    return run
+
+
+def _compile(
+    gm: torch.fx.GraphModule,
+    options: config.Options,
+    kind: str,
+    records: list | None,
+    frozen: Mapping[int, torch.Tensor],
+    static: Sequence[int],
+) -> Callable | None:
+    """The plan of `gm` with the inputs at `frozen`'s positions as constants; None when it
+    cannot be compiled and options.fallback allows running it eagerly."""
     record = CompileRecord(
         kind=kind, trace=bool(records is not None or _recorders or options.verbose > 1)
     )
@@ -49,12 +86,13 @@ def compile_aten_graph(
         records.append(record)
     for extra in _recorders:
         extra.append(record)
+    kept = [k for k in range(_placeholder_count(gm)) if k not in frozen]
+    static = tuple(kept.index(k) for k in static if k not in frozen)
     try:
         # AOTAutograd calls compilers with its fake mode active; constants are real tensors
         # and folding computes with them, so compile outside it.
-        static = _static_inputs() if kind == "forward" else ()
         with unset_fake_temporarily():
-            graph = import_graph(gm)
+            graph = import_graph(gm, frozen)
             plan = record.plan = compile_graph(
                 graph, options, record, device_index=_cuda_index(gm), static_inputs=static
             )
@@ -64,9 +102,9 @@ def compile_aten_graph(
             raise
         warnings.warn(
             f"minicomp could not compile a {kind} graph and runs it eagerly: {record.error}",
-            stacklevel=2,
+            stacklevel=3,
         )
-        return _boxed(gm)
+        return None
     if options.verbose > 1:
         from minicomp.explain import report
 
@@ -80,14 +118,169 @@ def compile_aten_graph(
             len(record.fallbacks),
             "".join(f"\n  extern {k}: {v}" for k, v in record.fallbacks.items()),
         )
+    return plan
 
-    def run(args: list) -> Any:
-        out = plan(*args)
+
+def freeze_candidates(gm: torch.fx.GraphModule, example_inputs: Sequence) -> dict[int, Any]:
+    """The inputs of a Dynamo graph that `options={"freeze": True}` may turn into constants:
+    position -> tensor, for the parameters, buffers and other tensor attributes of modules.
+
+    Dynamo lifts them to graph inputs (it traces into modules and does not specialise on
+    them); the placeholders' sources say which inputs they are. Tensors marked static by other
+    means (torch._dynamo.mark_static_address, e.g. a KV cache) are left as inputs: they are
+    meant to change between calls.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = {}
+    for k, (n, t) in enumerate(zip(placeholders, example_inputs)):
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            continue
+        grapharg = n.meta.get("grapharg")
+        source = getattr(grapharg, "source", None)
+        if source is None:
+            module_state = isinstance(t, torch.nn.Parameter)
+        else:
+            guard = source.guard_source
+            module_state = guard.is_unspecialized_nn_module() or guard.is_specialized_nn_module()
+        if module_state:
+            out[k] = t
+    return out
+
+
+def _placeholder_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _frozen_inputs(
+    gm: torch.fx.GraphModule, candidates: Mapping[int, torch.Tensor]
+) -> dict[int, torch.Tensor]:
+    """The inputs of this ATen graph that become constants: the candidates (at Dynamo-level
+    positions) and the parameters AOTAutograd lifted from the Dynamo graph itself (when Dynamo
+    does not inline modules), by position in the ATen graph.
+
+    AOTAutograd's inference graph takes its lifted parameters, then Dynamo's inputs in
+    Dynamo's order; where that cannot be confirmed (a different count, a placeholder whose
+    shape, strides, dtype or device differ from the tensor's) nothing is frozen there. Inputs
+    the graph mutates, or whose alias it returns, stay inputs: AOTAutograd writes those
+    mutations into, and rebuilds those aliases from, the real tensors, which a constant would
+    not see.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    meta = _fw_metadata()
+    if meta is None or len(placeholders) != len(meta.input_info):
+        return {}
+    lifted = _lifted_parameters()
+    candidates = {
+        **dict(enumerate(lifted)),
+        **{len(lifted) + k: t for k, t in candidates.items()},
+    }
+    aliased = {o.base_idx for o in meta.output_info if o.base_idx is not None}
+    out = {}
+    for k, t in candidates.items():
+        if k >= len(placeholders) or k in aliased:
+            continue
+        info = meta.input_info[k]
+        if info.mutates_data or info.mutates_metadata:
+            continue
+        val = placeholders[k].meta.get("val")
+        if isinstance(val, torch.Tensor) and _same_tensor_type(val, t):
+            out[k] = t
+    return out
+
+
+def _same_tensor_type(fake: torch.Tensor, real: torch.Tensor) -> bool:
+    def ints(dims) -> tuple | None:
+        return tuple(dims) if all(isinstance(d, int) for d in dims) else None
+
+    shape, strides = ints(fake.shape), ints(fake.stride())
+    return (
+        shape == tuple(real.shape)
+        and strides == tuple(real.stride())
+        and fake.dtype == real.dtype
+        and fake.device == real.device
+    )
+
+
+# Plans one frozen graph keeps for different module instances before it runs eagerly.
+MAX_FROZEN_PLANS = 4
+
+
+class FrozenRunner:
+    """Runs a graph compiled with frozen inputs (AOTAutograd's boxed calling convention): it
+    passes the other inputs to the plan of the tensors found at the frozen positions.
+
+    Dynamo does not guard on the identity of module parameters, so another instance of the
+    same module class (each `torch.compile(model)` of it), or a parameter replaced by a new
+    tensor, reaches the same compiled graph with other tensors there. Those get a plan of
+    their own, compiled on first sight (its kernels come from the kernel cache: only the
+    constants differ), up to MAX_FROZEN_PLANS; past that the graph runs eagerly with a
+    warning (fallback="eager") or raises (fallback="error"). In-place changes to a frozen
+    tensor are not checked: see docs/freeze.md.
+    """
+
+    _boxed_call = True
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        plan: Callable,
+        frozen: Mapping[int, torch.Tensor],
+        static: Sequence[int],
+        options: config.Options,
+        kind: str,
+        records: list | None,
+    ):
+        self.gm = gm
+        self.positions = tuple(frozen)
+        self.kept = [k for k in range(_placeholder_count(gm)) if k not in frozen]
+        self.plans: list[tuple[tuple, Callable]] = [(tuple(frozen.values()), plan)]
+        self.compile = functools.partial(_compile, gm, options, kind, records, static=static)
+        self.fallback = options.fallback
+        self.warned = False
+
+    def __call__(self, args: list) -> Any:
+        tensors = tuple(args[k] for k in self.positions)
+        plan = self.plan_for(tensors)
+        if plan is None:
+            out = self.gm(*args)
+        else:
+            out = plan(*[args[k] for k in self.kept])
         args.clear()
         return out
 
-    run._boxed_call = True  # AOTAutograd passes a list it lets us free
-    return run
+    def plan_for(self, tensors: tuple) -> Callable | None:
+        """The plan compiled for these frozen tensors (compiled now if need be), or None."""
+        for frozen, plan in self.plans:
+            if all(a is b for a, b in zip(tensors, frozen)):
+                return plan
+        first = self.plans[0][0]
+        if len(self.plans) < MAX_FROZEN_PLANS and all(
+            _same_layout(a, b) for a, b in zip(tensors, first)
+        ):
+            plan = self.compile(frozen=dict(zip(self.positions, tensors)))
+            if plan is not None:
+                self.plans.append((tensors, plan))
+                return plan
+        message = (
+            f"minicomp froze the parameters of a graph (options={{'freeze': True}}) for "
+            f"{len(self.plans)} sets of module tensors and is now called with another"
+        )
+        if self.fallback == "error":
+            raise RuntimeError(message + "; call torch._dynamo.reset() to recompile")
+        if not self.warned:
+            warnings.warn(message + ": it runs eagerly", stacklevel=2)
+            self.warned = True
+        return None
+
+
+def _same_layout(a: Any, b: torch.Tensor) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
 
 
 def _cuda_index(gm: torch.fx.GraphModule) -> int | None:
@@ -102,12 +295,23 @@ def _cuda_index(gm: torch.fx.GraphModule) -> int | None:
     return indices.pop() if indices else None
 
 
+def _lifted_parameters() -> list:
+    """The parameters and buffers of the Dynamo graph module that AOTAutograd passes as the
+    first inputs of the graph being compiled (none when Dynamo inlines modules)."""
+    context = torch._guards.TracingContext.try_get()
+    return list(getattr(context, "params_flat", None) or []) if context is not None else []
+
+
+def _fw_metadata() -> Any:
+    """AOTAutograd's metadata of the graph being compiled (None outside AOTAutograd)."""
+    context = torch._guards.TracingContext.try_get()
+    return getattr(context, "fw_metadata", None) if context is not None else None
+
+
 def _static_inputs() -> tuple[int, ...]:
     """Positions of the forward graph's inputs with stable addresses (parameters, buffers),
     as AOTAutograd recorded them."""
-    context = torch._guards.TracingContext.try_get()
-    meta = getattr(context, "fw_metadata", None) if context is not None else None
-    return tuple(getattr(meta, "static_input_indices", None) or ())
+    return tuple(getattr(_fw_metadata(), "static_input_indices", None) or ())
 
 
 def _boxed(gm: torch.fx.GraphModule) -> Callable:
@@ -118,17 +322,47 @@ def _boxed(gm: torch.fx.GraphModule) -> Callable:
     return run
 
 
+FREEZE_NEEDS_GRAD = (
+    "minicomp: options={'freeze': True} does not apply to a graph that computes gradients "
+    "(grad mode is on and a parameter or input requires grad): its parameters stay inputs. "
+    "Run the compiled module under torch.no_grad() or torch.inference_mode() to freeze them."
+)
+
+
 def make_backend(options: config.Options, records: list | None = None) -> Callable:
-    """A dynamo backend compiling with these options, appending CompileRecords if asked."""
+    """A dynamo backend compiling with these options, appending CompileRecords if asked.
+
+    With options.freeze, the graphs AOTAutograd compiles for inference (no gradients needed)
+    take the modules' parameters and buffers as constants. A graph that needs gradients is
+    compiled without freezing, with a warning (FREEZE_NEEDS_GRAD): gradients must flow to the
+    parameters, and the user asked for speed, not for different results or an eager run.
+    """
     from torch._dynamo.backends.common import aot_autograd
 
-    def fw(gm, example_inputs):
-        return compile_aten_graph(gm, options, "forward", records)
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        candidates = freeze_candidates(gm, example_inputs) if options.freeze else {}
 
-    def bw(gm, example_inputs):
-        return compile_aten_graph(gm, options, "backward", records)
+        def fw(aten_gm, aten_inputs):
+            if candidates or options.freeze and _lifted_parameters():
+                warnings.warn(FREEZE_NEEDS_GRAD, stacklevel=2)
+            return compile_aten_graph(aten_gm, options, "forward", records)
 
-    return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=decomposition_table())
+        def inference(aten_gm, aten_inputs):
+            freeze = candidates if options.freeze else None
+            return compile_aten_graph(aten_gm, options, "forward", records, freeze)
+
+        def bw(aten_gm, aten_inputs):
+            return compile_aten_graph(aten_gm, options, "backward", records)
+
+        compiler = aot_autograd(
+            fw_compiler=fw,
+            bw_compiler=bw,
+            inference_compiler=inference,
+            decompositions=decomposition_table(),
+        )
+        return compiler(gm, example_inputs)
+
+    return backend
 
 
 def minicomp_backend(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -50,10 +51,16 @@ def _is_symint(v: Any) -> bool:
 
 
 class Importer:
-    """Walks an ATen-level GraphModule once and builds the graph IR."""
+    """Walks an ATen-level GraphModule once and builds the graph IR.
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    `frozen` maps positions of placeholders to the tensors that stand for them: they become
+    constants of the graph instead of inputs.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, frozen: Mapping[int, torch.Tensor] | None = None):
         self.gm = gm
+        self.frozen = dict(frozen or {})
+        self.placeholders = 0
         self.env: dict[torch.fx.Node, Any] = {}
         self.inputs: list[Value | Var] = []
         self.nodes: list[Op] = []
@@ -92,6 +99,10 @@ class Importer:
 
     def placeholder(self, n: torch.fx.Node) -> None:
         val = n.meta.get("val")
+        position, self.placeholders = self.placeholders, self.placeholders + 1
+        if position in self.frozen:
+            self.env[n] = self.values[self.constant(n.name, self.frozen[position])]
+            return
         if isinstance(val, torch.Tensor):
             v = self._new_value(n.name, tensor_type(val))
             self.inputs.append(v)
@@ -115,9 +126,13 @@ class Importer:
         if not isinstance(t, torch.Tensor):
             self.env[n] = t
             return
-        v = self._new_value(n.name, tensor_type(t))
+        self.env[n] = self.values[self.constant(n.name, t)]
+
+    def constant(self, base: str, t: torch.Tensor) -> str:
+        """The name of a new constant value holding `t`."""
+        v = self._new_value(base, tensor_type(t))
         self.constants[v.name] = t.detach()
-        self.env[n] = v
+        return v.name
 
     def output_item(self, a: Any) -> Any:
         if a is None:
@@ -441,6 +456,9 @@ def _rebuild(val: Any, values) -> Any:
     )
 
 
-def import_graph(gm: torch.fx.GraphModule) -> Graph:
-    """The graph IR of an ATen-level FX graph (from AOTAutograd)."""
-    return Importer(gm).run()
+def import_graph(
+    gm: torch.fx.GraphModule, frozen: Mapping[int, torch.Tensor] | None = None
+) -> Graph:
+    """The graph IR of an ATen-level FX graph (from AOTAutograd); the placeholders at the
+    positions `frozen` names become constants holding its tensors (options.freeze)."""
+    return Importer(gm, frozen).run()

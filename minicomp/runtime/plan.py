@@ -1,4 +1,11 @@
-"""The execution plan of a compiled graph: steps over value slots, run once per call."""
+"""The execution plan of a compiled graph: steps over value slots, run once per call.
+
+Memory, per call: one workspace tensor holds every intermediate the plan's kernels write
+(offsets planned by runtime/memory.py so that buffers with disjoint lifetimes share bytes);
+each output a kernel writes is allocated just before the step that writes it; the results of
+ATen calls are dropped after the last step reading them, as eager PyTorch drops a tensor
+nothing refers to any more. `Plan.memory_stats` gives the resulting peak.
+"""
 
 from __future__ import annotations
 
@@ -116,6 +123,7 @@ class Plan:
     shape_binders: list[tuple[int, int, str]] = field(default_factory=list)
     checked_inputs: list[int] = field(default_factory=list)
     _layouts: dict = field(default_factory=dict)
+    _schedule: tuple | None = field(default=None, repr=False)
 
     def bind(self, args: Sequence[Any]) -> Env:
         env: Env = {}
@@ -144,6 +152,31 @@ class Plan:
             self._layouts[key] = hit
         return hit
 
+    def schedule(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Per step: the fresh output slots to allocate before it, and the slots to drop
+        after it (ATen results no later step reads and the graph does not return)."""
+        if self._schedule is None:
+            kept = set(self.constants) | set(self.fresh)
+            kept |= {ref for kind, ref in self.inputs if kind == "tensor"}
+            kept |= {ref for kind, ref in self.outputs if kind == "slot"}
+            kept |= {k for k, info in enumerate(self.slots) if info.workspace}
+            last: dict[int, int] = {}
+            first: dict[int, int] = {}
+            for s, step in enumerate(self.steps):
+                for k in _touched(step):
+                    last[k] = s
+                for k in step.outputs:
+                    first.setdefault(k, s)
+            allocate: list[list[int]] = [[] for _ in self.steps]
+            drop: list[list[int]] = [[] for _ in self.steps]
+            for k in self.fresh:
+                allocate[first.get(k, 0)].append(k)
+            for k, s in last.items():
+                if k not in kept:
+                    drop[s].append(k)
+            self._schedule = (allocate, drop)
+        return self._schedule
+
     def _lifetime(self, k: int) -> tuple[int, int]:
         family = {k}
         for step in self.steps:
@@ -151,20 +184,33 @@ class Plan:
                 family |= set(step.outputs)
         first, last = len(self.steps), -1
         for s, step in enumerate(self.steps):
-            touched = set(getattr(step, "buffers", ())) | set(getattr(step, "outputs", ()))
-            touched |= set(getattr(step, "reads", ()))
-            if touched & family:
+            if _touched(step) & family:
                 first, last = min(first, s), max(last, s)
         return first, last
 
     def __call__(self, *args: Any) -> list:
-        slots, env = self.prepare(args)
-        self.run(self.steps, slots, env)
+        slots, env = self.prepare(args, outputs=False)
+        allocate, drop = self.schedule()
+        for step, fresh, dead in zip(self.steps, allocate, drop):
+            for k in fresh:
+                slots[k] = self._empty(k, env)
+            step.run(slots, env)
+            for k in dead:
+                slots[k] = None
         return self.collect(slots, env)
 
-    def prepare(self, args: Sequence[Any]) -> tuple[list, Env]:
-        """The slots of one call (inputs, constants, workspace views, fresh outputs) and the
-        size binding."""
+    def _empty(self, k: int, env: Env) -> torch.Tensor:
+        info = self.slots[k]
+        return torch.empty_strided(
+            info.shape(env), info.strides(env), dtype=info.dtype, device=info.device
+        )
+
+    def prepare(self, args: Sequence[Any], outputs: bool = True) -> tuple[list, Env]:
+        """The slots of one call (inputs, constants, workspace views and, with `outputs`, the
+        outputs kernels write) and the size binding.
+
+        A plan run step by step (CUDA graphs) allocates its outputs here, once; a plain call
+        allocates each just before the step writing it (`Plan.schedule`)."""
         env = self.bind(args)
         slots: list[Any] = [None] * len(self.slots)
         for k, t in self.constants.items():
@@ -188,12 +234,42 @@ class Plan:
                     slots[k] = base + off
             # Bare addresses keep no reference: the workspace lives as long as the slots.
             slots.append(ws)
-        for k in self.fresh:
-            info = self.slots[k]
-            slots[k] = torch.empty_strided(
-                info.shape(env), info.strides(env), dtype=info.dtype, device=info.device
-            )
+        for k in self.fresh if outputs else ():
+            slots[k] = self._empty(k, env)
         return slots, env
+
+    def memory_stats(self, *args: Any) -> MemoryStats:
+        """The bytes one call with these arguments allocates (see MemoryStats)."""
+        env = self.bind(args)
+        _, workspace = self.layout(env)
+        allocate, drop = self.schedule()
+        owned: dict[int, int] = {}  # slot -> bytes it allocates
+        owner: dict[int, int] = {}  # slot -> the slot whose memory it holds
+        for step in self.steps:
+            views = isinstance(step, ExternStep) and step.aliases
+            for k in step.outputs:
+                if views:
+                    owner[k] = owner.get(step.aliases[0], step.aliases[0])
+                elif isinstance(step, ExternStep) or k in self.fresh:
+                    owned[k] = _span_bytes(self.slots[k], env)
+        # Memory is freed when the last slot holding it (its own or a view's) is dropped.
+        holders: dict[int, int] = {}
+        live = peak = 0
+        for step, fresh, dead in zip(self.steps, allocate, drop):
+            for k in {*fresh, *step.outputs}:
+                root = owner.get(k, k)
+                holders[root] = holders.get(root, 0) + 1
+                if root == k:
+                    live += owned.get(k, 0)
+            peak = max(peak, live)
+            for k in dead:
+                root = owner.get(k, k)
+                holders[root] -= 1
+                if holders[root] == 0:
+                    live -= owned.get(root, 0)
+        outputs = {ref for kind, ref in self.outputs if kind == "slot"}
+        out_bytes = sum(owned.get(owner.get(k, k), 0) for k in outputs)
+        return MemoryStats(workspace, out_bytes, workspace + peak)
 
     @staticmethod
     def run(steps: Sequence[Step], slots: list, env: Env) -> None:
@@ -226,6 +302,34 @@ class Plan:
         if kind == "size":
             return ref(env)
         return None
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """What one call of a plan allocates, in bytes: the workspace (live for the whole call),
+    the outputs it returns, and the peak of everything it holds at once (the workspace, the
+    outputs written so far, the ATen results still to be read). ATen calls' own scratch
+    memory is not counted (an eager run has it too); the inputs and constants are not (they
+    exist before the call)."""
+
+    workspace: int
+    outputs: int
+    peak: int
+
+
+def _touched(step: Step) -> set[int]:
+    """The slots a step reads or writes."""
+    touched = set(getattr(step, "buffers", ())) | set(getattr(step, "outputs", ()))
+    return touched | set(getattr(step, "reads", ()))
+
+
+def _span_bytes(info: SlotInfo, env: Env) -> int:
+    """The bytes of the memory a tensor laid out as `info` spans."""
+    shape, strides = info.shape(env), info.strides(env)
+    if any(d == 0 for d in shape):
+        return 0
+    span = 1 + sum((d - 1) * abs(s) for d, s in zip(shape, strides))
+    return span * info.dtype.itemsize
 
 
 def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:

@@ -1,0 +1,202 @@
+"""Horizontal fusion: products sharing their input and reading constant weights become one
+product over the concatenated weights, sliced; anything else is left alone."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from graph_builder import GraphBuilder
+from helpers import assert_same, clone_inputs
+
+from minicomp.dynamo.backend import recording
+from minicomp.ir.evaluate import evaluate
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, FusedOp, Graph
+from minicomp.passes.graph.contraction import match_contraction
+from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built here; nothing is downloaded
+
+aten = torch.ops.aten
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def run_graph(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The graph's outputs: compute ops by the reference evaluator, ATen calls by ATen."""
+    env = {**graph.constants, **inputs}
+    for n in graph.nodes:
+        ins = [env[v.name] for v in n.inputs]
+        if isinstance(n, ComputeOp):
+            arrays = {v.name: t.contiguous().numpy() for v, t in zip(n.inputs, ins)}
+            env[n.outputs[0].name] = torch.from_numpy(np.array(evaluate(n.definition, arrays)))
+        else:
+            args = [ins[a.index] if isinstance(a, ArgRef) else a for a in n.args]
+            env[n.outputs[0].name] = n.target(*args, **dict(n.kwargs))
+    return [env[o.name] for o in graph.outputs]
+
+
+def transposed(b: GraphBuilder, name: str, w: torch.Tensor):
+    """A constant weight [N, K] read as [K, N] through a transpose, as `linear` reads it."""
+    c = b.constant(name, w)
+    n, k = w.shape
+    return b.compute(f"{name}_t", (k, n), lambda i, j: c[j, i])
+
+
+def attention_projections(b: GraphBuilder, x, widths: tuple[int, ...], k: int):
+    outs = []
+    for q, n in enumerate(widths):
+        wt = transposed(b, f"w{q}", torch.randn(n, k))
+        bias = b.constant(f"b{q}", torch.randn(n))
+        outs.append(b.extern(f"y{q}", aten.addmm.default, [bias, x, wt], (6, n)))
+    return outs
+
+
+def products(graph: Graph) -> list[ExternOp]:
+    return [n for n in graph.nodes if isinstance(n, ExternOp) and "mm" in str(n.target)]
+
+
+def test_projections_with_bias_become_one_product_over_k_major_weights():
+    b = GraphBuilder()
+    x = b.input("x", (6, 16))
+    outs = attention_projections(b, x, (8, 4, 4), 16)  # query, key, value (grouped heads)
+    b.output(*outs)
+    g = b.build()
+    fused = fuse_matmuls_sharing_input(g)
+
+    (product,) = products(fused)
+    bias, a, weight = (fused.constants.get(v.name, v) for v in product.inputs)
+    assert a.name == "x" and weight.shape == (16, 16) and bias.shape == (16,)
+    # The transposed weights concatenate along N keeping K contiguous (one [16, 16] block).
+    assert weight.stride() == (1, 16)
+    slices = [n for n in fused.nodes if isinstance(n, ComputeOp) and n.name == "slice"]
+    assert [n.outputs[0] for n in slices] == [g.producers()[o].outputs[0] for o in g.outputs]
+    inputs = {"x": torch.randn(6, 16)}
+    for got, want in zip(run_graph(fused, inputs), run_graph(g, inputs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_products_without_bias_over_n_major_weights():
+    # GPT-2's Conv1D keeps its weight as [K, N]: the product reads it as it is.
+    b = GraphBuilder()
+    x = b.input("x", (6, 16))
+    w1, w2 = b.constant("w1", torch.randn(16, 5)), b.constant("w2", torch.randn(16, 7))
+    y1 = b.extern("y1", aten.mm.default, [x, w1], (6, 5))
+    y2 = b.extern("y2", aten.mm.default, [x, w2], (6, 7))
+    y = b.compute("y", (6, 5), lambda i, j: y1[i, j] * y2[i, j + 2])
+    b.output(y)
+    g = b.build()
+    fused = fuse_matmuls_sharing_input(g)
+
+    (product,) = products(fused)
+    weight = fused.constants[product.inputs[1].name]
+    assert weight.shape == (16, 12) and weight.is_contiguous()
+    inputs = {"x": torch.randn(6, 16)}
+    torch.testing.assert_close(run_graph(fused, inputs)[0], run_graph(g, inputs)[0])
+
+
+def test_left_alone_unless_constant_weights_share_input_dtype_and_scaling():
+    b = GraphBuilder()
+    x, z = b.input("x", (6, 16)), b.input("z", (6, 16))
+    w_in = b.input("w_in", (16, 4))  # a weight given at run time
+    w32, w16 = b.constant("w32", torch.randn(16, 4)), b.constant("w16", torch.randn(16, 4).half())
+    bias = b.constant("bias", torch.randn(4))
+    outs = [
+        b.extern("runtime_weight", aten.mm.default, [x, w_in], (6, 4)),
+        b.extern("other_dtype", aten.mm.default, [x, w16], (6, 4)),
+        b.extern("other_input", aten.mm.default, [z, w32], (6, 4)),
+        b.extern("scaled", aten.addmm.default, [bias, x, w32], (6, 4), kwargs=(("beta", 0.5),)),
+        b.extern("plain", aten.mm.default, [x, w32], (6, 4)),
+    ]
+    b.output(*outs)
+    g = b.build()
+    assert fuse_matmuls_sharing_input(g) is g
+
+
+class Attention(torch.nn.Module):
+    """Self-attention with separate query, key and value projections."""
+
+    def __init__(self, dim: int = 32, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+
+        def split(t):
+            return t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, d))
+
+
+def compiled_record(fn, *inputs, target: str, freeze: bool = True):
+    """Compile `fn`, compare it with eager, return the forward graph's CompileRecord."""
+    records: list = []
+    options = {"target": target, "freeze": freeze, "fallback": "error"}
+    torch._dynamo.reset()
+    with torch.no_grad(), recording(records):
+        expected = fn(*clone_inputs(inputs))
+        actual = torch.compile(fn, backend="minicomp", options=options)(*clone_inputs(inputs))
+    assert_same(actual, expected, **TOLERANCE)
+    (record,) = records
+    return record
+
+
+def product_count(graph: Graph) -> int:
+    """Matrix products the plan runs: ATen calls on the cpu target, matmul kernels (fused
+    contractions) on the CUDA targets."""
+    calls = len(products(graph))
+    kernels = sum(1 for n in graph.nodes if isinstance(n, FusedOp) and match_contraction(n))
+    return calls + kernels
+
+
+def test_attention_projections_become_one_product(target):
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x = torch.randn(2, 8, 32)
+    frozen = compiled_record(model, x, target=target)
+    assert product_count(frozen.graph) == 2  # query/key/value, then the output projection
+    # Weights given at run time are not concatenated (it would copy them on every call).
+    unfrozen = compiled_record(model, x, target=target, freeze=False)
+    assert product_count(unfrozen.graph) == 4
+
+
+def test_gated_mlp_and_grouped_query_projections_in_llama(target):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=64, max_position_embeddings=32,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    def logits(input_ids):
+        return model(input_ids=input_ids, use_cache=False).logits
+
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    record = compiled_record(logits, ids, target=target)
+    # q, k and v (k and v narrower: grouped heads) become one product, gate and up another:
+    # then o_proj, down_proj and the head, 5 instead of 8.
+    assert product_count(record.graph) == 5
+
+
+def test_gpt2_projections_are_already_one_product():
+    # GPT-2 computes q, k and v with one Conv1D, and its MLP's two products read different
+    # inputs: nothing to fuse, and the model still matches eager.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+
+    def logits(input_ids):
+        return model(input_ids=input_ids, use_cache=False).logits
+
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    record = compiled_record(logits, ids, target="cpu")
+    assert product_count(record.graph) == 5  # c_attn, c_proj, c_fc, mlp.c_proj, the head
