@@ -1,4 +1,4 @@
-"""The `minicomp` command: explain a script, show the options, manage the caches."""
+"""The `minicomp` command: explain a script, show the options, manage the caches, benchmark."""
 
 import argparse
 import contextlib
@@ -483,6 +483,39 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from minicomp.bench import options, runner
+
+    try:
+        settings = options.settings_from_args(args)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    runner.run(settings)
+    return 0
+
+
+def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
+    from minicomp.bench import options
+
+    bench = commands.add_parser(
+        "bench",
+        help="time the model suite under eager, Inductor, minicomp (and Hidet)",
+        description=_BENCH_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    options.add_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
+
+
+_BENCH_DESCRIPTION = """\
+Build the model suite (ResNet-50, BERT-base, GPT-2, a 1B LLaMA, ViT-B/16, a T5 encoder, with
+random weights from installed packages) and, for each model, dtype and batch size, run every
+backend on the same inputs: check it against eager, time it (median after warm-up), weigh its
+peak memory and compile time (cold and with a warm cache). Prints a table, writes a JSON file
+and a PNG chart of speedups. docs/bench.md explains every column.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minicomp", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -497,6 +530,7 @@ def _parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_cmd_config)
 
     _add_cache_parser(commands)
+    _add_bench_parser(commands)
     return parser
 
 

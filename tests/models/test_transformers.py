@@ -124,3 +124,52 @@ def test_gpt2_training_gradients(target):
         return m(input_ids=input_ids, labels=input_ids, use_cache=False).loss
 
     check_gradients(model, loss_fn, tokens(2, 16), target=target)
+
+
+# float16 on the CUDA targets: tensor-core matmul templates and the fused attention kernel
+# accumulate in f32 and round once, where eager rounds every op's result to f16, so outputs
+# differ by a few f16 roundings (one is 4.9e-4 relative; 1 ulp is what these configs show).
+# 1e-2 leaves about 20 roundings at the largest output while a real bug (a wrong mask, scale
+# or cast) is off by 1e-1 or more.
+F16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}
+
+
+def _skip_cpu_target(target):
+    if target == "cpu":
+        pytest.skip("the float16 model tests check the CUDA targets' half-precision paths")
+
+
+def test_gpt2_logits_float16(target):
+    _skip_cpu_target(target)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(gpt2_config("sdpa")).eval().half()
+
+    def logits(input_ids):
+        return model(input_ids=input_ids, use_cache=False).logits
+
+    with torch.no_grad():
+        out = check_compiled(logits, tokens(2, 16), target=target, **F16_TOLERANCE)
+    assert out.dtype == torch.float16
+
+
+def test_bert_hidden_states_float16(target):
+    _skip_cpu_target(target)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    model = transformers.BertModel(config).eval().half()
+    attention_mask = torch.ones(2, 16, dtype=torch.long)
+    attention_mask[1, 10:] = 0  # the second sequence is padded
+
+    def encode(input_ids, attention_mask):
+        out = model(input_ids=input_ids, attention_mask=attention_mask)
+        return out.last_hidden_state, out.pooler_output
+
+    with torch.no_grad():
+        hidden, pooled = check_compiled(
+            encode, tokens(2, 16), attention_mask, target=target, **F16_TOLERANCE
+        )
+    assert hidden.dtype == pooled.dtype == torch.float16

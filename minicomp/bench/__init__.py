@@ -1,0 +1,1 @@
+"""The model suite and `minicomp bench`: standard models timed under every backend."""

@@ -1,0 +1,138 @@
+"""The bench's settings and command-line options (no torch import: `minicomp --help` stays fast)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+BACKEND_NAMES = (
+    "eager",
+    "inductor",
+    "inductor-max-autotune",
+    "minicomp-ss0",
+    "minicomp-ss2",
+    "hidet",
+)
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+SIZES = ("small", "full")
+# The CPU defaults keep a run to minutes on a few cores: float32, batch 1, and no backend
+# that only repeats another there (minicomp cannot tune without a GPU and keeps search
+# space 0; Inductor's max-autotune mostly re-times ATen's GEMMs on a CPU).
+CPU_DEFAULTS = {
+    "dtypes": ["float32"],
+    "batch": [1],
+    "backends": ["eager", "inductor", "minicomp-ss0"],
+    "repeats": 10,
+    "warmup": 2,
+}
+CUDA_DEFAULTS = {
+    "dtypes": list(DTYPE_NAMES),
+    "batch": [1, 16],
+    "backends": list(BACKEND_NAMES),
+    "repeats": 50,
+    "warmup": 5,
+}
+
+
+@dataclass
+class Settings:
+    """What one bench run measures, and where it writes."""
+
+    models: list[str]
+    dtypes: list[str] = field(default_factory=lambda: list(CPU_DEFAULTS["dtypes"]))
+    batch: list[int] = field(default_factory=lambda: list(CPU_DEFAULTS["batch"]))
+    backends: list[str] = field(default_factory=lambda: list(CPU_DEFAULTS["backends"]))
+    device: str = "cpu"
+    size: str = "full"
+    repeats: int = CPU_DEFAULTS["repeats"]
+    warmup: int = CPU_DEFAULTS["warmup"]
+    json: str | None = None  # no file when None or empty
+    chart: str | None = None
+    progress: bool = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench options, shared by `minicomp bench` and benchmarks/models.py."""
+    cpu_backends = ",".join(CPU_DEFAULTS["backends"])
+    helps = {
+        "--models": "comma list of suite models (default: all; docs/bench.md lists them)",
+        "--dtypes": f"comma list of {', '.join(DTYPE_NAMES)} (default: cpu float32; cuda all "
+        "three, bfloat16 where the GPU has it)",
+        "--batch": "comma list of batch sizes (default: cpu 1; cuda 1,16)",
+        "--backends": f"comma list of {', '.join(BACKEND_NAMES)} (default: cpu {cpu_backends}; "
+        "cuda all that are installed)",
+    }
+    for flag, text in helps.items():
+        parser.add_argument(flag, help=text)
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present"
+    )
+    parser.add_argument(
+        "--size",
+        choices=SIZES,
+        default="full",
+        help="full: the standard configs (default); small: 2 layers, narrow, for smoke runs",
+    )
+    parser.add_argument("--repeats", type=int, help="timed calls per cell (cpu 10, cuda 50)")
+    parser.add_argument("--warmup", type=int, help="untimed calls first (cpu 2, cuda 5)")
+    parser.add_argument(
+        "--json", metavar="PATH", help="results file (minicomp-bench-DEVICE.json; '': none)"
+    )
+    parser.add_argument(
+        "--chart", metavar="PATH", help="PNG chart (minicomp-bench-DEVICE.png; '': none)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def names(text: str, known, what: str) -> list[str]:
+    """The comma list `text`, each a member of `known`; raises ValueError naming the known."""
+    found = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in found if n not in known]
+    if unknown or not found:
+        bad = ", ".join(unknown) or repr(text)
+        raise ValueError(f"unknown {what} {bad}; choose from {', '.join(known)}")
+    return found
+
+
+def batches(text: str) -> list[int]:
+    """The comma list of batch sizes `text`; raises ValueError."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"bad --batch {text!r}: expected a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"bad --batch {text!r}: batch sizes are positive integers")
+    return values
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from parsed arguments, with the device's defaults where none were given;
+    raises ValueError on an unknown name or a bad number."""
+    import torch
+
+    from minicomp.bench import measure, suite
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    defaults = CUDA_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    if args.backends:
+        backends = names(args.backends, BACKEND_NAMES, "backend")
+    else:  # the defaults leave out what is not installed; named ones say why they fail
+        backends = [b for b in defaults["backends"] if measure.BACKENDS[b].missing() is None]
+    settings = Settings(
+        models=names(args.models, suite.SUITE, "model") if args.models else suite.model_names(),
+        dtypes=names(args.dtypes, DTYPE_NAMES, "dtype") if args.dtypes else defaults["dtypes"],
+        batch=batches(args.batch) if args.batch else defaults["batch"],
+        backends=backends,
+        device=device,
+        size=args.size,
+        repeats=defaults["repeats"] if args.repeats is None else args.repeats,
+        warmup=defaults["warmup"] if args.warmup is None else args.warmup,
+        json=args.json if args.json is not None else f"minicomp-bench-{device}.json",
+        chart=args.chart if args.chart is not None else f"minicomp-bench-{device}.png",
+        progress=not args.no_progress,
+    )
+    if settings.repeats < 1 or settings.warmup < 0:
+        raise ValueError("--repeats must be at least 1 and --warmup at least 0")
+    return settings
