@@ -26,8 +26,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from minicomp.ir.expr import Dim
+from minicomp.ir.expr import Dim, Select
 from minicomp.ir.func import Function
+from minicomp.ir.functor import collect
 from minicomp.schedule.templates.base import Template
 from minicomp.schedule.templates.problem import (
     GROUP_M,
@@ -51,6 +52,8 @@ from minicomp.script import (
 
 # Static shared memory a block may have without opting in.
 MAX_SHARED = 48 * 1024
+# Loads per thread per K step the heuristic allows when operands are guarded (see heuristic).
+GUARDED_LOADS = 6
 # Blocks that fill the GPU (an H100 has 132 SMs); the heuristic prefers tiles giving this many.
 TARGET_BLOCKS = 132
 
@@ -149,10 +152,28 @@ def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int
 
 def heuristic(problem: MatmulProblem) -> SimtConfig:
     """The config used without measuring: 128x128x8 tiles with 8x8 per thread for large
-    problems, smaller tiles when M or N is small or there would be too few blocks."""
-    by_tile = {(c.bm, c.bn): c for c in reversed(space(problem, 1))}
+    problems, smaller tiles when M or N is small or there would be too few blocks.
+
+    Guarded operands (a convolution's window, which clamps and selects at every load) keep
+    each prefetched element's index arithmetic live beside the accumulators: with 8x8 per
+    thread, or 12 and more loads per thread per step, the kernel runs out of registers and
+    spills (NVRTC, sm_80/sm_90), so there at most 32 accumulators and GUARDED_LOADS loads."""
+    configs = space(problem, 1)
+    if _guarded(problem):
+        configs = [
+            c
+            for c in configs
+            if c.tm * c.tn <= 32 and (c.bm + c.bn) * c.bk <= GUARDED_LOADS * c.threads
+        ] or configs
+    by_tile = {(c.bm, c.bn): c for c in reversed(configs)}
     tiles = sorted(by_tile, key=lambda t: -t[0] * t[1])
     return by_tile[pick_tile(problem, tiles)]
+
+
+def _guarded(problem: MatmulProblem) -> bool:
+    """Whether an operand's loads are guarded (a Select: padding, a clamped window)."""
+    c = problem.contraction
+    return bool(collect(c.a, Select) or collect(c.b, Select))
 
 
 def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
