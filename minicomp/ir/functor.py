@@ -34,11 +34,15 @@ class Functor:
     def visit(self, n: Any) -> Any:
         """Visit a node, a tuple of nodes, or pass a leaf value through."""
         if isinstance(n, Node):
-            hit = self.memo.get(n, _MISSING)
+            memo = self.memo
+            hit = memo.get(n, _MISSING)
             if hit is not _MISSING:
                 return hit
-            out = self._dispatch(type(n))(self, n)
-            self.memo[n] = out
+            fn = _TABLES.get((type(self), type(n)))
+            if fn is None:
+                fn = _TABLES[type(self), type(n)] = self._dispatch(type(n))
+            out = fn(self, n)
+            memo[n] = out
             return out
         if isinstance(n, tuple):
             return self.visit_tuple(n)
@@ -55,6 +59,8 @@ class Functor:
 
 
 _MISSING = object()
+# (functor class, node class) -> handler: what `_dispatch` finds, without its lookups.
+_TABLES: dict[tuple[type, type], Callable] = {}
 
 
 class Visitor(Functor):
@@ -77,9 +83,7 @@ class Mutator(Functor):
 
     def visit_default(self, n: Node) -> Node:
         changes = {}
-        for f in n._field_names:
-            if f in n._references:
-                continue
+        for f in n._owned_names:
             old = getattr(n, f)
             new = self.visit(old)
             if new is not old:

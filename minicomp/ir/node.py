@@ -13,9 +13,11 @@ class Node:
     # Fields holding references to other definitions rather than owned children;
     # functors do not descend into them.
     _references: ClassVar[tuple[str, ...]] = ()
+    # _field_names less _references, computed once per class by `node`.
+    _owned_names: ClassVar[tuple[str, ...]] = ()
 
     def _key(self) -> tuple:
-        return tuple(getattr(self, f) for f in self._field_names)
+        return tuple([getattr(self, f) for f in self._field_names])
 
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")
@@ -40,11 +42,12 @@ class Node:
 
     def children(self) -> tuple[Any, ...]:
         """The owned field values, in declaration order."""
-        return tuple(getattr(self, f) for f in self._field_names if f not in self._references)
+        return tuple([getattr(self, f) for f in self._owned_names])
 
 
 def node(cls: type) -> type:
     """Declare an IR node class: a frozen dataclass with structural hash and equality."""
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
     cls._field_names = tuple(f.name for f in dataclasses.fields(cls))
+    cls._owned_names = tuple(f for f in cls._field_names if f not in cls._references)
     return cls

@@ -12,7 +12,7 @@ import numpy as np
 from minicomp.ir import types as T
 from minicomp.ir.compute import Compute, TensorElement, TensorInput
 from minicomp.ir.evaluate import evaluate
-from minicomp.ir.expr import Expr
+from minicomp.ir.expr import Binary, Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, TensorType
 from minicomp.passes.graph.layout import layouts_for
 
@@ -82,10 +82,72 @@ def _fit_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
     numel = int(np.prod(d.shape)) if d.shape else 1
     if numel == 0 or numel > MAX_CHECKED_ELEMENTS:
         return None
+    found = _affine_strides(d, src_strides)
+    if found is not None:
+        return found
+    return _probe_strides(d, src_strides)
+
+
+def _affine_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
+    """The strides and offset of `d`'s reads derived from its index expressions, when each is
+    affine in the axes and stays inside the source: the result `_probe_strides` would find,
+    without evaluating every element. None when the derivation does not apply."""
+    el = d.body
+    axes = {a: k for k, a in enumerate(d.axes)}
+    origin, strides = 0, [0] * len(d.shape)
+    for index, extent, stride in zip(el.indices, el.tensor.shape, src_strides):
+        form = _affine(index, axes)
+        if form is None:
+            return None
+        c, coeffs = form
+        lo = c + sum(a * (x - 1) for a, x in zip(coeffs, d.shape) if a < 0)
+        hi = c + sum(a * (x - 1) for a, x in zip(coeffs, d.shape) if a > 0)
+        if lo < 0 or hi >= extent:
+            return None
+        origin += c * stride
+        for k, a in enumerate(coeffs):
+            strides[k] += a * stride
+    if origin < 0:
+        return None
+    # The probe reports 1 for size-1 dims, whatever the index map.
+    return tuple(1 if x == 1 else s for s, x in zip(strides, d.shape)), origin
+
+
+def _affine(e: Expr, axes: dict) -> tuple[int, list[int]] | None:
+    """(c, [a0, a1, ...]) with e == c + sum(ak * axis_k), or None when `e` is not of that form
+    (only integer constants, the axes, +, - and products by a constant are understood)."""
+    if isinstance(e, Const):
+        if e.dtype.kind != "int" or isinstance(e.value, bool):
+            return None
+        return e.value, [0] * len(axes)
+    if isinstance(e, Var):
+        k = axes.get(e)
+        if k is None or e.dtype.kind != "int":
+            return None
+        coeffs = [0] * len(axes)
+        coeffs[k] = 1
+        return 0, coeffs
+    if not isinstance(e, Binary) or e.op not in ("add", "sub", "mul") or e.dtype.kind != "int":
+        return None
+    a, b = _affine(e.a, axes), _affine(e.b, axes)
+    if a is None or b is None:
+        return None
+    if e.op == "add":
+        return a[0] + b[0], [x + y for x, y in zip(a[1], b[1])]
+    if e.op == "sub":
+        return a[0] - b[0], [x - y for x, y in zip(a[1], b[1])]
+    if not any(a[1]):
+        return a[0] * b[0], [a[0] * y for y in b[1]]
+    if not any(b[1]):
+        return a[0] * b[0], [x * b[0] for x in a[1]]
+    return None
+
+
+def _probe_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
+    """`_fit_strides` by evaluating the offset of every element read and checking them."""
     el = d.body
     src = el.tensor
-    grids = np.meshgrid(*(np.arange(x, dtype=np.int64) for x in src.shape), indexing="ij")
-    base = sum((g * s for g, s in zip(grids, src_strides)), np.zeros(src.shape, np.int64))
+    base = _strided_offsets(src.shape, src_strides, 0)
     probe = TensorInput(src.name, src.shape, T.i64)
     body = TensorElement(probe, el.indices)
     offsets = evaluate(Compute(d.name, d.shape, d.axes, body), {src.name: base})
@@ -99,8 +161,17 @@ def _fit_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
         step = [0] * len(d.shape)
         step[k] = 1
         strides.append(int(offsets[tuple(step)]) - origin)
-    grids = np.meshgrid(*(np.arange(x, dtype=np.int64) for x in d.shape), indexing="ij")
-    predicted = origin + sum((g * s for g, s in zip(grids, strides)), np.zeros(d.shape, np.int64))
+    predicted = _strided_offsets(d.shape, strides, origin)
     if not np.array_equal(predicted, offsets) or origin < 0:
         return None
     return tuple(strides), origin
+
+
+def _strided_offsets(shape: tuple, strides, origin: int) -> np.ndarray:
+    """origin + sum(index_k * stride_k) at every index of `shape`, built by broadcasting."""
+    out = np.full(shape, origin, np.int64)
+    for k, (x, s) in enumerate(zip(shape, strides)):
+        along = [1] * len(shape)
+        along[k] = x
+        out += (np.arange(x, dtype=np.int64) * s).reshape(along)
+    return out

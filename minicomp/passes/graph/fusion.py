@@ -14,7 +14,7 @@ norm) fuse as before.
 
 from __future__ import annotations
 
-import networkx as nx
+import heapq
 
 from minicomp.ir.graph import ComputeOp, FusedOp, Graph, Op
 from minicomp.passes.graph.contraction import match_contraction
@@ -28,12 +28,21 @@ class _Groups:
         self.graph = graph
         self.ops = list(graph.nodes)
         producer = {v: i for i, op in enumerate(self.ops) for v in op.outputs}
-        self.dag = nx.DiGraph()
-        self.dag.add_nodes_from(range(len(self.ops)))
+        # The op DAG as successor lists (in first-use order) and predecessor sets; readers[v]
+        # are the ops reading value v of its producer.
+        self.succ: list[list[int]] = [[] for _ in self.ops]
+        self.pred: list[set[int]] = [set() for _ in self.ops]
+        self.readers: dict = {}
         for j, op in enumerate(self.ops):
             for v in op.inputs:
-                if v in producer:
-                    self.dag.add_edge(producer[v], j)
+                i = producer.get(v)
+                if i is None:
+                    continue
+                self.readers.setdefault(v, set()).add(j)
+                if i not in self.pred[j]:
+                    self.pred[j].add(i)
+                    self.succ[i].append(j)
+        self.producer = producer
         self.group_of = list(range(len(self.ops)))
         self.members: dict[int, list[int]] = {i: [i] for i in range(len(self.ops))}
         self.graph_outputs = graph.output_values()
@@ -41,6 +50,15 @@ class _Groups:
         # Each group's loop nest, once built: a group's outputs (and so its nest) change
         # only when the group itself does.
         self.nests: dict[int, FusedOp | None] = {}
+        # Whether each op holds a reduction, by id (every loop nest built asks again).
+        self._reduces: dict[int, bool] = {}
+
+    def reduces(self, op: ComputeOp) -> bool:
+        """Whether `op`'s definition holds a reduction, computed once per op."""
+        hit = self._reduces.get(id(op))
+        if hit is None:
+            hit = self._reduces[id(op)] = not op.definition.is_injective
+        return hit
 
     def outputs_of(self, members: list[int]):
         """Values of `members` read outside them or returned by the graph."""
@@ -48,8 +66,8 @@ class _Groups:
         outs = []
         for i in members:
             for v in self.ops[i].outputs:
-                users = {j for j in self.dag.successors(i) if v in self.ops[j].inputs}
-                if v in self.graph_outputs or users - inside:
+                users = self.readers.get(v, ()) if self.producer.get(v) == i else ()
+                if v in self.graph_outputs or any(u not in inside for u in users):
                     outs.append(v)
         return outs
 
@@ -57,11 +75,11 @@ class _Groups:
         """Whether merging group a (a producer) into group b closes a cycle through others."""
         ma, mb = set(self.members[a]), set(self.members[b])
         limit = max(mb)
-        stack = [s for i in ma for s in self.dag.successors(i) if s not in ma and s not in mb]
+        stack = [s for i in ma for s in self.succ[i] if s not in ma and s not in mb]
         seen = set(stack)
         while stack:
             n = stack.pop()
-            for s in self.dag.successors(n):
+            for s in self.succ[n]:
                 if s in mb:
                     return True
                 if s <= limit and s not in seen and s not in ma:
@@ -70,14 +88,14 @@ class _Groups:
         return False
 
     def holds_reduction(self, g: int) -> bool:
-        return any(not self.ops[i].definition.is_injective for i in self.members[g])
+        return any(self.reduces(self.ops[i]) for i in self.members[g])
 
     def is_contraction(self, g: int) -> bool:
         """Whether group g alone is a contraction a matmul template computes."""
         if g not in self.nests:
             members = self.members[g]
             ops = [self.ops[i] for i in members]
-            self.nests[g] = try_loop_nest("candidate", ops, self.outputs_of(members))
+            self.nests[g] = try_loop_nest("candidate", ops, self.outputs_of(members), self.reduces)
         nest = self.nests[g]
         return nest is not None and match_contraction(nest) is not None
 
@@ -92,7 +110,7 @@ class _Groups:
         members = sorted(self.members[a] + self.members[b])
         try:
             nest = build_loop_nest(
-                "candidate", [self.ops[i] for i in members], self.outputs_of(members)
+                "candidate", [self.ops[i] for i in members], self.outputs_of(members), self.reduces
             )
         except NoLoopNest as e:
             self.rejected[key] = str(e)
@@ -109,37 +127,62 @@ class _Groups:
         for j, op in enumerate(self.ops):
             if not isinstance(op, ComputeOp):
                 continue
-            for i in sorted(self.dag.predecessors(j), reverse=True):
+            for i in sorted(self.pred[j], reverse=True):
                 if isinstance(self.ops[i], ComputeOp):
                     gi, gj = self.group_of[i], self.group_of[j]
                     if gi != gj:
                         self.try_merge(gi, gj)
+
+    def group_order(self) -> list[int]:
+        """The groups in topological order, the smallest group id first among the ready ones."""
+        succ: dict[int, set[int]] = {g: set() for g in self.members}
+        indegree = dict.fromkeys(self.members, 0)
+        for i, out in enumerate(self.succ):
+            gi = self.group_of[i]
+            for j in out:
+                gj = self.group_of[j]
+                if gi != gj and gj not in succ[gi]:
+                    succ[gi].add(gj)
+                    indegree[gj] += 1
+        ready = [g for g, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            g = heapq.heappop(ready)
+            order.append(g)
+            for h in succ[g]:
+                indegree[h] -= 1
+                if indegree[h] == 0:
+                    heapq.heappush(ready, h)
+        if len(order) != len(self.members):
+            raise AssertionError("fusion produced a cycle")
+        return order
+
+    def nest(self, name: str, g: int) -> FusedOp:
+        """Group g's loop nest named `name`: the one built when g last changed, if its
+        outputs are still those, else a new one."""
+        members = self.members[g]
+        ops = [self.ops[i] for i in members]
+        outputs = self.outputs_of(members)
+        built = self.nests.get(g)
+        if built is not None and built.outputs == tuple(outputs):
+            return built.replace(name=name)
+        return build_loop_nest(name, ops, outputs, self.reduces)
 
 
 def fuse(graph: Graph) -> Graph:
     """Every compute op of `graph` inside a FusedOp, neighbours fused where legal."""
     groups = _Groups(graph)
     groups.run()
-    gdag = nx.DiGraph()
-    for g in groups.members:
-        gdag.add_node(g)
-    for i, j in groups.dag.edges:
-        gi, gj = groups.group_of[i], groups.group_of[j]
-        if gi != gj:
-            gdag.add_edge(gi, gj)
-    if not nx.is_directed_acyclic_graph(gdag):
-        raise AssertionError("fusion produced a cycle")
     nodes: list[Op] = []
-    for _k, g in enumerate(nx.lexicographical_topological_sort(gdag)):
+    for g in groups.group_order():
         members = groups.members[g]
         first = groups.ops[members[0]]
         if not isinstance(first, ComputeOp):
             nodes.append(first)
             continue
         ops = [groups.ops[i] for i in members]
-        nodes.append(
-            build_loop_nest(f"k{len(nodes)}_{_short(ops)}", ops, groups.outputs_of(members))
-        )
+        nodes.append(groups.nest(f"k{len(nodes)}_{_short(ops)}", g))
     return graph.replace(nodes=tuple(nodes))
 
 

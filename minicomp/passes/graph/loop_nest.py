@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from minicomp.ir.compute import Compute, Reduce, TensorElement
 from minicomp.ir.expr import Const, Expr, Var, const
@@ -55,11 +55,19 @@ class _Inliner(Mutator):
 
 
 class _NestBuilder:
-    def __init__(self, ops: Sequence[ComputeOp], outputs: Sequence[Value]):
+    def __init__(
+        self,
+        ops: Sequence[ComputeOp],
+        outputs: Sequence[Value],
+        reduces: Callable[[ComputeOp], bool] | None = None,
+    ):
         self.ops = list(ops)
         self.outputs = list(outputs)
         self.defs: dict[str, Compute] = {op.outputs[0].name: op.definition for op in ops}
-        self.reductions = {n for n, d in self.defs.items() if not d.is_injective}
+        if reduces is None:
+            self.reductions = {n for n, d in self.defs.items() if not d.is_injective}
+        else:
+            self.reductions = {op.outputs[0].name for op in ops if reduces(op)}
         self.scalars: dict[str, Expr] = {}
         self.accesses: dict[str, list[tuple]] = {}
         self.outer: list[Var] = []
@@ -251,14 +259,24 @@ def _expr_children(n) -> list:
     return out
 
 
-def build_loop_nest(name: str, ops: Sequence[ComputeOp], outputs: Sequence[Value]) -> FusedOp:
-    """The fused kernel computing `outputs` from the group `ops` (in graph order)."""
-    return _NestBuilder(ops, outputs).build(name)
+def build_loop_nest(
+    name: str,
+    ops: Sequence[ComputeOp],
+    outputs: Sequence[Value],
+    reduces: Callable[[ComputeOp], bool] | None = None,
+) -> FusedOp:
+    """The fused kernel computing `outputs` from the group `ops` (in graph order).
+
+    `reduces(op)`, when given, says whether an op's definition holds a reduction (what
+    `not op.definition.is_injective` computes); fusion passes a memoized one, since it builds
+    the nests of many overlapping groups.
+    """
+    return _NestBuilder(ops, outputs, reduces).build(name)
 
 
-def try_loop_nest(name: str, ops, outputs) -> FusedOp | None:
+def try_loop_nest(name: str, ops, outputs, reduces=None) -> FusedOp | None:
     """Like build_loop_nest, None when the group has no loop-nest form."""
     try:
-        return build_loop_nest(name, ops, outputs)
+        return build_loop_nest(name, ops, outputs, reduces)
     except NoLoopNest:
         return None
