@@ -70,3 +70,17 @@ def test_out_of_bounds_reads_are_left_to_the_probe():
     x = tensor_input("x", (4, 5), T.f32)
     past = compute("v", (4, 5), lambda i, j: x[i, j + 1])
     assert _affine_strides(past, (5, 1)) is None
+
+
+def test_views_too_large_to_probe_are_derived():
+    """GPT-2's tied LM head reads the (50257, 768) embedding transposed: 38M elements, past
+    what the probe evaluates, and still a zero-copy view (a copy cost 150 MB a call)."""
+    from minicomp.passes.graph.alias_views import MAX_CHECKED_ELEMENTS
+
+    rows, cols = 50257, 768
+    assert rows * cols > MAX_CHECKED_ELEMENTS
+    w = tensor_input("w", (rows, cols), T.f32)
+    transposed = compute("v", (cols, rows), lambda i, j: w[j, i])
+    assert _fit_strides(transposed, (cols, 1)) == ((1, cols), 0)
+    flat = compute("v", (rows * cols,), lambda f: w[f // cols, f % cols])
+    assert _fit_strides(flat, (cols, 1)) is None  # not affine: the probe would be needed

@@ -16,7 +16,8 @@ from minicomp.ir.expr import Binary, Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, TensorType
 from minicomp.passes.graph.layout import layouts_for
 
-# Index maps of views larger than this are not evaluated (the check is exhaustive).
+# Index maps of views larger than this are not probed (the probe is exhaustive); affine ones
+# are derived from their index expressions at any size.
 MAX_CHECKED_ELEMENTS = 1 << 22
 
 
@@ -80,11 +81,11 @@ def _static(*dims_lists) -> bool:
 def _fit_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
     """Strides and offset reproducing the storage offsets `d` reads, if there are such."""
     numel = int(np.prod(d.shape)) if d.shape else 1
-    if numel == 0 or numel > MAX_CHECKED_ELEMENTS:
+    if numel == 0:
         return None
     found = _affine_strides(d, src_strides)
-    if found is not None:
-        return found
+    if found is not None or numel > MAX_CHECKED_ELEMENTS:
+        return found  # the derivation has no size limit: GPT-2's 38M-element tied lm_head
     return _probe_strides(d, src_strides)
 
 
