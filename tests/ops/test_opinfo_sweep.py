@@ -1,5 +1,7 @@
 """OpInfo sweep: ops from PyTorch's op_db compiled by minicomp and compared with eager."""
 
+import contextlib
+
 import pytest
 import torch
 import torch._dynamo
@@ -8,7 +10,8 @@ from torch._dynamo.utils import counters
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils import _pytree as pytree
 
-import minicomp
+from minicomp.dynamo.backend import recording
+from minicomp.explain import Explanation
 
 
 def _full_name(op) -> str:
@@ -150,11 +153,9 @@ def _eager_cases(name: str, limit: int):
     return cases
 
 
-def _explain_status(f, tensors, target: str) -> tuple[str, list[str]]:
-    if not hasattr(minicomp, "explain"):
-        return "compiled", []
-    explanation = minicomp.explain(f, *clone_inputs(tensors), options={"target": target})
-    fallbacks = sorted(explanation.fallbacks)
+def _status(records: list) -> tuple[str, list[str]]:
+    """What the first sample's compilation did: native, or the ops left to ATen."""
+    fallbacks = sorted(Explanation(records).fallbacks)
     return ("fallback" if fallbacks else "native"), fallbacks
 
 
@@ -173,17 +174,17 @@ def _check_op(name: str, target: str, record_property, limit: int) -> None:
         pytest.skip("eager runs none of the float32 samples")
     tolerance = TOLERANCES.get(name, FLOAT32_DEFAULT)
     captured = True
-    for f, tensors, expected in cases:
+    records: list = []  # the first sample's compilation, for the report (no recompiling)
+    for k, (f, tensors, expected) in enumerate(cases):
         counters.clear()
-        actual = compile_minicomp(f, target)(*clone_inputs(tensors))
+        with recording(records) if k == 0 else contextlib.nullcontext():
+            actual = compile_minicomp(f, target)(*clone_inputs(tensors))
         captured &= counters["stats"]["unique_graphs"] > 0 and not counters["graph_break"]
         assert_same(actual, expected, equal_nan=True, **tolerance)
     if not captured:
         record_property("opinfo_status", "not captured by dynamo")
         return
-    f, tensors, _ = cases[0]
-    torch._dynamo.reset()
-    status, fallbacks = _explain_status(f, tensors, target)
+    status, fallbacks = _status(records)
     record_property("opinfo_status", status)
     record_property("opinfo_fallbacks", ",".join(fallbacks))
 
