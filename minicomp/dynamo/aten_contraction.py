@@ -22,9 +22,9 @@ eager rounds it), or when the epilogue rounds the accumulator to that type befor
 else in the accumulator type (f32 or f64), so that an f32 result is never rounded to f16 on
 its way. When the epilogue only stores the accumulator, in the GEMM's type, at the positions
 the GEMM's row-major result has (a plain mm, or a 1x1 channels-last convolution), the output
-is that result (or an `aten.as_strided` view of it) and no epilogue kernel is built. Every call is an
-ATen operator overload, so CUDA graphs capture it; the plan checks that the inputs the views
-read have the strides the views were computed from, as it does for kernels.
+is that result (or an `aten.as_strided` view of it) and no epilogue kernel is built. Every
+call is an ATen operator overload, so CUDA graphs capture it; the plan checks that the inputs
+the views read have the strides the views were computed from, as it does for kernels.
 
 Operand indices may be loop variables, constants (a `select`), or a variable split by a
 reshape into `(v // d) % m` digits whose strides keep it one stride (`x.view(B * S, K)` of a
@@ -53,7 +53,12 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Op, TensorType, Value
 from minicomp.passes.graph.contraction import Axis, Contraction
 from minicomp.passes.graph.layout import contiguous_strides
-from minicomp.schedule.templates.problem import MatmulProblem, is_unit, strip_widening
+from minicomp.schedule.templates.problem import (
+    MatmulProblem,
+    flat_stride,
+    is_unit,
+    strip_widening,
+)
 
 aten = torch.ops.aten
 
@@ -234,21 +239,11 @@ def _linear(terms: list[tuple[int, int | None, Dim]], extent: Dim | None) -> Dim
 
 def _collapse(axes: tuple[Axis, ...], coeff: Mapping[Var, Dim]) -> tuple[Dim, Dim] | None:
     """(extent, stride) of the flat coordinate over `axes` when the element offset is linear
-    in it (each variable's stride the next one's times its extent), else None."""
-    kept = _kept(axes)
-    if not kept:
+    in it (problem.flat_stride), else None; (1, 1) when every extent is 1."""
+    if not _kept(axes):
         return 1, 1
-    inner = coeff.get(kept[-1][0], 0)
-    expected = inner
-    for i in range(len(kept) - 2, -1, -1):
-        extent = kept[i + 1][1]
-        if not isinstance(expected, int) or not isinstance(extent, int):
-            return None
-        expected *= extent
-        found = coeff.get(kept[i][0], 0)
-        if not isinstance(found, int) or found != expected:
-            return None
-    return _extent(axes), inner
+    inner = flat_stride(axes, coeff)
+    return None if inner is None else (_extent(axes), inner)
 
 
 def _kept(axes: tuple[Axis, ...]) -> tuple[Axis, ...]:

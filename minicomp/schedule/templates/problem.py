@@ -296,7 +296,7 @@ class MatmulProblem:
         loop_vars = {v for v, _ in c.batch + side + c.k}
         if not set(coeff) <= loop_vars:
             return None  # a size symbol, or a variable of the other side
-        along_side, along_k = _collapse(side, coeff), _collapse(c.k, coeff)
+        along_side, along_k = flat_stride(side, coeff), flat_stride(c.k, coeff)
         if along_side is None or along_k is None:
             return None
         if along_k == 1:
@@ -429,7 +429,7 @@ def _innermost(axes: tuple[Axis, ...]) -> Var | None:
     return kept[-1] if kept else None
 
 
-def _collapse(axes: tuple[Axis, ...], coeff: Mapping[Var, Dim]) -> Dim | None:
+def flat_stride(axes: tuple[Axis, ...], coeff: Mapping[Var, Dim]) -> Dim | None:
     """The stride of the flat coordinate over `axes` when the element offset is linear in it
     (each variable's stride the next one's times its extent), else None; None too when every
     extent is 1 (no stride to speak of)."""
