@@ -53,6 +53,7 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Op, TensorType, Value
 from minicomp.passes.graph.contraction import Axis, Contraction
 from minicomp.passes.graph.layout import contiguous_strides
+from minicomp.passes.graph.rewrite import fresh_name
 from minicomp.schedule.templates.problem import (
     MatmulProblem,
     flat_stride,
@@ -127,7 +128,7 @@ def aten_rewrite(problem: MatmulProblem, names: set[str]) -> AtenRewrite | None:
     if direct is not None and tuple(out.shape) == acc_shape and direct == row_major:
         acc = out
     else:
-        name = _fresh(f"{op.name}_acc", names)
+        name = fresh_name(f"{op.name}_acc", names)
         acc = Value(name, TensorType(acc_shape, gemm_dtype, device, row_major))
     target = (aten.mm.default, aten.bmm.default)[len(batch)] if len(batch) < 2 else None
     gemm = ExternOp(
@@ -298,20 +299,12 @@ def _view_ops(
 
 
 def _new(base: str, shape, dtype: T.DataType, strides, like: Value, names: set[str]) -> Value:
-    name = _fresh(base, names)
+    name = fresh_name(base, names)
     return Value(name, TensorType(tuple(shape), dtype, like.type.device, tuple(strides)))
 
 
 def _call(name: str, src: Value, out: Value, target: Any, args: tuple) -> ExternOp:
     return ExternOp(name, (src,), (out,), target, (ArgRef(0), *args), (), ((),))
-
-
-def _fresh(base: str, names: set[str]) -> str:
-    name, k = base, 1
-    while name in names:
-        name, k = f"{base}{k}", k + 1
-    names.add(name)
-    return name
 
 
 def _output_strides(c: Contraction, layouts, gemm_dtype: T.DataType) -> tuple | None:

@@ -70,6 +70,7 @@ from minicomp.ir.expr import (
     select,
 )
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
+from minicomp.passes.graph.rewrite import fresh_name, value_names
 
 aten = torch.ops.aten
 
@@ -86,8 +87,7 @@ MAX_TAPS = 49
 
 def lower_anchors(graph: Graph) -> Graph:
     """`graph` with its matrix-product ATen calls replaced by compute ops."""
-    names = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
-    names |= {v.name for n in graph.nodes for v in n.outputs}
+    names = value_names(graph)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
@@ -141,7 +141,7 @@ def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
         definition = compute(out.name, shape, lambda *idx: cast(scaled(*idx), dt))
         return [ComputeOp(op.name, (a, b), (out,), definition)]
     # The product in the accumulator type, then alpha * product + beta * bias.
-    pname = _fresh(f"{out.name}_{family}", names)
+    pname = fresh_name(f"{out.name}_{family}", names)
     pdef = compute(pname, shape, product)
     pvalue = Value(pname, TensorType(shape, acc, out.type.device))
     bias = op.inputs[bias_ref.index]
@@ -324,7 +324,7 @@ def _lower_convolution(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
         )
         return [ComputeOp(op.name, inputs, (out,), definition)]
     # The sum in the accumulator type, then the bias as an elementwise op (as for addmm).
-    pname = _fresh(f"{out.name}_conv", names)
+    pname = fresh_name(f"{out.name}_conv", names)
     pdef = compute(pname, out.shape, lambda n, o, *pos: conv.reduction(n, o, pos, acc))
     pvalue = Value(pname, TensorType(out.shape, acc, out.type.device))
     tprod = TensorInput(pname, out.shape, acc)
@@ -367,12 +367,12 @@ def _grouped_convolution(
         n, g, oo, pos = split(idx)
         return conv.grouped_reduction(n, g, oo, pos, acc)
 
-    name5 = _fresh(f"{out.name}_groups", names)
+    name5 = fresh_name(f"{out.name}_groups", names)
     value5 = Value(name5, TensorType(shape5, dt, device))
     if bias is None:
         ops = [ComputeOp(op.name, inputs, (value5,), compute(name5, shape5, _cast_to(total, dt)))]
     else:
-        pname = _fresh(f"{out.name}_conv", names)
+        pname = fresh_name(f"{out.name}_conv", names)
         pvalue = Value(pname, TensorType(shape5, acc, device))
         tprod = TensorInput(pname, shape5, acc)
         tbias = TensorInput(bias.name, bias.shape, bias.dtype)
@@ -427,11 +427,3 @@ def _broadcast(idx: tuple, shape: tuple, out_shape: tuple) -> tuple:
         const(0) if isinstance(d, int) and d == 1 and out_shape[lead + q] != 1 else idx[lead + q]
         for q, d in enumerate(shape)
     )
-
-
-def _fresh(base: str, used: set[str]) -> str:
-    name, n = base, 1
-    while name in used:
-        name, n = f"{base}{n}", n + 1
-    used.add(name)
-    return name

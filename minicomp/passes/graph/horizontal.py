@@ -37,6 +37,7 @@ from minicomp.ir.compute import TensorInput, compute
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
 from minicomp.passes.graph.fold_constants import folded_value
 from minicomp.passes.graph.layout import contiguous_strides
+from minicomp.passes.graph.rewrite import fresh_name, value_names
 
 aten = torch.ops.aten
 
@@ -81,8 +82,7 @@ def fuse_matmuls_sharing_input(graph: Graph) -> Graph:
             fused.append(products)
     if not fused:
         return graph
-    names = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
-    names |= {v.name for n in graph.nodes for v in n.outputs}
+    names = value_names(graph)
     constants = dict(graph.constants)
     replaced: dict[ExternOp, list[Op]] = {}
     for products in fused:
@@ -163,19 +163,19 @@ def _fuse(group: list[_Product], constants: dict, names: set[str]) -> list[Op]:
     k, total = weight.shape
     out0 = first.op.outputs[0]
     device = out0.type.device
-    w_value = _constant_value(_fresh(f"{out0.name}_hweight", names), weight, device)
+    w_value = _constant_value(fresh_name(f"{out0.name}_hweight", names), weight, device)
     constants[w_value.name] = weight
     a = first.a
     if first.bias is not None:
         bias = torch.cat([p.bias for p in group])
-        b_value = _constant_value(_fresh(f"{out0.name}_hbias", names), bias, device)
+        b_value = _constant_value(fresh_name(f"{out0.name}_hbias", names), bias, device)
         constants[b_value.name] = bias
         inputs: tuple[Value, ...] = (b_value, a, w_value)
     else:
         inputs = (a, w_value)
     shape = (a.shape[0], total)
     wide = Value(
-        _fresh(f"{out0.name}_hcat", names),
+        fresh_name(f"{out0.name}_hcat", names),
         TensorType(shape, out0.dtype, device, contiguous_strides(shape)),
     )
     args = tuple(ArgRef(i) for i in range(len(inputs)))
@@ -197,11 +197,3 @@ def _fuse(group: list[_Product], constants: dict, names: set[str]) -> list[Op]:
 def _constant_value(name: str, t: torch.Tensor, device: str) -> Value:
     strides = tuple(t.stride())
     return Value(name, TensorType(tuple(t.shape), T.from_torch(t.dtype), device, strides))
-
-
-def _fresh(base: str, used: set[str]) -> str:
-    name, k = base, 1
-    while name in used:
-        name, k = f"{base}_{k}", k + 1
-    used.add(name)
-    return name

@@ -1,4 +1,4 @@
-"""Helpers the graph passes share: renaming values everywhere they are used."""
+"""Helpers the graph passes share: naming new values, renaming values everywhere they are used."""
 
 from __future__ import annotations
 
@@ -75,3 +75,19 @@ def rename_values(graph: Graph, mapping: Mapping[Value, Value]) -> Graph:
     if all(a is b for a, b in zip(nodes, graph.nodes)) and outputs == graph.outputs:
         return graph
     return graph.replace(nodes=nodes, outputs=outputs)
+
+
+def value_names(graph: Graph) -> set[str]:
+    """The names of `graph`'s values: inputs, constants and every op's outputs."""
+    names = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
+    names.update(v.name for n in graph.nodes for v in n.outputs)
+    return names
+
+
+def fresh_name(base: str, used: set[str]) -> str:
+    """`base`, or `base` with the first free numeric suffix; recorded in `used`."""
+    name, n = base, 1
+    while name in used:
+        name, n = f"{base}{n}", n + 1
+    used.add(name)
+    return name

@@ -69,6 +69,7 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
 from minicomp.passes.graph.contraction import product_sides
+from minicomp.passes.graph.rewrite import fresh_name, value_names
 
 # The GPU the thresholds are set for (an H100 has 132 SMs).
 SMS = 132
@@ -104,8 +105,7 @@ class KSplit:
 def split_k(graph: Graph) -> Graph:
     """`graph` with every small-grid, long-K matrix product replaced by a partial product per
     K-chunk and their sum (see the module docstring)."""
-    names = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
-    names |= {v.name for n in graph.nodes for v in n.outputs}
+    names = value_names(graph)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
@@ -171,7 +171,7 @@ def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
     if plan is None:
         return None
     used = {v.name for v in collect(d, Var)}
-    s, kk, j = (Var(_unused(base, used), i64) for base in ("s", "kk", "j"))
+    s, kk, j = (Var(fresh_name(base, used), i64) for base in ("s", "kk", "j"))
     k_var, extent = red.axes[plan.axis], red.extents[plan.axis]
     flat = s * plan.length + kk
     if plan.exact:
@@ -187,7 +187,7 @@ def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
     axes = tuple(kk if q == plan.axis else v for q, v in enumerate(red.axes))
     extents = tuple(plan.length if q == plan.axis else x for q, x in enumerate(red.extents))
     value = op.outputs[0]
-    pname = _unused(f"{value.name}_splitk", names)
+    pname = fresh_name(f"{value.name}_splitk", names)
     shape = (plan.chunks, *d.shape)
     partial = Compute(pname, shape, (s, *d.axes), Reduce("sum", axes, extents, body))
     pvalue = Value(pname, TensorType(shape, partial.dtype, value.type.device))
@@ -211,14 +211,3 @@ def _inputs_read(d: Compute, candidates: Sequence[Value]) -> tuple[Value, ...]:
     """The values among `candidates` that `d` reads, in their order."""
     read = {el.tensor.name for el in collect(d.body, TensorElement)}
     return tuple(v for v in candidates if v.name in read)
-
-
-def _unused(base: str, used: set[str]) -> str:
-    """`base`, or `base` with a numeric suffix, not in `used` (and now in it)."""
-    name = base
-    for n in range(1, len(used) + 2):
-        if name not in used:
-            break
-        name = f"{base}{n}"
-    used.add(name)
-    return name

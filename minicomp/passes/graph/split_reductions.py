@@ -53,6 +53,7 @@ from minicomp.ir.expr import Dim, Expr, Var, const, dim_expr, minimum, prod, sel
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
+from minicomp.passes.graph.rewrite import fresh_name, value_names
 
 # Only reductions with at most this many output rows are split.
 MAX_ROWS = 256
@@ -69,8 +70,7 @@ _KINDS = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
 
 def split_reductions(graph: Graph) -> Graph:
     """`graph` with every long, few-row reduction op replaced by a partial and a final op."""
-    names = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
-    names |= {v.name for n in graph.nodes for v in n.outputs}
+    names = value_names(graph)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
@@ -108,7 +108,7 @@ def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
         return None
     chunks = _ceil_div(length, chunk)
     used = {v.name for v in collect(d, Var)}
-    c, k, j = (Var(_fresh(base, used), i64) for base in ("c", "k", "j"))
+    c, k, j = (Var(fresh_name(base, used), i64) for base in ("c", "k", "j"))
     flat = c * chunk + k
     exact = isinstance(length, int) and length % chunk == 0
     at = flat if exact else minimum(flat, dim_expr(length) - 1)
@@ -121,7 +121,7 @@ def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
     if arg:
         part_body = part_body + c * chunk
     value = op.outputs[0]
-    pname = _fresh(f"{value.name}_partial", names)
+    pname = fresh_name(f"{value.name}_partial", names)
     shape = tuple(d.shape) + (chunks,)
     partial = Compute(pname, shape, tuple(d.axes) + (c,), part_body)
     pvalue = Value(pname, TensorType(shape, partial.dtype, value.type.device))
@@ -171,12 +171,3 @@ def _ceil_div(n: Dim, d: int) -> Dim:
     if isinstance(n, int):
         return -(-n // d)
     return (dim_expr(n) + (d - 1)) // d
-
-
-def _fresh(base: str, used: set[str]) -> str:
-    """`base`, or `base` with the first free numeric suffix; recorded as used."""
-    name, n = base, 1
-    while name in used:
-        name, n = f"{base}{n}", n + 1
-    used.add(name)
-    return name
