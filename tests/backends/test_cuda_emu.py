@@ -155,6 +155,26 @@ def test_block_sum_with_shared_memory(cache_dir, ucontext):
     torch.testing.assert_close(out, x.sum(1), rtol=1e-5, atol=1e-4)
 
 
+def _mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+def test_launches_leave_no_fiber_stacks_mapped(cache_dir):
+    # Every fiber stack has a guard page, a mapping of its own; kept after the launch by each
+    # loaded kernel library, they once exhausted vm.max_map_count in a long test session.
+    x = torch.randn(4, 1024)
+    before = _mappings()
+    for k in range(4):
+        m = _block_sum(cache_dir, barrier=f"__syncthreads(); (void){k}")
+        out = torch.full((4,), float("nan"))
+        m.launch("block_sum", 4, 1024, [x, out])
+        torch.testing.assert_close(out, x.sum(1), rtol=1e-5, atol=1e-3)
+    # Four libraries map a few segments each; kept stacks would add 2 x 1024 per library.
+    assert _mappings() - before < 200
+
+
 def test_missing_barrier_gives_a_wrong_sum(cache_dir):
     m = _block_sum(cache_dir, barrier="(void)0")
     x = torch.rand(8, 256) + 1.0

@@ -460,7 +460,9 @@ struct Config {
 };
 static Config config;
 
-// Each OS thread keeps its fiber stacks between blocks and launches.
+// Each OS thread keeps its fiber stacks between the blocks of one launch and unmaps them when the
+// launch ends: every guard page is a mapping of its own, and stacks kept by every loaded kernel
+// library would exhaust the process's mapping limit (vm.max_map_count) in a long session.
 // A stack overflow hits the guard page below each stack (a crash, never silent corruption);
 // ASan builds use malloc'ed stacks, whose shadow memory ASan keeps right.
 struct Worker {
@@ -619,7 +621,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
     std::vector<std::string> errors;
     std::mutex mutex;
     auto work = [&] {
-        static thread_local Worker w;
+        Worker w;
         for (;;) {
             unsigned long long i = next.fetch_add(1);
             if (i >= nblocks || i > first_bad.load()) break;
