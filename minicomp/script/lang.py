@@ -70,9 +70,10 @@ class LaunchIndex:
 
 class Attrs:
     """`attrs` inside a kernel: `attrs.grid_dim = (x, y, z)`, `attrs.block_dim = ...`,
-    `attrs.dynamic_smem = bytes`, `attrs.launch_bounds = max threads`."""
+    `attrs.dynamic_smem = bytes`, `attrs.launch_bounds = max threads`,
+    `attrs.min_blocks = blocks per SM`."""
 
-    NAMES = ("grid_dim", "block_dim", "dynamic_smem", "launch_bounds")
+    NAMES = ("grid_dim", "block_dim", "dynamic_smem", "launch_bounds", "min_blocks")
 
     def __setattr__(self, name, value):
         raise TypeError("attrs can only be set inside a @minicomp.script kernel")

@@ -32,6 +32,8 @@ from minicomp.script.values import Binding, Effect, TensorRef
 # Repeat loops of a task mapping up to this extent are unrolled.
 UNROLL_EXTENT = 16
 _MAX_THREADS = 1024
+# The most resident blocks per SM any CUDA architecture allows (the second launch bound).
+_MAX_MIN_BLOCKS = 32
 
 
 class _Block:
@@ -350,6 +352,8 @@ class FunctionParser(ExprParser):
             raise self.src.error(node, f"attrs.{name} is a compile-time int, not {value!r}")
         if name == "launch_bounds" and not 1 <= value <= _MAX_THREADS:
             raise self.src.error(node, f"attrs.launch_bounds is 1 to {_MAX_THREADS}, not {value}")
+        if name == "min_blocks" and not 1 <= value <= _MAX_MIN_BLOCKS:
+            raise self.src.error(node, f"attrs.min_blocks is 1 to {_MAX_MIN_BLOCKS}, not {value}")
         self.attrs[name] = value
 
     def launch_dims(self, name: str, value) -> tuple:
@@ -392,7 +396,12 @@ class FunctionParser(ExprParser):
                 raise self.src.error(None, f"kernel {self.sig.py_name} sets no attrs.{required}")
         block = attrs["block_dim"]
         bound = attrs.get("launch_bounds")
-        if bound is not None and all(isinstance(d, int) for d in block):
+        constant_block = all(isinstance(d, int) for d in block)
+        if "min_blocks" in attrs and bound is None and not constant_block:
+            raise self.src.error(
+                None, "attrs.min_blocks needs a constant attrs.block_dim or attrs.launch_bounds"
+            )
+        if bound is not None and constant_block:
             if math.prod(block) > bound:
                 raise self.src.error(
                     None, f"attrs.block_dim has {math.prod(block)} threads, over its launch bounds"

@@ -43,6 +43,48 @@ def test_launch_bounds_limit_the_block(script_target):
 
 
 @minicomp.script
+def one_block_per_sm(x: f32[256]):
+    attrs.grid_dim = 1
+    attrs.block_dim = 256
+    attrs.min_blocks = 1
+    x[threadIdx.x] *= 2.0
+
+
+def test_min_blocks_is_the_second_launch_bound(script_target):
+    assert "__global__ __launch_bounds__(256, 1) void one_block_per_sm(" in one_block_per_sm.source
+    x = torch.randn(256)
+    expected = x * 2
+    one_block_per_sm.with_target(script_target)(x)
+    assert torch.equal(x, expected)
+
+
+def test_min_blocks_needs_a_known_thread_count():
+    with pytest.raises(ScriptError, match="min_blocks needs a constant attrs.block_dim"):
+
+        @minicomp.script
+        def runtime_block(x: f32[dim.n], n: i32):
+            attrs.grid_dim = 1
+            attrs.block_dim = n
+            attrs.min_blocks = 2
+            x[threadIdx.x] = 0.0
+
+        assert runtime_block.ir is None  # compiling raises first
+
+    with pytest.raises(
+        ScriptError, match=r"launch_limits.py:\d+: attrs.min_blocks is 1 to 32, not 0"
+    ):
+
+        @minicomp.script
+        def no_blocks(x: f32[4]):
+            attrs.grid_dim = 1
+            attrs.block_dim = 4
+            attrs.min_blocks = 0
+            x[threadIdx.x] = 0.0
+
+        assert no_blocks.ir is None
+
+
+@minicomp.script
 def big_reverse(x: f32[BIG], out: f32[BIG]):
     attrs.grid_dim = 1
     attrs.block_dim = 256

@@ -4,11 +4,12 @@ The source starts with the text of device.h (our device header: stdint typedefs 
 the `mc_*` helpers, 16-bit shuffles and compare-and-swap atomics), then device functions
 (`static __device__ __forceinline__`), then kernels (`extern "C" __global__`, with
 `__launch_bounds__(n)`: n is the kernel's ("launch_bounds", n) attribute when it has one, else
-its block size when that is a constant). Launch indices render as int32 casts
-of `threadIdx.x`..., since the IR types them i32 and unsigned arithmetic would change the
-meaning of a subtraction or comparison. Loops of kind `parallel` and `vectorize` render as
-plain loops (a schedule maps parallelism onto threads before codegen); `unroll` gives
-`#pragma unroll`.
+its block size when that is a constant; a ("min_blocks", m) attribute adds m, the blocks per SM
+ptxas must leave room for: m = 1 keeps it from spilling to reach a higher occupancy). Launch
+indices render as int32 casts of `threadIdx.x`..., since the IR types them i32 and unsigned
+arithmetic would change the meaning of a subtraction or comparison. Loops of kind `parallel`
+and `vectorize` render as plain loops (a schedule maps parallelism onto threads before
+codegen); `unroll` gives `#pragma unroll`.
 
 Vector memory access is three intrinsics over a local register array (declared
 `alignas(16)`), each rendered through a device-header helper named by its byte count:
@@ -181,8 +182,15 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
                     f"kernel {f.name} has {threads} threads a block, over its launch bounds {bound}"
                 )
             threads = bound
+        min_blocks = f.attr("min_blocks")
+        if isinstance(min_blocks, E.Const):
+            min_blocks = min_blocks.value
         if threads is None:
+            if min_blocks is not None:
+                raise ValueError(f"kernel {f.name} has min_blocks but no constant thread count")
             return 'extern "C" __global__'
+        if min_blocks is not None:
+            return f'extern "C" __global__ __launch_bounds__({threads}, {min_blocks})'
         return f'extern "C" __global__ __launch_bounds__({threads})'
 
     def array_decl(self, s: S.DeclareArray) -> str:
