@@ -112,19 +112,41 @@ _F64_LEVEL1 = (
     SimtConfig(32, 64, 16, 4, 4),
     SimtConfig(32, 32, 16, 4, 4),
 )
+# Smaller steps for guarded operands, whose loads each keep index arithmetic live.
+_GUARDED_LEVEL1 = (
+    SimtConfig(128, 32, 8, 4, 4),
+    SimtConfig(64, 32, 8, 4, 4),
+    SimtConfig(32, 64, 8, 4, 4),
+    SimtConfig(32, 32, 8, 2, 4),
+)
 
 
 def space(problem: MatmulProblem, level: int) -> list[SimtConfig]:
     """The configs to try: level 1 a handful, level 2 every valid tiling of a grid of
-    choices (level 0: the heuristic's alone)."""
+    choices (level 0: the heuristic's alone). Guarded operands keep to what fits_guarded
+    allows."""
     if level <= 0:
         return [heuristic(problem)]
     first = _F64_LEVEL1 if problem.acc_dtype.nbytes == 8 else _F32_LEVEL1
+    guarded = _guarded(problem)
+    if guarded:
+        first += _GUARDED_LEVEL1
     configs = [c for c in first if valid(problem, c)]
     if level >= 2:
         grid = itertools.product((32, 64, 128), (32, 64, 128), (8, 16, 32), (2, 4, 8), (2, 4, 8))
         configs += [c for c in (SimtConfig(*p) for p in grid) if valid(problem, c)]
+    if guarded:
+        configs = [c for c in configs if fits_guarded(c)] or configs
     return list(dict.fromkeys(configs))
+
+
+def fits_guarded(cfg: SimtConfig) -> bool:
+    """Whether `cfg` suits guarded operands (a convolution's window, which clamps and selects
+    at every load): each prefetched element's index arithmetic stays live beside the
+    accumulators, and with 8x8 per thread, or 12 and more loads per thread per step, the
+    kernel runs out of registers and spills (NVRTC, sm_80/sm_90). So at most 32 accumulators
+    and GUARDED_LOADS loads."""
+    return cfg.tm * cfg.tn <= 32 and (cfg.bm + cfg.bn) * cfg.bk <= GUARDED_LOADS * cfg.threads
 
 
 def _assumed(d: Dim) -> int:
@@ -152,19 +174,9 @@ def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int
 
 def heuristic(problem: MatmulProblem) -> SimtConfig:
     """The config used without measuring: 128x128x8 tiles with 8x8 per thread for large
-    problems, smaller tiles when M or N is small or there would be too few blocks.
-
-    Guarded operands (a convolution's window, which clamps and selects at every load) keep
-    each prefetched element's index arithmetic live beside the accumulators: with 8x8 per
-    thread, or 12 and more loads per thread per step, the kernel runs out of registers and
-    spills (NVRTC, sm_80/sm_90), so there at most 32 accumulators and GUARDED_LOADS loads."""
+    problems, smaller tiles when M or N is small or there would be too few blocks (of the
+    level-1 space, so guarded operands get what fits_guarded allows)."""
     configs = space(problem, 1)
-    if _guarded(problem):
-        configs = [
-            c
-            for c in configs
-            if c.tm * c.tn <= 32 and (c.bm + c.bn) * c.bk <= GUARDED_LOADS * c.threads
-        ] or configs
     by_tile = {(c.bm, c.bn): c for c in reversed(configs)}
     tiles = sorted(by_tile, key=lambda t: -t[0] * t[1])
     return by_tile[pick_tile(problem, tiles)]
@@ -288,6 +300,10 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
     kernel = matmul_simt.ir
     attrs_ = dict(kernel.attrs)
     attrs_["template"] = f"{NAME}[{cfg}]"
+    if _guarded(problem):
+        # Guarded loads leave ptxas near an occupancy step, where it spills (4-12 bytes at
+        # 80-168 registers on sm_80) rather than give up a block per SM; one block is enough.
+        attrs_["min_blocks"] = 1
     return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
 
 
