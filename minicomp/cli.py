@@ -22,7 +22,7 @@ class CliError(Exception):
 
 # The folders of backends/cache.py builds under the cache root: C and cuda-emu shared
 # libraries (lib.so) and NVRTC cubins (kernel.cubin), each in <kind>/<key[:2]>/<key>/.
-_BUILD_KINDS = ("kernels", "cubins")
+_BUILD_KINDS = ("kernels", "cubins", "headers")
 # A build directory still named .tmp-* after this long belongs to a build that crashed.
 _STALE_TEMP_S = 3600.0
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -458,6 +458,7 @@ Inspect and manage minicomp's on-disk caches under the cache directory (--cache-
 $MINICOMP_CACHE_DIR, else ~/.cache/minicomp):
 
   kernels/, cubins/   compiled kernel builds (shared libraries, NVRTC cubins); cheap to redo
+  headers/            precompiled headers the cuda-emu builds include; cheap to redo
   tuning.sqlite       the tuning database: the parameters each template tuned to
 
 `clear` with no flag removes the kernel builds only: tuning records cost minutes of

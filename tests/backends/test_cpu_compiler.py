@@ -160,3 +160,50 @@ def test_concurrent_threads_share_one_build(tmp_path):
         paths = list(pool.map(lambda _: compiler.compile_c(source, **kwargs), range(4)))
     assert len(set(paths)) == 1
     assert compiler.load_library(paths[0]).add_from_threads(1, 2) == 3
+
+
+PRELUDE = """\
+#include <stdint.h>
+#include <stdio.h>
+
+static inline int64_t triple(int64_t x) { return 3 * x; }
+"""
+
+
+def test_precompiled_header_is_included_by_its_path(tmp_path):
+    cache_dir = str(tmp_path)
+    header = compiler.precompiled_header(PRELUDE, cc="cc", cflags=FLAGS, cache_dir=cache_dir)
+    assert header.startswith(os.path.join(cache_dir, "headers"))
+    with open(header) as f:
+        assert f.read() == PRELUDE
+    source = f'#include "{header}"\nint64_t add(int64_t a, int64_t b) {{ return triple(a) + b; }}\n'
+    add = _add_function(compiler.compile_c(source, cc="cc", cflags=FLAGS, cache_dir=cache_dir))
+    assert add(5, 2) == 17
+    # Asked again, even after the process forgot it: the same file, not a second build.
+    compiler.clear_memory_cache()
+    assert (
+        compiler.precompiled_header(PRELUDE, cc="cc", cflags=FLAGS, cache_dir=cache_dir) == header
+    )
+    other = compiler.precompiled_header(PRELUDE + "\n", cc="cc", cflags=FLAGS, cache_dir=cache_dir)
+    assert other != header
+
+
+def test_gcc_uses_the_precompiled_form(tmp_path):
+    header = compiler.precompiled_header(PRELUDE, cc="cc", cflags=FLAGS, cache_dir=str(tmp_path))
+    version = compiler._run(["cc", "--version"]).stdout
+    if "gcc" not in version.lower() and "free software" not in version.lower():
+        pytest.skip("only GCC finds a .gch beside an included header")
+    assert os.path.isfile(header + ".gch")
+    unit = tmp_path / "unit.c"
+    unit.write_text(f'#include "{header}"\nint64_t six(void) {{ return triple(2); }}\n')
+    # -H lists the headers read; a "!" marks a precompiled one that was used.
+    proc = compiler._run(["cc", *FLAGS.split(), "-H", str(unit), "-o", str(tmp_path / "u.so")])
+    assert proc.returncode == 0, proc.stderr
+    assert f"! {header}.gch" in proc.stderr
+
+
+def test_a_removed_precompiled_header_is_built_again(tmp_path):
+    header = compiler.precompiled_header(PRELUDE, cc="cc", cflags=FLAGS, cache_dir=str(tmp_path))
+    os.remove(header)  # as `minicomp cache clear` would, while this process remembers it
+    again = compiler.precompiled_header(PRELUDE, cc="cc", cflags=FLAGS, cache_dir=str(tmp_path))
+    assert again == header and os.path.isfile(header)

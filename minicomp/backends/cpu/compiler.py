@@ -1,5 +1,6 @@
 """The C compiler driver: C source to a cached shared library, loaded with ctypes."""
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -19,6 +20,7 @@ CODEGEN_VERSION = "1"
 
 _SOURCE_NAME = "source.c"
 _LIBRARY_NAME = "lib.so"
+_HEADER_NAME = "prelude.h"
 _MAX_LOG_LINES = 200
 _LOCATION = re.compile(r"^(?P<file>[^\s:]+):(?P<line>\d+):", re.MULTILINE)
 
@@ -40,6 +42,7 @@ class CacheStats:
 _lock = threading.Lock()
 # (source, cc, cflags, cache_dir) -> library path; lets a repeated compile skip hashing and disk.
 _built: dict[tuple[str, str, str, str], str] = {}
+_headers: dict[tuple[str, str, str, str], str] = {}
 _compiler_ids: dict[str, str] = {}
 _libraries: dict[str, ctypes.CDLL] = {}
 _host_cpu_text: str | None = None
@@ -76,6 +79,7 @@ def clear_memory_cache() -> None:
     """
     with _lock:
         _built.clear()
+        _headers.clear()
 
 
 def _run(command: list[str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -171,6 +175,47 @@ def compile_c(source: str, *, cc: str, cflags: str, cache_dir: str, name: str = 
         _build(source, compiler, flags, final_dir, name)
     with _lock:
         _built[memo_key] = path
+    return path
+
+
+def precompiled_header(
+    text: str, *, cc: str, cflags: str, cache_dir: str, name: str = "prelude"
+) -> str:
+    """Store header ``text`` in the cache and return its path, with the compiler's precompiled
+    form beside it when the compiler makes one.
+
+    A source whose first line includes this path, compiled with the same ``cflags``, then skips
+    parsing the header: GCC looks for ``prelude.h.gch`` beside it and falls back to the text
+    when the precompiled form is missing or was built differently, so the result never depends
+    on it. Builds live under ``<cache_dir>/headers/``, keyed like :func:`compile_c`.
+    """
+    cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
+    memo_key = (text, cc, cflags, cache_dir)
+    with _lock:
+        path = _headers.get(memo_key)
+    if path is not None and os.path.isfile(path):  # a cache clean-up may have removed it
+        return path
+    compiler = _find_compiler(cc, text)
+    flags = shlex.split(cflags)
+    final_dir = cache.entry_dir(cache_dir, "headers", _key(text, compiler, flags))
+    path = os.path.join(final_dir, _HEADER_NAME)
+    if not os.path.isfile(path):
+        tmp_dir = cache.make_temp_dir(final_dir, name)
+        try:
+            with open(os.path.join(tmp_dir, _HEADER_NAME), "w", encoding="utf-8") as f:
+                f.write(text)
+            start = time.perf_counter()
+            command = [compiler, _HEADER_NAME, "-o", _HEADER_NAME + ".gch", *flags]
+            if _run(command, cwd=tmp_dir).returncode != 0:
+                # The header still works as text; only the time it saves is lost.
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(tmp_dir, _HEADER_NAME + ".gch"))
+            _count("compile_seconds", time.perf_counter() - start)
+            cache.publish(tmp_dir, final_dir, _HEADER_NAME)
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    with _lock:
+        _headers[memo_key] = path
     return path
 
 
