@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from minicomp.ir.compute import identity
@@ -24,6 +25,10 @@ from minicomp.schedule.common import (
 
 # Elements per chunk when a one-dimensional loop is split across threads.
 CHUNK = 4096
+# Reductions over at most this many elements (a pooling window) are unrolled in each output's
+# iteration, and the outputs' innermost loop is the vector loop: vector lanes across a
+# reduction of 9 cost more in setting up and combining private accumulators than they save.
+SMALL_REDUCTION = 16
 # Reductions a parallel or vector loop may split into private accumulators (the backend
 # combines float max/min with NaN-propagating helpers).
 _CLAUSE = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}
@@ -39,6 +44,7 @@ class CpuKernelBuilder:
         self.sig: KernelSignature = signature(op, layouts, loop_vars)
         self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
         self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
+        self.small = False  # whether the reduction is unrolled in each output (see reduction)
 
     def expr(self, e: Expr) -> Expr:
         return lower_accesses(e, self.buffers)
@@ -106,6 +112,12 @@ class CpuKernelBuilder:
         op = self.op
         inner = list(zip(op.inner_vars, op.inner_extents))
         parallel_inner = not op.outer_vars
+        extents = op.inner_extents
+        self.small = (
+            bool(op.outer_vars)
+            and all(isinstance(x, int) for x in extents)
+            and math.prod(extents) <= SMALL_REDUCTION
+        )
         full = [s for s in op.stages if isinstance(s, StoreStage) and s.inner]
         reuse = self.plan_reuse(full)
         # Values kept in an output row, by their expression: later passes read them back.
@@ -121,9 +133,12 @@ class CpuKernelBuilder:
         stmts.extend(self.store(s) for s in op.stages if isinstance(s, StoreStage) and not s.inner)
         if full:
             body = seq(*(self.reusing_store(s, reuse, saved) for s in full))
-            stmts.append(self.nest(inner, body, parallel=parallel_inner))
+            stmts.append(self.inner_nest(inner, body, parallel=parallel_inner))
         return self.nest(
-            list(zip(op.outer_vars, op.outer_extents)), seq(*stmts), parallel=True, vector=False
+            list(zip(op.outer_vars, op.outer_extents)),
+            seq(*stmts),
+            parallel=True,
+            vector=self.small,
         )
 
     def plan_reuse(self, full: list[StoreStage]) -> dict[ReduceStage, StoreStage]:
@@ -179,7 +194,7 @@ class CpuKernelBuilder:
             return [
                 Declare(best, identity(kind, value.dtype)),
                 Declare(st.var, const(0)),
-                _serialize(self.nest(inner, update, parallel=False)),
+                _serialize(self.inner_nest(inner, update, parallel=False)),
             ]
         acc = st.var
         acc_type = acc.dtype
@@ -192,7 +207,7 @@ class CpuKernelBuilder:
         update = Assign(acc, cast(combine(st.kind, acc, cast(value, acc_type)), acc_type))
         clause = _CLAUSE.get(st.kind)
         reductions = ((clause, acc),) if clause else ()
-        loop = self.nest(
+        loop = self.inner_nest(
             inner,
             seq(*prologue, update),
             parallel=parallel and bool(reductions),
@@ -201,6 +216,18 @@ class CpuKernelBuilder:
         if not reductions:
             loop = _serialize(loop)
         return [Declare(acc, identity(st.kind, acc_type)), loop]
+
+    def inner_nest(self, loops, body: Stmt, *, parallel: bool, reductions: tuple = ()) -> Stmt:
+        """The loops over one output's reduced elements: unrolled when the reduction is small,
+        else as `nest` makes them."""
+        if not self.small:
+            return self.nest(loops, body, parallel=parallel, reductions=reductions)
+        for v, x in reversed(loops):
+            if x == 1:
+                body = substitute(body, {v: const(0)})
+            else:
+                body = For(v, dim_expr(x), body, "unroll")
+        return body
 
 
 def _subexprs(e: Expr) -> set:
@@ -211,7 +238,8 @@ def _subexprs(e: Expr) -> set:
 def _serialize(s: Stmt) -> Stmt:
     """The same loops with no parallel or vector hints (for reductions without a safe clause)."""
     if isinstance(s, For):
-        return s.replace(kind="serial", body=_serialize(s.body), reductions=())
+        kind = "unroll" if s.kind == "unroll" else "serial"
+        return s.replace(kind=kind, body=_serialize(s.body), reductions=())
     return s
 
 

@@ -85,7 +85,7 @@ def test_unit_dimensions_get_no_loop():
 
 @pytest.mark.parametrize("kind, clause", [("sum", "add"), ("max", "max"), ("prod", "mul")])
 def test_row_reduction_has_parallel_rows_and_a_reduction_clause_on_the_inner_loop(kind, clause):
-    f = schedule(row_reduce(kind))
+    f = schedule(row_reduce(kind, cols=64))
     outer, inner = loops(f)
     assert outer.kind == "parallel" and outer.reductions == ()
     assert inner.kind == "vectorize"
@@ -112,18 +112,28 @@ def test_full_reduction_over_two_dims_puts_the_clause_on_the_parallel_loop():
 def test_reductions_without_an_openmp_clause_run_serially(kind):
     from minicomp.ir.types import boolean
 
-    f = schedule(row_reduce(kind, dtype=boolean))
+    f = schedule(row_reduce(kind, cols=64, dtype=boolean))
     outer, inner = loops(f)
     assert outer.kind == "parallel" and inner.kind == "serial" and inner.reductions == ()
 
 
 def test_argmax_updates_through_an_if():
-    f = schedule(row_reduce("argmax"))
+    f = schedule(row_reduce("argmax", cols=64))
     outer, inner = loops(f)
     assert outer.kind == "parallel"
     assert inner.reductions == ()
     assert isinstance(inner.body, If)
     assert collect(inner.body, If)
+
+
+@pytest.mark.parametrize("kind", ["max", "sum", "argmax"])
+def test_a_small_reduction_is_unrolled_under_vector_lanes_across_outputs(kind):
+    # A pooling window: vector lanes along the outputs, each lane's window unrolled, and no
+    # private accumulators to set up and combine for 9 elements.
+    f = schedule(row_reduce(kind, rows=64, cols=9))
+    outer, window = loops(f)
+    assert outer.kind == "vectorize" and outer.reductions == ()
+    assert window.kind == "unroll" and window.reductions == ()
 
 
 def test_params_are_inputs_then_outputs_then_sorted_symbols():
