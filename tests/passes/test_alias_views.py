@@ -75,3 +75,29 @@ def test_views_feeding_matmuls_match_eager_and_copy_nothing(target):
         # CUDA computes the products itself, reading the views through their index maps:
         # one kernel a product, no copy.
         assert report.kernel_count == 2 and not report.fallbacks
+
+
+def test_readers_read_the_alias_value():
+    # The alias's strides differ from the compute's on a size-1 dim, so it is a new Value;
+    # a reader left on the old one loses its producer (fusion once ordered it first).
+    b = GraphBuilder()
+    x = b.input("x", (2, 64))
+    q = b.compute("q", (2, 8, 1), lambda i, j, k: x[i, j])
+    out = b.extern("bmm", aten.bmm.default, [q, q], (2, 8, 8))
+    b.output(out)
+    g = alias_views(b.build())
+    view, bmm = g.nodes
+    assert isinstance(view, ExternOp) and view.target is strided_view
+    assert bmm.inputs == (view.outputs[0], view.outputs[0])
+
+
+def test_attention_on_a_slice_feeding_back_into_its_source(target):
+    # LeViT's last stage: a sequence of length 1 whose scores join a late reader of the
+    # value the queries were sliced from.
+    def f(x, w):
+        h = x * 2.0 + 1.0
+        q = h.view(2, 1, 2, 32)[..., :8].permute(0, 2, 1, 3)
+        s = torch.matmul(q, q.transpose(-1, -2))
+        return h + (s.reshape(2, 2) @ w).repeat(1, 32)
+
+    check_compiled(f, torch.randn(2, 64), torch.randn(2, 2), target=target, rtol=1e-5, atol=1e-5)

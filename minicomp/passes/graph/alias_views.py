@@ -15,6 +15,7 @@ from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import Binary, Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, TensorType
 from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.graph.rewrite import rename_values
 
 # Index maps of views larger than this are not probed (the probe is exhaustive); affine ones
 # are derived from their index expressions at any size.
@@ -34,7 +35,7 @@ def alias_views(graph: Graph) -> Graph:
     layouts = layouts_for(graph)
     users = graph.users()
     outputs = graph.output_values()
-    nodes, changed = [], False
+    nodes, renamed = [], {}
     for n in graph.nodes:
         view = None
         if (
@@ -44,8 +45,13 @@ def alias_views(graph: Graph) -> Graph:
         ):
             view = _as_alias(n, layouts)
         nodes.append(view or n)
-        changed |= view is not None
-    return graph.replace(nodes=tuple(nodes)) if changed else graph
+        if view is not None:
+            renamed[n.outputs[0]] = view.outputs[0]
+    if not renamed:
+        return graph
+    # The alias's value has its own strides, so it is a new Value: its readers must read it,
+    # or passes that match producers to readers by value lose the edge.
+    return rename_values(graph.replace(nodes=tuple(nodes)), renamed)
 
 
 def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
