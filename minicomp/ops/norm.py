@@ -1,4 +1,4 @@
-"""Softmax, log-softmax, layer norm and batch norm as small DAGs of row reductions and an
+"""Softmax, log-softmax, layer, group and batch norm as small DAGs of row reductions and an
 epilogue.
 
 Every reduction of one op runs over the same input domain and dims, so the fusion pass can
@@ -164,4 +164,52 @@ def batch_norm_batch_stats(ctx, x, weight, bias, training, momentum, eps):
 
         return compute(f"{ctx.name}_{k}", ctx.out_shapes[k], element)
 
+    return out, saved(1, mean), saved(2, rstd)
+
+
+@register_lowering(aten.native_group_norm.default)
+def native_group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
+    """(out, mean, rstd): x normalised over each group of C / group channels and all spatial
+    positions (biased variance), then scaled per channel; the statistics are (N, group)."""
+    check_dtypes(x, weight, bias)
+    if not x.dtype.is_float:
+        raise NotLowerable("group norm of a non-floating type")
+    channels = x.shape[1] if len(x.shape) >= 2 else None
+    if not isinstance(channels, int) or not isinstance(group, int) or channels % group:
+        raise NotLowerable("group norm needs a constant channel count divisible by group")
+    per_group = channels // group
+    rank = len(x.shape)
+    # x seen as (N, group, C / group, *spatial): the statistics reduce its dims 2 and up.
+    grouped_shape = (x.shape[0], group, per_group, *x.shape[2:])
+    grouped = compute(
+        f"{ctx.name}_grouped",
+        grouped_shape,
+        lambda b, g, k, *s: x[(b, g * per_group + k, *s)],
+    )
+    dims = tuple(range(2, rank + 1))
+    acc = opmath(x.dtype)
+    moments = variance(f"{ctx.name}_var", grouped, dims, 0, acc)
+    var, mean = moments.var, moments.mean
+    rstd = compute(f"{ctx.name}_rstd", var.shape, lambda *i: call("rsqrt", var[i] + eps))
+
+    def stat(i):
+        return (i[0], i[1] // per_group) + (const(0),) * (rank - 1)
+
+    def normalized(*i):
+        y = (cast(x[i], acc) - mean[stat(i)]) * rstd[stat(i)]
+        if weight is not None:
+            y = y * cast(weight[(i[1],)], acc)
+        if bias is not None:
+            y = y + cast(bias[(i[1],)], acc)
+        return cast(y, ctx.out_dtypes[0])
+
+    def saved(k, value):
+        rest = (const(0),) * (rank - 1)
+        return compute(
+            f"{ctx.name}_{k}",
+            ctx.out_shapes[k],
+            lambda b, g: cast(value[(b, g, *rest)], ctx.out_dtypes[k]),
+        )
+
+    out = compute(ctx.name, ctx.out_shapes[0], normalized)
     return out, saved(1, mean), saved(2, rstd)

@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, max/min, prod, var/std, argmax/argmin, any/all, logsumexp.
+"""Reductions: sum, mean, max/min, prod, var/std, argmax/argmin, any/all, logsumexp, vector
+norms.
 
 Statistics that need two passes (var, logsumexp) are small DAGs of computes: a first
 reduction kept with keepdim's shape, read back at the projected index by the second.
@@ -6,6 +7,7 @@ reduction kept with keepdim's shape, read back at the projected index by the sec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -13,7 +15,18 @@ import torch
 
 from minicomp.ir import types as T
 from minicomp.ir.compute import Compute, TensorNode, compute, reduce
-from minicomp.ir.expr import Expr, call, cast, const, dim_expr, maximum, prod, select
+from minicomp.ir.expr import (
+    Expr,
+    binary,
+    call,
+    cast,
+    const,
+    dim_expr,
+    maximum,
+    ne,
+    prod,
+    select,
+)
 from minicomp.ops.common import check_dtypes, normalize_dims, opmath
 from minicomp.ops.registry import NotLowerable, register_lowering
 
@@ -314,3 +327,40 @@ def expand_index(idx, dims, rank):
     """The keepdim-shaped index of a reduction's element `idx` (reduced axes dropped)."""
     it = iter(idx)
     return tuple(const(0) if d in dims else next(it) for d in range(rank))
+
+
+@register_lowering(aten.linalg_vector_norm.default)
+def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """The `ord`-norm of `x` over `dim` (all dims when None), accumulated in op-math: max or
+    min of |x| for +-inf, the count of nonzeros for 0, (sum |x|^ord)^(1/ord) otherwise."""
+    check_dtypes(x)
+    out = ctx.out_dtype
+    if not out.is_float or not x.dtype.is_float:
+        raise NotLowerable("vector norm of a non-floating type")
+    if not isinstance(ord, (int, float)) or isinstance(ord, bool):
+        raise NotLowerable(f"vector norm of order {ord!r}")
+    dims = reduce_dims(x, dim)
+    acc = opmath(out)
+
+    def magnitude(i):
+        return call("abs", cast(x[i], acc))
+
+    def reduced(kind, element):
+        return reduce_compute(f"{ctx.name}_{kind}", kind, x, dims, keepdim, acc, element)
+
+    if ord in (math.inf, -math.inf):
+        total = reduced("max" if ord > 0 else "min", lambda *i: magnitude(i))
+        return compute(ctx.name, ctx.out_shape, lambda *i: cast(total[i], out))
+    if ord == 0:
+        total = reduced("sum", lambda *i: cast(ne(x[i], const(0, x.dtype)), acc))
+        return compute(ctx.name, ctx.out_shape, lambda *i: cast(total[i], out))
+    if ord == 1:
+        total = reduced("sum", lambda *i: magnitude(i))
+        return compute(ctx.name, ctx.out_shape, lambda *i: cast(total[i], out))
+    if ord == 2:
+        total = reduced("sum", lambda *i: magnitude(i) * magnitude(i))
+        return compute(ctx.name, ctx.out_shape, lambda *i: cast(call("sqrt", total[i]), out))
+    p = const(float(ord), acc)
+    total = reduced("sum", lambda *i: binary("pow", magnitude(i), p))
+    inv = const(1.0 / float(ord), acc)
+    return compute(ctx.name, ctx.out_shape, lambda *i: cast(binary("pow", total[i], inv), out))

@@ -118,3 +118,17 @@ def test_symbolic_mean_and_var():
     check_lowering(aten.mean.dim, x, [0], sym={6: "s0"})
     check_lowering(aten.var_mean.correction, x, [0], correction=1, sym={6: "s0", 5: "s1"})
     check_lowering(aten.argmax.default, x, None, sym={6: "s0"})
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), float("-inf"), 0, 3, 0.5, -1])
+@pytest.mark.parametrize("dim, keepdim", [(None, False), ([-1], True), ([0, 2], False)], ids=str)
+def test_linalg_vector_norm(dim, keepdim, ord, dtype):
+    x = make_tensor((3, 4, 5), dtype, special=False)
+    x[1, 2, :2] = 0.0  # zeros count for ord 0 and give inf terms for negative orders
+    check_lowering(aten.linalg_vector_norm.default, x, ord, dim, keepdim)
+
+
+def test_linalg_vector_norm_in_another_dtype():
+    x = make_tensor((4, 6), torch.float16, special=False)
+    check_lowering(aten.linalg_vector_norm.default, x, 2, [1], False, dtype=torch.float32)
