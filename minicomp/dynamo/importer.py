@@ -193,6 +193,7 @@ class Importer:
             name=n.name,
             out_shapes=tuple(shape_of(t.shape) for _, t in outs),
             out_dtypes=tuple(_dtype(t.dtype) for _, t in outs),
+            arg_meta=[a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in n.args],
         )
         args = [self.arg(a) for a in n.args]
         kwargs = {k: self.arg(v) for k, v in n.kwargs.items()}

@@ -473,6 +473,17 @@ def masked_fill(ctx, x, mask, value):
 _KEEP_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
 
 
+def _same_device(ctx, device) -> bool:
+    """Whether `device` is None or the device of the op's input (`x.to(x.device, dtype)`)."""
+    if device is None:
+        return True
+    meta = ctx.arg_meta[0] if isinstance(ctx.arg_meta, (list, tuple)) and ctx.arg_meta else None
+    if not isinstance(meta, torch.Tensor):
+        return False
+    want = torch.device(device)
+    return want.type == meta.device.type and want.index in (None, meta.device.index)
+
+
 @register_lowering(aten._to_copy.default)
 def to_copy(
     ctx,
@@ -485,7 +496,7 @@ def to_copy(
     non_blocking=False,
     memory_format=None,
 ):
-    if device is not None or layout not in (None, torch.strided) or pin_memory:
+    if not _same_device(ctx, device) or layout not in (None, torch.strided) or pin_memory:
         raise NotLowerable("_to_copy changing device, layout or pinning")
     if memory_format not in _KEEP_FORMATS:
         raise NotLowerable(f"_to_copy to {memory_format}")

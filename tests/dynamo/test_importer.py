@@ -214,3 +214,12 @@ def test_linalg_inv_compiles_with_inv_as_an_extern_call(target):
     check_compiled(f, x, target=target)
     e = minicomp.explain(f, x, options={"target": target})
     assert "<whole graph>" not in e.fallbacks
+
+
+def test_a_cast_naming_its_own_device_is_lowered(target):
+    # Hugging Face masks do `mask.to(device=mask.device, dtype=...)`: only a dtype change.
+    def f(m):
+        return m.to(device=m.device, dtype=torch.bool) & (m > 0.5)
+
+    assert "_to_copy.default" not in externs(imported(f, torch.rand(3, 4)))
+    check_compiled(f, torch.rand(3, 4), target=target)
