@@ -230,6 +230,38 @@ def test_transposed_consumer_of_a_reduced_row_is_stored_along_the_row():
     assert_compiles_like_reference(g)
 
 
+def test_a_slice_of_the_rows_is_not_stored_along_the_whole_loop():
+    # softmax(x)[:2] * 3: the slice reads rows at the loop's own index, but has 2 of its 4;
+    # stored in the softmax's loop nest it once wrote past its buffer.
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    a = b.compute("a", (4, 8), lambda i, j: E.call("exp", x[i, j]))
+    s = b.compute("s", (4, 1), lambda i, j: reduce("sum", (8,), lambda k: a[i, k]))
+    p = b.compute("p", (4, 8), lambda i, j: a[i, j] / s[i, 0])
+    head = b.compute("head", (2, 8), lambda i, j: p[i, j] * 3.0)
+    cls = b.compute("cls", (4, 1), lambda i, j: p[i, j] + 1.0)  # column 0 only
+    b.output(head, cls)
+    g = b.build()
+    f = fuse(g)
+    assert_well_formed(f)
+    home = group_of(f, "s")
+    assert "head" not in home.members and "cls" not in home.members
+    assert_compiles_like_reference(g)
+
+
+def test_sliced_rows_of_fused_normalisations_match_eager(target):
+    from helpers import check_compiled
+
+    x = torch.randn(2, 5, 32)
+    fns = [
+        lambda x: torch.nn.functional.layer_norm(x, (32,))[:, :1] + 1,  # ViT's class token
+        lambda x: torch.softmax(x, -1)[:, :2] * 3,
+        lambda x: ((x * 2) - (x * 2).sum(-1, keepdim=True))[:1] * 3,
+    ]
+    for fn in fns:
+        check_compiled(fn, x, target=target, rtol=1e-5, atol=1e-5)
+
+
 def test_reductions_over_different_domains_stay_separate_kernels():
     b = GraphBuilder()
     x = b.input("x", (4, 8))

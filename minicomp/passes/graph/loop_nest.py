@@ -71,6 +71,7 @@ class _NestBuilder:
         self.scalars: dict[str, Expr] = {}
         self.accesses: dict[str, list[tuple]] = {}
         self.outer: list[Var] = []
+        self.outer_extents: tuple = ()
         self.inner: list[Var] = []
         self.stages: list = []
         self.mappings: dict[str, dict] = {}
@@ -105,6 +106,7 @@ class _NestBuilder:
         red = _the_reduce(first)
         outer_dims = _proj(first.shape)
         self.outer = [Var(f"o{k}", i64) for k in range(len(outer_dims))]
+        self.outer_extents = tuple(outer_dims)
         self.inner = [Var(f"r{k}", i64) for k in range(len(red.extents))]
         for op in self.ops:
             vname, d = op.outputs[0].name, op.definition
@@ -151,10 +153,17 @@ class _NestBuilder:
         if hit is not None:
             return hit
         canon = set(self.outer) | set(self.inner)
+        extent_of = dict(zip(d.axes, d.shape))
+        loop_extent = dict(zip(self.outer, self.outer_extents))
+        loop_extent.update(zip(self.inner, self.inner_extents))
         for idx in self.accesses.get(vname, []):
             if all(isinstance(i, Var) and i in canon or _is_zero(i) for i in idx):
                 used = [i for i in idx if isinstance(i, Var)]
-                if len(set(used)) == len(used) == len(canon):
+                fits = all(
+                    extent_of[a] == (loop_extent[i] if isinstance(i, Var) else 1)
+                    for a, i in zip(d.axes, idx)
+                )
+                if fits and len(set(used)) == len(used) == len(canon):
                     self.mappings[vname] = dict(zip(d.axes, idx))
                     return self.mappings[vname]
         mapping: dict = {}
@@ -171,6 +180,9 @@ class _NestBuilder:
                 if isinstance(w, Var) and (w in self.outer or name not in self.scalars):
                     if not isinstance(i, Var) or i not in d.axes or mapping.get(i, w) != w:
                         raise NoLoopNest(f"{vname} reads a row at a computed index")
+                    if extent_of[i] != loop_extent[w]:
+                        # A slice of the rows: stored along the whole loop it would overrun.
+                        raise NoLoopNest(f"{vname} covers part of a loop's extent")
                     mapping[i] = w
         if not set(self.outer) <= set(mapping.values()):
             raise NoLoopNest(f"{vname} does not run along the reduced rows")
