@@ -101,3 +101,13 @@ def test_attention_on_a_slice_feeding_back_into_its_source(target):
         return h + (s.reshape(2, 2) @ w).repeat(1, 32)
 
     check_compiled(f, torch.randn(2, 64), torch.randn(2, 2), target=target, rtol=1e-5, atol=1e-5)
+
+
+def test_a_flip_read_by_an_aten_call_stays_a_kernel(target):
+    # Strided, but with a negative stride, which as_strided refuses.
+    b = GraphBuilder()
+    x = b.input("x", (3, 4))
+    flipped = b.compute("flipped", (3, 4), lambda i, j: x[i, 3 - j])
+    b.output(b.extern("neg", aten.neg.default, [flipped], (3, 4)))
+    assert isinstance(alias_views(b.build()).nodes[0], ComputeOp)
+    check_compiled(lambda x: torch.flip(x, dims=(1,)) @ x.mT, torch.randn(2, 3, 4), target=target)

@@ -61,7 +61,7 @@ def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
     src = op.inputs[0]
     if src.dtype != op.outputs[0].dtype or not _static(d.shape, src.shape, layouts[src.name]):
         return None
-    found = _fit_strides(d, layouts[src.name])
+    found = view_strides(d, layouts[src.name])
     if found is None:
         return None
     strides, offset = found
@@ -93,6 +93,13 @@ def _fit_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
     if found is not None or numel > MAX_CHECKED_ELEMENTS:
         return found  # the derivation has no size limit: GPT-2's 38M-element tied lm_head
     return _probe_strides(d, src_strides)
+
+
+def view_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:
+    """The sizes' strides and the offset with which `as_strided` of the source gives `d`, or
+    None. A flip has strides too, but negative ones, which as_strided refuses."""
+    found = _fit_strides(d, src_strides)
+    return None if found is None or any(s < 0 for s in found[0]) else found
 
 
 def _affine_strides(d: Compute, src_strides: tuple) -> tuple[tuple, int] | None:

@@ -93,8 +93,7 @@ def _evaluated(n: ComputeOp, constants: Mapping[str, Any]) -> Any:
 
 def _constant_view(n: ComputeOp, constants: Mapping[str, Any]) -> Any:
     """`n` as a strided view of its one constant input, or None when it is no such view."""
-    # The alias pass's exhaustive check of an index map against strides, shared.
-    from minicomp.passes.graph.alias_views import _fit_strides as fit_strides
+    from minicomp.passes.graph.alias_views import view_strides
 
     d = n.definition
     if len(n.inputs) != 1 or not isinstance(d.body, TensorElement):
@@ -105,7 +104,7 @@ def _constant_view(n: ComputeOp, constants: Mapping[str, Any]) -> Any:
     t = constants[src.name]
     if src.dtype != out.dtype or t.device.type != out.type.device:
         return None
-    found = fit_strides(d, tuple(t.stride()))
+    found = view_strides(d, tuple(t.stride()))
     if found is None:
         return None
     strides, offset = found
