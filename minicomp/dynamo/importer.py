@@ -161,6 +161,11 @@ class Importer:
         if not isinstance(n.target, torch._ops.OpOverload):
             raise NotImplementedError(f"call of {n.target} ({n.name}) is not supported")
         outs = _flatten_vals(val)
+        if val is None and not n.target._schema.returns:
+            # A run-time check (_assert_async, _assert_scalar) or another effect: the plan
+            # calls it in order, and DCE keeps it (an op without results has effects).
+            self.extern(n, [], "returns nothing: a check or an effect, called in order")
+            return
         if not outs or not all(isinstance(t, torch.Tensor) for _, t in outs):
             raise NotImplementedError(f"{n.target} returns non-tensors")
         if _script_op(n.target) is not None:
@@ -447,6 +452,8 @@ def _is_size(v: Any) -> bool:
 
 
 def _rebuild(val: Any, values) -> Any:
+    if val is None:
+        return None
     if isinstance(val, torch.Tensor):
         return next(values)
     return tuple(

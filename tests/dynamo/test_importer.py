@@ -223,3 +223,17 @@ def test_a_cast_naming_its_own_device_is_lowered(target):
 
     assert "_to_copy.default" not in externs(imported(f, torch.rand(3, 4)))
     check_compiled(f, torch.rand(3, 4), target=target)
+
+
+def test_a_run_time_check_is_called_in_order(target):
+    # _assert_async returns nothing; its graph used to run eagerly as a whole.
+    def f(x):
+        torch._assert_async(x.abs().sum() > 0, "x is all zeros")
+        return x * 2
+
+    g = imported(f, torch.ones(3))
+    assert externs(g)["_assert_async.msg"].outputs == ()
+    compiled = compile_minicomp(f, target)
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0))
+    with pytest.raises(RuntimeError, match="x is all zeros"):
+        compiled(torch.zeros(3))
