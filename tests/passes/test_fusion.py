@@ -262,6 +262,18 @@ def test_sliced_rows_of_fused_normalisations_match_eager(target):
         check_compiled(fn, x, target=target, rtol=1e-5, atol=1e-5)
 
 
+def test_a_reduced_value_broadcast_against_its_input_along_another_axis(target):
+    # (2,1,7) + (2,1,5,7) -> (2,2,5,7): output axes 0 and 1 both follow the batch loop, and
+    # stored in the reduction's nest only their diagonal was written.
+    from helpers import check_compiled
+
+    def f(x):
+        y = x * 2
+        return torch.amax(y, dim=2) + y
+
+    check_compiled(f, torch.randn(2, 1, 5, 7), target=target)
+
+
 def test_reductions_over_different_domains_stay_separate_kernels():
     b = GraphBuilder()
     x = b.input("x", (4, 8))

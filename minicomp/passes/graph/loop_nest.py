@@ -183,6 +183,10 @@ class _NestBuilder:
                     if extent_of[i] != loop_extent[w]:
                         # A slice of the rows: stored along the whole loop it would overrun.
                         raise NoLoopNest(f"{vname} covers part of a loop's extent")
+                    if any(a != i and m == w for a, m in mapping.items()):
+                        # Two axes along one loop (a broadcast of a reduced value against its
+                        # input): the nest would store only their diagonal.
+                        raise NoLoopNest(f"{vname} runs two of its axes along one loop")
                     mapping[i] = w
         if not set(self.outer) <= set(mapping.values()):
             raise NoLoopNest(f"{vname} does not run along the reduced rows")
