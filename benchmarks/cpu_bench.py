@@ -50,11 +50,24 @@ def layer_norm():
     return fn, (torch.randn(4096, 4096),)
 
 
+def stem_pool():
+    """ResNet-50's stem after its convolution: batch norm, ReLU and a 3x3/2 max pool."""
+    mean, var = torch.randn(64), torch.rand(64) + 0.5
+    weight, bias = torch.randn(64), torch.randn(64)
+
+    def fn(x):
+        y = torch.nn.functional.batch_norm(x, mean, var, weight, bias, False, 0.1, 1e-5)
+        return torch.nn.functional.max_pool2d(torch.relu(y), 3, 2, 1)
+
+    return fn, (torch.randn(1, 64, 112, 112),)
+
+
 # name -> () -> (function, inputs); built lazily so --only skips the others' setup.
 WORKLOADS = {
     "chain": lambda: (elementwise_chain, (torch.randn(2**24),)),
     "softmax": lambda: (softmax_last_dim, (torch.randn(4096, 4096),)),
     "layer_norm": layer_norm,
+    "stem_pool": stem_pool,
     "gpt2_block": gpt2_block,
 }
 
