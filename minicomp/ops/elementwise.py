@@ -477,7 +477,7 @@ def _same_device(ctx, device) -> bool:
     """Whether `device` is None or the device of the op's input (`x.to(x.device, dtype)`)."""
     if device is None:
         return True
-    meta = ctx.arg_meta[0] if isinstance(ctx.arg_meta, (list, tuple)) and ctx.arg_meta else None
+    meta = ctx.meta(0)
     if not isinstance(meta, torch.Tensor):
         return False
     want = torch.device(device)

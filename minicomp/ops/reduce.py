@@ -342,25 +342,28 @@ def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     dims = reduce_dims(x, dim)
     acc = opmath(out)
 
-    def magnitude(i):
-        return call("abs", cast(x[i], acc))
-
-    def reduced(kind, element):
-        return reduce_compute(f"{ctx.name}_{kind}", kind, x, dims, keepdim, acc, element)
-
+    # max or min of |x| (power None), the nonzero count (0), else sum |x|^p then its p-th root.
     if ord in (math.inf, -math.inf):
-        total = reduced("max" if ord > 0 else "min", lambda *i: magnitude(i))
-        return compute(ctx.name, ctx.out_shape, lambda *i: cast(total[i], out))
-    if ord == 0:
-        total = reduced("sum", lambda *i: cast(ne(x[i], const(0, x.dtype)), acc))
-        return compute(ctx.name, ctx.out_shape, lambda *i: cast(total[i], out))
-    if ord == 1:
-        total = reduced("sum", lambda *i: magnitude(i))
-        return compute(ctx.name, ctx.out_shape, lambda *i: cast(total[i], out))
-    if ord == 2:
-        total = reduced("sum", lambda *i: magnitude(i) * magnitude(i))
-        return compute(ctx.name, ctx.out_shape, lambda *i: cast(call("sqrt", total[i]), out))
-    p = const(float(ord), acc)
-    total = reduced("sum", lambda *i: binary("pow", magnitude(i), p))
-    inv = const(1.0 / float(ord), acc)
-    return compute(ctx.name, ctx.out_shape, lambda *i: cast(binary("pow", total[i], inv), out))
+        kind, power = ("max" if ord > 0 else "min"), None
+    else:
+        kind, power = "sum", float(ord)
+
+    def element(*i):
+        if power == 0:
+            return cast(ne(x[i], const(0, x.dtype)), acc)
+        m = call("abs", cast(x[i], acc))
+        if power in (None, 1):
+            return m
+        return m * m if power == 2 else binary("pow", m, const(power, acc))
+
+    total = reduce_compute(f"{ctx.name}_{kind}", kind, x, dims, keepdim, acc, element)
+
+    def norm(*i):
+        t = total[i]
+        if power == 2:
+            t = call("sqrt", t)
+        elif power not in (None, 0, 1):
+            t = binary("pow", t, const(1.0 / power, acc))
+        return cast(t, out)
+
+    return compute(ctx.name, ctx.out_shape, norm)

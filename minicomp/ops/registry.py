@@ -31,6 +31,11 @@ class LoweringContext:
     def out_dtype(self) -> DataType:
         return self.out_dtypes[0]
 
+    def meta(self, k: int) -> Any:
+        """What ATen knew of positional argument `k` (its fake tensor), or None."""
+        known = self.arg_meta if isinstance(self.arg_meta, (list, tuple)) else ()
+        return known[k] if k < len(known) else None
+
 
 Lowering = Callable[..., "TensorNode | Sequence[TensorNode]"]
 _LOWERINGS: dict[Any, Lowering] = {}

@@ -397,7 +397,7 @@ def as_strided(ctx, x, size, stride, storage_offset=None):
     strides and storage_offset) as contiguous; every size must be static and every offset
     read must fall inside `x`, else this refuses.
     """
-    meta = ctx.arg_meta[0] if isinstance(ctx.arg_meta, (list, tuple)) and ctx.arg_meta else None
+    meta = ctx.meta(0)
     info = _static_meta(meta) if meta is not None else None
     if info is None or not info[0] or not isinstance(info[1], int):
         raise NotLowerable("as_strided of an input not known to be contiguous")

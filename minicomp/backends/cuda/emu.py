@@ -18,6 +18,7 @@ it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import subprocess
@@ -204,8 +205,10 @@ def _wrapper(spec: KernelSpec) -> str:
     )
 
 
+@functools.cache
 def emulator_prelude(*, ucontext: bool = False) -> str:
-    """What every emulated kernel starts with: the emulator's macros, emu.h and emu_mma.h."""
+    """What every emulated kernel starts with: the emulator's macros, emu.h and emu_mma.h
+    (read once per process)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
     with open(EMU_HEADER_PATH, encoding="utf-8") as f:

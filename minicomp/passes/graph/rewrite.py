@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from minicomp.ir.compute import Compute, TensorElement, TensorInput
-from minicomp.ir.functor import Mutator
+from minicomp.ir.functor import Mutator, collect
 from minicomp.ir.graph import ComputeOp, FusedOp, Graph, Op, Value
 
 
@@ -75,6 +75,12 @@ def rename_values(graph: Graph, mapping: Mapping[Value, Value]) -> Graph:
     if all(a is b for a, b in zip(nodes, graph.nodes)) and outputs == graph.outputs:
         return graph
     return graph.replace(nodes=nodes, outputs=outputs)
+
+
+def inputs_read(d: Compute, candidates: Sequence[Value]) -> tuple[Value, ...]:
+    """The values among `candidates` that definition `d` reads, in their order."""
+    read = {el.tensor.name for el in collect(d.body, TensorElement)}
+    return tuple(v for v in candidates if v.name in read)
 
 
 def value_names(graph: Graph) -> set[str]:

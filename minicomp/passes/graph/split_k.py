@@ -63,13 +63,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput
+from minicomp.ir.compute import Compute, Reduce, TensorInput
 from minicomp.ir.expr import Cast, Expr, Var, const, minimum, prod, select
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
 from minicomp.passes.graph.contraction import product_sides
-from minicomp.passes.graph.rewrite import fresh_name, value_names
+from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
 
 # The GPU the thresholds are set for (an H100 has 132 SMs).
 SMS = 132
@@ -195,8 +195,8 @@ def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
     total = Reduce("sum", (j,), (plan.chunks,), ptensor[(j, *d.axes)])
     final = d.replace(body=substitute(d.body, {red: total}))
     return [
-        ComputeOp(op.name, _inputs_read(partial, op.inputs), (pvalue,), partial),
-        ComputeOp(op.name, _inputs_read(final, (pvalue, *op.inputs)), op.outputs, final),
+        ComputeOp(op.name, inputs_read(partial, op.inputs), (pvalue,), partial),
+        ComputeOp(op.name, inputs_read(final, (pvalue, *op.inputs)), op.outputs, final),
     ]
 
 
@@ -205,9 +205,3 @@ def _guarded(e: Expr, inside: Expr) -> Expr:
     if isinstance(e, Cast) and e.a.dtype.is_float and e.a.dtype.nbytes <= e.dtype.nbytes:
         return e.replace(a=_guarded(e.a, inside))
     return select(inside, e, const(0, e.dtype))
-
-
-def _inputs_read(d: Compute, candidates: Sequence[Value]) -> tuple[Value, ...]:
-    """The values among `candidates` that `d` reads, in their order."""
-    read = {el.tensor.name for el in collect(d.body, TensorElement)}
-    return tuple(v for v in candidates if v.name in read)

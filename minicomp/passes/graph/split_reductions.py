@@ -48,12 +48,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput, identity
+from minicomp.ir.compute import Compute, Reduce, TensorInput, identity
 from minicomp.ir.expr import Dim, Expr, Var, const, dim_expr, minimum, prod, select
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
-from minicomp.passes.graph.rewrite import fresh_name, value_names
+from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
 
 # Only reductions with at most this many output rows are split.
 MAX_ROWS = 256
@@ -135,21 +135,14 @@ def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
         combined = Reduce(red.kind, (j,), (chunks,), pt[(*d.axes, j)])
     final = d.replace(body=substitute(d.body, {red: combined}))
     return [
-        ComputeOp(op.name, _reads(op, partial), (pvalue,), partial),
-        ComputeOp(op.name, _reads(op, final, pvalue), op.outputs, final),
+        ComputeOp(op.name, inputs_read(partial, op.inputs), (pvalue,), partial),
+        ComputeOp(op.name, inputs_read(final, (pvalue, *op.inputs)), op.outputs, final),
     ]
 
 
 def _element(red: Reduce, flat: Expr) -> Expr:
     """The body of `red` at the element of row-major flat index `flat` of its reduced axes."""
     return substitute(red.body, dict(zip(red.axes, _unravel(flat, red.extents))))
-
-
-def _reads(op: ComputeOp, d: Compute, extra: Value | None = None) -> tuple[Value, ...]:
-    """The inputs of `op` (and `extra`) that definition `d` reads, in `op`'s order."""
-    read = {e.tensor.name for e in collect(d.body, TensorElement)}
-    candidates = ((extra,) if extra is not None else ()) + tuple(op.inputs)
-    return tuple(v for v in candidates if v.name in read)
 
 
 def _unravel(flat: Expr, extents: Sequence[Dim]) -> list[Expr]:
