@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
+from minicomp.backends.cuda import nvrtc
+
 log = logging.getLogger("minicomp")
 
 BUDGET_SPENT = "not compiled: the tuning budget was spent"
@@ -83,6 +85,9 @@ class _Worker:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        library = nvrtc.library_path()
+        if library and "MINICOMP_NVRTC_LIBRARY" not in env:
+            env["MINICOMP_NVRTC_LIBRARY"] = library  # build with this process's NVRTC
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER_CODE],
             stdin=subprocess.PIPE,

@@ -168,3 +168,31 @@ def test_compile_time_is_reasonable(tmp_path):
     # NVRTC takes a fraction of a second on a kernel this size; minutes would mean the
     # device header grew something pathological.
     assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize(
+    "cuda, wheel", [("12.8", "nvidia-cuda-nvrtc-cu12"), ("13.0", '"nvidia-cuda-nvrtc>=13,<14"')]
+)
+def test_missing_nvrtc_names_the_wheel_of_pytorchs_cuda_version(cuda, wheel, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    assert nvrtc.cuda_major() == int(cuda.split(".")[0])
+    hint = nvrtc.install_hint()
+    assert wheel in hint and f"CUDA {cuda.split('.')[0]}" in hint
+    other = "nvidia-cuda-nvrtc-cu12" if "13" in cuda else "nvidia-cuda-nvrtc>=13"
+    assert other not in hint
+
+
+def test_an_unloadable_nvrtc_library_says_what_to_install(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv("MINICOMP_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so.13")
+    nvrtc._nvrtc.cache_clear()
+    try:
+        with pytest.raises(nvrtc.NvrtcUnavailableError, match="cannot be loaded") as err:
+            nvrtc._nvrtc()
+        assert "CUDA 13" in str(err.value) and "nvidia-cuda-nvrtc>=13" in str(err.value)
+    finally:
+        nvrtc._nvrtc.cache_clear()

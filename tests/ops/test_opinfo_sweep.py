@@ -7,8 +7,11 @@ import torch
 import torch._dynamo
 from helpers import assert_same, clone_inputs, compile_minicomp
 from torch._dynamo.utils import counters
-from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils import _pytree as pytree
+
+# PyTorch's OpInfo database imports expecttest, a test-only package some machines lack.
+pytest.importorskip("expecttest", reason="PyTorch's OpInfo database needs expecttest")
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
 from minicomp.dynamo.backend import recording
 from minicomp.explain import Explanation
@@ -101,6 +104,13 @@ TOLERANCES = {
 }
 
 
+# PyTorch's fake (meta) strides of these ops differ from its eager kernel's in some versions
+# (Inductor asserts on them there too); compiled code follows the traced strides, so only the
+# values are compared.
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+META_STRIDES_DIFFER = {"fft.rfft"} if _TORCH < (2, 12) else set()
+
+
 # OpInfo wraps these in wrapper_set_seed, whose manual_seed call dynamo cannot trace; call
 # the function itself (samples that use dropout are then dropped as random).
 DIRECT_CALLS = {
@@ -180,7 +190,8 @@ def _check_op(name: str, target: str, record_property, limit: int) -> None:
         with recording(records) if k == 0 else contextlib.nullcontext():
             actual = compile_minicomp(f, target)(*clone_inputs(tensors))
         captured &= counters["stats"]["unique_graphs"] > 0 and not counters["graph_break"]
-        assert_same(actual, expected, equal_nan=True, **tolerance)
+        strides = name not in META_STRIDES_DIFFER
+        assert_same(actual, expected, equal_nan=True, check_stride=strides, **tolerance)
     if not captured:
         record_property("opinfo_status", "not captured by dynamo")
         return

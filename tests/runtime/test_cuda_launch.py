@@ -139,3 +139,19 @@ def test_driver_errors_name_the_kernel_and_the_launch(fake, tmp_path):
         too_big(1, 2, 3)
     with pytest.raises(driver.CudaDriverError, match="cuModuleGetFunction.*CUDA_ERROR_FAKE"):
         compiled.loaded.function("no_such_kernel")
+
+
+def test_driver_version_reads_the_drivers_cuda_version(fake):
+    assert driver.driver_version() == (13, 1)
+
+
+def test_a_cubin_too_new_for_the_driver_names_the_nvrtc_wheel_to_install(fake, monkeypatch):
+    from minicomp.backends.cuda import nvrtc
+
+    monkeypatch.setattr(nvrtc, "nvrtc_version", lambda: (13, 0))
+    monkeypatch.setattr(driver, "driver_version", lambda: (12, 8))
+    hint = driver.image_hint(222)  # CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+    assert "NVRTC 13.0" in hint and "CUDA 12.8" in hint and "nvidia-cuda-nvrtc-cu12" in hint
+    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    assert driver.image_hint(222) == ""  # the driver can load what NVRTC 13 builds
+    assert driver.image_hint(1) == ""  # not an image error

@@ -38,6 +38,7 @@ _int = ctypes.c_int
 # name: (argument types); every entry point returns a CUresult (an int).
 _SIGNATURES: dict[str, tuple] = {
     "cuInit": (_uint,),
+    "cuDriverGetVersion": (ctypes.POINTER(_int),),
     "cuDeviceGet": (ctypes.POINTER(_int), _int),
     "cuDevicePrimaryCtxRetain": (ctypes.POINTER(_void_p), _int),
     "cuCtxGetCurrent": (ctypes.POINTER(_void_p),),
@@ -171,6 +172,38 @@ def max_dynamic_shared(index: int) -> int:
     return limit
 
 
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports, as (major, minor): (13, 0) for 13.0."""
+    version = _int()
+    check(libcuda().cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    return version.value // 1000, version.value % 1000 // 10
+
+
+# CUDA_ERROR_INVALID_IMAGE, _NO_BINARY_FOR_GPU, _INVALID_PTX, _UNSUPPORTED_PTX_VERSION: what
+# a driver says of a cubin from an NVRTC newer than itself.
+_IMAGE_ERRORS = (200, 209, 218, 222)
+
+
+def image_hint(code: int) -> str:
+    """Why a driver may refuse a cubin NVRTC built, and what to install, for a CUresult of
+    cuModuleLoadData ("" when the code is not about the image)."""
+    if code not in _IMAGE_ERRORS:
+        return ""
+    from minicomp.backends.cuda import nvrtc
+
+    try:
+        built, supported = nvrtc.nvrtc_version(), driver_version()
+    except Exception:
+        return ""
+    if built[0] <= supported[0]:
+        return ""
+    return (
+        f"; the cubin was built by NVRTC {built[0]}.{built[1]}, newer than this driver's CUDA "
+        f"{supported[0]}.{supported[1]}: install the NVRTC of CUDA {supported[0]}, "
+        + nvrtc.install_hint(supported[0])
+    )
+
+
 def device_arch(index: int) -> str:
     """The architecture of device `index`, like "sm_90"."""
     major, minor = torch.cuda.get_device_capability(index)
@@ -190,7 +223,9 @@ class LoadedModule:
     def __init__(self, cubin: bytes, device_index: int):
         ensure_context(device_index)
         handle = _void_p()
-        check(libcuda().cuModuleLoadData(ctypes.byref(handle), cubin), "cuModuleLoadData")
+        code = libcuda().cuModuleLoadData(ctypes.byref(handle), cubin)
+        if code != 0:
+            raise CudaDriverError(f"cuModuleLoadData failed: {error_text(code)}{image_hint(code)}")
         self.handle = handle.value
         self.device_index = device_index
         self._functions: dict[str, int] = {}

@@ -97,6 +97,38 @@ def clear_memory_cache() -> None:
         _built.clear()
 
 
+# The wheels that bring NVRTC and its bindings, by CUDA major version: NVIDIA names the CUDA 12
+# wheel with a -cu12 suffix and the CUDA 13 one without.
+INSTALL_HINTS = {
+    12: 'pip install "cuda-python>=12.6" nvidia-cuda-nvrtc-cu12',
+    13: 'pip install "cuda-python>=13" "nvidia-cuda-nvrtc>=13,<14"',
+}
+
+
+def cuda_major() -> int:
+    """The CUDA major version minicomp's NVRTC should match: the one PyTorch was built with,
+    else the driver's, else 12."""
+    import torch
+
+    if torch.version.cuda:
+        return int(torch.version.cuda.split(".")[0])
+    try:
+        from minicomp.backends.cuda import driver
+
+        return driver.driver_version()[0]
+    except Exception:  # no driver on this machine: the emulator needs only a cubin compiler
+        return 12
+
+
+def install_hint(major: int | None = None) -> str:
+    """The command that installs NVRTC for CUDA `major` (default: the one in use here)."""
+    major = cuda_major() if major is None else major
+    hint = INSTALL_HINTS.get(major)
+    if hint is None:
+        return f"install NVRTC for CUDA {major} (a CUDA toolkit's, or NVIDIA's pip wheel)"
+    return f"`{hint}` (CUDA {major}, as PyTorch here), or a CUDA toolkit's NVRTC"
+
+
 @functools.lru_cache(maxsize=1)
 def _nvrtc():
     """The cuda.bindings.nvrtc module, checked to reach a loadable NVRTC library.
@@ -115,25 +147,48 @@ def _nvrtc():
                 ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
         except OSError as err:
             raise NvrtcUnavailableError(
-                f"MINICOMP_NVRTC_LIBRARY={library} cannot be loaded: {err}"
+                f"MINICOMP_NVRTC_LIBRARY={library} cannot be loaded: {err}; point it at a "
+                f"libnvrtc of CUDA {cuda_major()} or unset it and {install_hint()}"
             ) from err
     try:
         from cuda.bindings import nvrtc
     except ImportError as err:
         raise NvrtcUnavailableError(
-            f"cuda-python is not installed ({err}); the cuda target needs "
-            "`pip install cuda-python nvidia-cuda-nvrtc-cu12` (or a CUDA toolkit's NVRTC)"
+            f"cuda-python is not installed ({err}); the cuda target needs {install_hint()}"
         ) from err
     try:
         result, *_ = nvrtc.nvrtcVersion()
     except Exception as err:  # the loader's error types differ between cuda-python versions
         raise NvrtcUnavailableError(
-            f"the NVRTC library could not be loaded: {err}; install nvidia-cuda-nvrtc-cu12 "
-            "(or a CUDA toolkit) so that cuda-python finds libnvrtc"
+            f"the NVRTC library could not be loaded: {err}; install it so that cuda-python finds "
+            f"libnvrtc: {install_hint()}"
         ) from err
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise NvrtcUnavailableError(f"nvrtcVersion failed: {result}")
     return nvrtc
+
+
+_LIBRARY_FILE = re.compile(r"/libnvrtc\.so(\.\d+)*$")
+
+
+def library_path() -> str | None:
+    """The file of the NVRTC library this process compiles with (loading it first), or None
+    when NVRTC cannot be loaded. Which one cuda-python finds can depend on what the process
+    loaded before (PyTorch preloads CUDA libraries), so compile workers are pointed at this
+    one: every process then builds with the same NVRTC, under the same cache keys."""
+    try:
+        nvrtc_version()
+    except NvrtcUnavailableError:
+        return None
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            for line in f:
+                path = line.split()[-1]
+                if _LIBRARY_FILE.search(path):
+                    return path
+    except OSError:  # no /proc: the workers find NVRTC on their own
+        pass
+    return None
 
 
 def _check(result, what: str) -> None:
