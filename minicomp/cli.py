@@ -339,7 +339,13 @@ def _cmd_cache_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_bundle_name(path: str) -> bool:
+    return path.endswith((".tar.gz", ".tgz"))
+
+
 def _cmd_cache_export(args: argparse.Namespace) -> int:
+    if _is_bundle_name(args.file):
+        return _export_bundle(args)
     db = _database(args)
     if not db.exists():
         raise CliError(f"no tuning database at {db.path}: nothing to export")
@@ -354,22 +360,49 @@ def _cmd_cache_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_cache_import(args: argparse.Namespace) -> int:
-    db = _database(args)
-    added, replaced, skipped = db.import_(args.file)
+def _export_bundle(args: argparse.Namespace) -> int:
+    from minicomp.tune import bundle
+
+    if args.template or args.arch:
+        raise CliError("--template and --arch select records for a JSON export, not a bundle")
+    try:
+        manifest = bundle.write_bundle(_cache_root(args), args.file)
+    except OSError as err:
+        raise CliError(f"cannot write {args.file}: {err.strerror or err}") from None
     if args.json:
-        _print_json(
-            {
-                "file": os.path.abspath(args.file),
-                "added": added,
-                "replaced": replaced,
-                "skipped": skipped,
-            }
-        )
+        _print_json({"file": os.path.abspath(args.file), **manifest})
     else:
         print(
-            f"imported {args.file} into {db.path}: {added} added, {replaced} replaced by newer "
-            f"records, {skipped} skipped (the local record is as new or newer)"
+            f"bundled {manifest['records']} tuning records and {manifest['cubins']} cubins "
+            f"({_human(manifest['cubin_bytes'])}) from {_cache_root(args)} into {args.file}"
+        )
+    return 0
+
+
+def _cmd_cache_import(args: argparse.Namespace) -> int:
+    from minicomp.tune import bundle
+
+    try:
+        is_bundle = bundle.is_bundle(args.file)
+    except OSError as err:
+        raise CliError(f"cannot read {args.file}: {err.strerror}") from None
+    if is_bundle:
+        try:
+            counts = bundle.read_bundle(args.file, _cache_root(args))
+        except bundle.BundleError as err:
+            raise CliError(str(err)) from None
+        added, replaced, skipped = counts["added"], counts["replaced"], counts["skipped"]
+    else:
+        db = _database(args)
+        added, replaced, skipped = db.import_(args.file)
+        counts = {"added": added, "replaced": replaced, "skipped": skipped}
+    if args.json:
+        _print_json({"file": os.path.abspath(args.file), **counts})
+    else:
+        cubins = f"; {counts['cubins']} cubins added" if is_bundle else ""
+        print(
+            f"imported {args.file} into {_cache_root(args)}: {added} added, {replaced} replaced "
+            f"by newer records, {skipped} skipped (the local record is as new or newer){cubins}"
         )
     return 0
 
@@ -441,13 +474,17 @@ def _add_cache_parser(commands: argparse._SubParsersAction) -> None:
         "2G, 100K (binary units); tuning records go only when they alone exceed it",
     )
     export = action(
-        "export", _cmd_cache_export, "write tuning records to a JSON file", [filters, json_flag]
+        "export",
+        _cmd_cache_export,
+        "write tuning records to a JSON file, or with the cubins to a FILE.tar.gz bundle",
+        [filters, json_flag],
     )
     export.add_argument("file", metavar="FILE")
     imp = action(
         "import",
         _cmd_cache_import,
-        "merge tuning records from an exported file (the newer of two records wins)",
+        "merge tuning records (and a bundle's cubins) from an exported file (the newer of two "
+        "records wins)",
         [json_flag],
     )
     imp.add_argument("file", metavar="FILE")
@@ -462,7 +499,8 @@ $MINICOMP_CACHE_DIR, else ~/.cache/minicomp):
   tuning.sqlite       the tuning database: the parameters each template tuned to
 
 `clear` with no flag removes the kernel builds only: tuning records cost minutes of
-benchmarking to redo. `export` and `import` ship tuning records to a machine with the same GPU.
+benchmarking to redo. `export` and `import` ship tuning records to a machine with the same GPU;
+exported to FILE.tar.gz, the bundle also carries the compiled cubins.
 """
 
 

@@ -319,3 +319,25 @@ def test_parse_size(text, size):
 def test_parse_duration_refuses_nonsense(text):
     with pytest.raises(cli.CliError, match="bad duration"):
         cli.parse_duration(text)
+
+
+def test_cache_bundle_carries_tuning_records_and_cubins(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    records = _seed(here)
+    cubin = _fake_cubin(here)
+    bundle_file = tmp_path / "warm.tar.gz"
+    text = _ok(_cache(here, "export", str(bundle_file)))
+    assert "bundled 3 tuning records and 1 cubins" in text
+    result = json.loads(_ok(_cache(there, "import", str(bundle_file), "--json")))
+    assert (result["added"], result["cubins"]) == (3, 1)
+    moved = os.path.join(there, os.path.relpath(cubin, here), "kernel.cubin")
+    with open(moved, "rb") as f:
+        assert f.read() == b"\x7fELF" + bytes(1000)
+    assert len(TuningDatabase(there / "tuning.sqlite").records()) == len(records)
+    again = json.loads(_ok(_cache(there, "import", str(bundle_file), "--json")))
+    assert (again["added"], again["skipped"], again["cubins"]) == (0, 3, 0)
+
+    truncated = tmp_path / "cut.tar.gz"
+    truncated.write_bytes(bundle_file.read_bytes()[:200])
+    _fails(_cache(tmp_path / "third", "import", str(truncated)), str(truncated))
+    _fails(_cache(here, "export", str(bundle_file), "--arch", "sm_90"), "not a bundle")
