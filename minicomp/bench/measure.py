@@ -37,10 +37,11 @@ ERROR_CHARS = 600
 
 @dataclass(frozen=True)
 class Backend:
-    """A way to run a model: `make(model, cache_dir)` returns a callable (eager: the model)."""
+    """A way to run a model: `make(model, cache_dir, options)` returns a callable (eager: the
+    model); `options` are extra minicomp options (a target), which other backends ignore."""
 
     name: str
-    make: Callable[[torch.nn.Module, str], Callable]
+    make: Callable[[torch.nn.Module, str, dict], Callable]
     cache: str  # whose on-disk cache cold/warm refers to: none, inductor, minicomp, hidet
     requires: str | None = None  # a module that must be importable
 
@@ -52,18 +53,18 @@ class Backend:
 
 
 def _minicomp(level: int) -> Callable:
-    def make(model, cache_dir):
-        options = {"search_space": level, "cache_dir": cache_dir}
+    def make(model, cache_dir, extra):
+        options = {**extra, "search_space": level, "cache_dir": cache_dir}
         return torch.compile(model, backend="minicomp", options=options, dynamic=False)
 
     return make
 
 
 def _inductor(mode: str | None) -> Callable:
-    return lambda model, cache_dir: torch.compile(model, mode=mode, dynamic=False)
+    return lambda model, cache_dir, extra: torch.compile(model, mode=mode, dynamic=False)
 
 
-def _hidet(model, cache_dir):
+def _hidet(model, cache_dir, extra):
     import hidet
 
     hidet.option.cache_dir(cache_dir)
@@ -73,8 +74,9 @@ def _hidet(model, cache_dir):
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("eager", lambda model, cache_dir: model, "none"),
+        Backend("eager", lambda model, cache_dir, extra: model, "none"),
         Backend("inductor", _inductor(None), "inductor"),
+        Backend("inductor-reduce-overhead", _inductor("reduce-overhead"), "inductor"),
         Backend("inductor-max-autotune", _inductor("max-autotune"), "inductor"),
         Backend("minicomp-ss0", _minicomp(0), "minicomp"),
         Backend("minicomp-ss2", _minicomp(2), "minicomp"),
@@ -220,7 +222,9 @@ def _forget_in_memory(backend: Backend) -> None:
         nvrtc.clear_memory_cache()
 
 
-def _first_call(fn: Callable, inputs: tuple, device: str) -> tuple[torch.Tensor, float]:
+def first_call(fn: Callable, inputs: tuple, device: str) -> tuple[torch.Tensor, float]:
+    """`fn(*inputs)` and the seconds it took, the device synchronised on both sides (a first
+    call: the compile included)."""
     _sync(device)
     start = time.perf_counter()
     out = fn(*inputs)
@@ -297,13 +301,16 @@ def measure(
     device: str,
     repeats: int,
     warmup: int,
+    options: dict | None = None,
+    warm: bool = True,
 ) -> dict:
-    """Compile (cold, then warm), check against `expected`, time and weigh one backend."""
+    """Compile (cold, then warm unless `warm` is false), check against `expected`, time and
+    weigh one backend; `options` are extra minicomp options."""
     row = empty_row(backend.name)
     row["tolerance"] = tolerance(expected.dtype)
     try:
         with torch.no_grad():
-            _measure(row, backend, model, inputs, expected, device, repeats, warmup)
+            _measure(row, backend, model, inputs, expected, device, repeats, warmup, options, warm)
     except Exception as err:  # the row says what failed; the run goes on
         row["status"], row["passed"] = "error", False
         row["error"] = f"{type(err).__name__}: {err}"[:ERROR_CHARS]
@@ -315,11 +322,13 @@ def measure(
     return row
 
 
-def _measure(row, backend, model, inputs, expected, device, repeats, warmup) -> None:
+def _measure(row, backend, model, inputs, expected, device, repeats, warmup, options, warm):
     from minicomp.dynamo.backend import recording
 
+    extra = dict(options or {})
     errors = []
     with _fresh_cache(backend) as cache_dir:
+        fn = None
         if backend.cache != "none":
             torch._dynamo.reset()
             if backend.cache == "inductor":
@@ -328,22 +337,27 @@ def _measure(row, backend, model, inputs, expected, device, repeats, warmup) -> 
                 metrics.reset()
             records: list = []
             with recording(records):
-                compiled = backend.make(model, cache_dir)
-                out, row["compile_s_cold"] = _first_call(compiled, inputs, device)
+                compiled = backend.make(model, cache_dir, extra)
+                out, row["compile_s_cold"] = first_call(compiled, inputs, device)
             row.update(_compile_stats(backend, records))
             errors.append(relative_error(out, expected))
-            del out, compiled
-            _forget_in_memory(backend)
-            gc.collect()
+            del out
+            if warm:
+                del compiled
+                _forget_in_memory(backend)
+                gc.collect()
+            else:
+                fn = compiled
         if device == "cuda":
             torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated() if device == "cuda" else None
-        fn = backend.make(model, cache_dir)
-        out, first_s = _first_call(fn, inputs, device)
-        if backend.cache != "none":
-            row["compile_s_warm"] = first_s
-        errors.append(relative_error(out, expected))
-        del out
+        if fn is None:
+            fn = backend.make(model, cache_dir, extra)
+            out, first_s = first_call(fn, inputs, device)
+            if backend.cache != "none":
+                row["compile_s_warm"] = first_s
+            errors.append(relative_error(out, expected))
+            del out
         meter = MemoryMeter(device, base)
         with meter:
             for _ in range(max(1, warmup)):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 BACKEND_NAMES = (
     "eager",
     "inductor",
+    "inductor-reduce-overhead",
     "inductor-max-autotune",
     "minicomp-ss0",
     "minicomp-ss2",
@@ -49,6 +50,9 @@ class Settings:
     json: str | None = None  # no file when None or empty
     chart: str | None = None
     progress: bool = True
+    jsonl: str | None = None  # rows appended here as each is measured
+    warm: bool = True  # also time a second compile from the warm on-disk cache
+    options: dict = field(default_factory=dict)  # extra minicomp options (a target)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--chart", metavar="PATH", help="PNG chart (minicomp-bench-DEVICE.png; '': none)"
+    )
+    parser.add_argument(
+        "--jsonl", metavar="PATH", help="also append each row here the moment it is measured"
+    )
+    parser.add_argument(
+        "--no-warm", action="store_true", help="skip the warm compile (from the on-disk cache)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -132,6 +142,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         json=args.json if args.json is not None else f"minicomp-bench-{device}.json",
         chart=args.chart if args.chart is not None else f"minicomp-bench-{device}.png",
         progress=not args.no_progress,
+        jsonl=args.jsonl or None,
+        warm=not args.no_warm,
     )
     if settings.repeats < 1 or settings.warmup < 0:
         raise ValueError("--repeats must be at least 1 and --warmup at least 0")

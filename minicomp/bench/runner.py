@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import math
 import os
 import platform
 import subprocess
@@ -17,6 +16,7 @@ import torch
 
 from minicomp.bench import measure, report, suite
 from minicomp.bench.options import Settings, add_arguments, settings_from_args
+from minicomp.bench.rows import RowWriter, clean
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -115,8 +115,18 @@ def _speedups(rows: list[dict]) -> None:
                 r[key] = times[base] / r["latency_ms"]
 
 
-def _config_cells(spec, settings: Settings, dtype: str, batch: int, progress: Progress) -> list:
-    """Every selected backend on one model configuration; eager runs first as the reference."""
+def _reference_first(backends: list[str]) -> list[str]:
+    """The backends with eager and inductor first: the others' speedups are then known the
+    moment each is measured."""
+    first = [b for b in ("eager", "inductor") if b in backends]
+    return first + [b for b in backends if b not in first]
+
+
+def measure_config(
+    spec, settings: Settings, dtype: str, batch: int, progress: Progress, on_row=None
+) -> list:
+    """Every selected backend on one model configuration; eager runs first as the reference.
+    `on_row(row)` receives each row as soon as it is measured (its speedups filled in)."""
     fields = {
         "model": spec.name,
         "family": spec.family,
@@ -125,6 +135,7 @@ def _config_cells(spec, settings: Settings, dtype: str, batch: int, progress: Pr
         "batch": batch,
         "device": settings.device,
     }
+    emit = on_row or (lambda row: None)
     label = f"{spec.name} {dtype} b{batch}"
     progress.show(f"{label}: building")
     try:
@@ -137,11 +148,12 @@ def _config_cells(spec, settings: Settings, dtype: str, batch: int, progress: Pr
             row = {**fields, "seq": None, "image": None, **measure.empty_row(backend)}
             row["error"] = f"building the model: {type(err).__name__}: {err}"[:600]
             rows.append(row)
+            emit(row)
             progress.step()
         return rows
     rows = []
     shape = {"seq": built.shape.get("seq"), "image": built.shape.get("image")}
-    for name in settings.backends:
+    for name in _reference_first(settings.backends):
         backend = measure.BACKENDS[name]
         progress.show(f"{label}: {name}")
         if backend.missing():
@@ -156,10 +168,13 @@ def _config_cells(spec, settings: Settings, dtype: str, batch: int, progress: Pr
                 device=settings.device,
                 repeats=settings.repeats,
                 warmup=settings.warmup,
+                options=settings.options,
+                warm=settings.warm,
             )
         rows.append({**fields, **shape, **row})
+        _speedups(rows)
+        emit(rows[-1])
         progress.step()
-    _speedups(rows)
     del built, expected
     gc.collect()
     if settings.device == "cuda":
@@ -190,10 +205,14 @@ def run(settings: Settings, out=None) -> dict:
         configs += [(dtype, batch) for batch in settings.batch]
     cells = len(specs) * len(configs) * len(settings.backends)
     progress = Progress(cells, settings.progress)
+    on_row = None
+    if settings.jsonl:
+        writer = RowWriter(settings.jsonl)
+        on_row = writer.write
     rows = []
     for spec in specs:
         for dtype, batch in configs:
-            rows += _config_cells(spec, settings, dtype, batch, progress)
+            rows += measure_config(spec, settings, dtype, batch, progress, on_row)
     progress.close()
     meta = _meta(settings)
     meta["duration_s"] = round(time.perf_counter() - started, 1)
@@ -213,10 +232,7 @@ def run(settings: Settings, out=None) -> dict:
 def _clean(rows: list[dict]) -> list[dict]:
     """Rows with non-finite numbers as None, so the file is strict JSON."""
 
-    def fix(v):
-        return None if isinstance(v, float) and not math.isfinite(v) else v
-
-    return [{k: fix(v) for k, v in r.items()} for r in rows]
+    return [clean(r) for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from minicomp.bench import png, suite
+from minicomp.bench.rows import read_rows
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ("gpt2", "vit-b16")
@@ -33,10 +34,12 @@ def test_bench_prints_the_table_and_writes_json_and_png(tmp_path):
     env["MINICOMP_CACHE_DIR"] = str(tmp_path / "user-cache")  # the bench must not use it
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
     out_json, out_png = tmp_path / "out.json", tmp_path / "out.png"
+    out_rows = tmp_path / "rows.jsonl"
     command = [
         sys.executable, "-m", "minicomp", "bench", "--models", ",".join(MODELS),
         "--size", "small", "--backends", ",".join(BACKENDS), "--device", "cpu",
         "--repeats", "2", "--warmup", "1", "--json", str(out_json), "--chart", str(out_png),
+        "--jsonl", str(out_rows),
     ]  # fmt: skip
     proc = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=300, check=False
@@ -64,6 +67,7 @@ def test_bench_prints_the_table_and_writes_json_and_png(tmp_path):
     assert [(r["model"], r["backend"]) for r in results] == [
         (m, b) for m in MODELS for b in BACKENDS
     ]
+    assert read_rows(out_rows) == results  # the same rows, each appended as it was measured
     for r in results:
         assert set(r) == set(FIELDS), set(r) ^ set(FIELDS)
         for name, kind in FIELDS.items():

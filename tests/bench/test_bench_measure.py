@@ -26,7 +26,9 @@ def _cell(backend, model=None, dtype=torch.float32, **kwargs):
     x = torch.randn(2, 8, dtype=dtype)
     with torch.no_grad():
         expected = model(x)
-    return measure.measure(backend, model, (x,), expected, device="cpu", repeats=3, warmup=1)
+    return measure.measure(
+        backend, model, (x,), expected, device="cpu", repeats=3, warmup=1, **kwargs
+    )
 
 
 def test_relative_error_is_relative_to_the_output_scale():
@@ -65,7 +67,7 @@ def test_eager_cell_has_every_measurement():
 
 
 def test_a_wrong_answer_is_a_mismatch_and_a_crash_an_error():
-    def off_by_a_bit(model, cache_dir):
+    def off_by_a_bit(model, cache_dir, options):
         return lambda x: model(x) * 1.01
 
     row = _cell(measure.Backend("wrong", off_by_a_bit, "none"))
@@ -73,7 +75,7 @@ def test_a_wrong_answer_is_a_mismatch_and_a_crash_an_error():
     assert row["max_rel_err"] == pytest.approx(0.01, rel=1e-3)
     assert row["latency_ms"] is not None  # still timed: the table shows both
 
-    def crashes(model, cache_dir):
+    def crashes(model, cache_dir, options):
         def run(x):
             raise RuntimeError("no kernel for you")
 
@@ -112,3 +114,14 @@ def test_cpu_memory_meter_sees_a_large_allocation():
 def test_time_calls_measures_each_call():
     samples = measure.time_calls(lambda: time.sleep(0.01), (), 3, "cpu")
     assert len(samples) == 3 and all(9.0 <= s < 1000 for s in samples)
+
+
+def test_minicomp_options_reach_the_compile_and_warm_false_compiles_once(tmp_path):
+    from minicomp.dynamo.backend import recording
+
+    records = []
+    with recording(records):
+        row = _cell(measure.BACKENDS["minicomp-ss0"], options={"target": "cuda-emu"}, warm=False)
+    assert row["status"] == "pass" and row["kernel_count"] > 0
+    assert row["compile_s_cold"] > 0 and row["compile_s_warm"] is None
+    assert {r.target for r in records} == {"cuda-emu"} and len(records) == 1
