@@ -1,0 +1,75 @@
+"""Matrix products C[M, N] = A[M, K] @ B[K, N] against torch.matmul (cuBLAS).
+
+Squares from 1024 to 8192, and the products of a 7B LLM's layers (4096 x 11008 up/gate,
+11008 x 4096 down, 4096 x 4096 attention) at 1, 16, 128 and 4096 tokens: decode-sized ones
+have few output tiles over a long K, which minicomp splits along K.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minicomp.bench.kernels.cases import DTYPE_NAMES, Case
+
+SQUARE = (1024, 2048, 4096, 8192)
+LLM_NK = ((11008, 4096), (4096, 11008), (4096, 4096))
+LLM_TOKENS = (1, 16, 128, 4096)
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
+
+
+def case(m: int, n: int, k: int, dtype: torch.dtype, device: str, **kw) -> Case:
+    """The product of an (m, k) and a (k, n) matrix of random `dtype` numbers."""
+
+    def make() -> tuple:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        return a, torch.randn(k, n, device=device, dtype=dtype)
+
+    def reference(a, b):
+        return (a.double() @ b.double()).float()
+
+    name = DTYPE_NAMES[dtype]
+    size = torch.empty((), dtype=dtype).element_size()
+    return Case(
+        family="matmul",
+        label=f"{m}x{n}x{k} {name}",
+        fields={"m": m, "n": n, "k": k, "dtype": name},
+        fn=torch.matmul,
+        make=make,
+        reference=reference,
+        flops=2.0 * m * n * k,
+        min_bytes=float((m * k + k * n + m * n) * size),
+        tolerance=TOLERANCE[dtype],
+        **kw,
+    )
+
+
+def gpu_cases(dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[Case]:
+    """The staged run's products, most telling first: tier 1 a square and the LLM's
+    prefill and decode products in f16, tier 2 the other squares and LLM shapes, tier 3 the
+    rest of bf16 and f32."""
+    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    plan = [
+        (4096, 4096, 4096, f16, 1, True),
+        (4096, 11008, 4096, f16, 1, True),
+        (16, 4096, 11008, f16, 1, True),
+        (4096, 4096, 4096, bf16, 1, False),
+        (4096, 4096, 4096, f32, 2, True),
+        *[(s, s, s, f16, 2, False) for s in SQUARE if s != 4096],
+        *[(t, n, k, f16, 2, False) for t in LLM_TOKENS for n, k in LLM_NK],
+        *[(s, s, s, d, 3, False) for d in (bf16, f32) for s in SQUARE if s != 4096],
+        *[(t, n, k, bf16, 3, False) for t in LLM_TOKENS for n, k in LLM_NK],
+    ]
+    out, seen = [], set()
+    for m, n, k, dtype, tier, inductor in plan:
+        if dtype in dtypes and (m, n, k, dtype) not in seen:
+            seen.add((m, n, k, dtype))
+            out.append(case(m, n, k, dtype, "cuda", tier=tier, inductor=inductor))
+    return out
+
+
+def rehearsal_cases(device: str = "cpu") -> list[Case]:
+    """Tiny products with odd sizes (every guard path) for the CPU rehearsal."""
+    return [
+        case(48, 40, 56, torch.float16, device, inductor=True),
+        case(33, 17, 40, torch.float32, device, tier=2),
+    ]
