@@ -1,4 +1,5 @@
-"""Shared pytest setup: the `target` fixture, the import path and the OpInfo sweep summary."""
+"""Shared pytest setup: the `target` fixture, the import path, the `gpu` marker, the selection
+and per-test report the staged GPU run uses, and the OpInfo sweep summary."""
 
 import os
 import sys
@@ -44,6 +45,55 @@ def target(request):
         torch.set_default_device(previous)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests where no GPU is present. With MINICOMP_TEST_SELECT=targets (the staged
+    GPU run's check) keep only the tests that run on a selected target or need a GPU."""
+    skip = pytest.mark.skip(reason="no CUDA device")
+    has_gpu = torch.cuda.is_available()
+    selecting = os.environ.get("MINICOMP_TEST_SELECT") == "targets"
+    targets = set(selected_targets())
+    kept, dropped = [], []
+    for item in items:
+        gpu = item.get_closest_marker("gpu") is not None
+        if gpu and not has_gpu:
+            item.add_marker(skip)
+        callspec = getattr(item, "callspec", None)
+        on_target = callspec is not None and callspec.params.get("target") in targets
+        (kept if gpu or on_target or not selecting else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# MINICOMP_TEST_REPORT names a JSON Lines file that gets one row per test outcome (and per file
+# that failed or skipped collection) the moment it is known, so a run killed by a timeout
+# still tells what it did. Only the controller writes: xdist forwards the workers' reports.
+_REPORT = os.environ.get("MINICOMP_TEST_REPORT")
+_MESSAGE_CHARS = 4000
+
+
+def _write_report(report, when: str) -> None:
+    if not _REPORT or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from minicomp.bench.rows import RowWriter
+
+    text = "" if report.passed else (report.longreprtext or "")
+    RowWriter(_REPORT).write(
+        {
+            "nodeid": report.nodeid,
+            "when": when,
+            "outcome": report.outcome,
+            "seconds": round(getattr(report, "duration", 0.0), 3),
+            "message": text[-_MESSAGE_CHARS:],
+        }
+    )
+
+
+def pytest_collectreport(report):
+    if not report.passed:
+        _write_report(report, "collect")
+
+
 # The OpInfo sweep records each op's outcome as user properties, which also reach the
 # controller under pytest-xdist; tally them per target for one summary line.
 _opinfo_outcomes: dict[str, dict[str, str]] = {}
@@ -51,6 +101,8 @@ _opinfo_fallbacks: dict[str, dict[str, str]] = {}
 
 
 def pytest_runtest_logreport(report):
+    if report.when == "call" or not report.passed:
+        _write_report(report, report.when)
     properties = dict(report.user_properties)
     if report.when != "call" or "opinfo_op" not in properties:
         return

@@ -24,10 +24,7 @@ def _load_example(name: str):
 
 
 def _devices() -> list:
-    cuda = pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
-    )
-    return ["cpu", cuda]
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", _devices())

@@ -18,7 +18,7 @@ from minicomp.ir.types import PointerType, f32, i64
 from minicomp.runtime.cuda_graphs import GraphedPlan
 from minicomp.runtime.symbols import launch_dims
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+gpu = pytest.mark.gpu
 
 
 def compiled(fn, **options):

@@ -447,7 +447,7 @@ def test_only_static_float_groups_are_measured():
     assert not CudaRunner.can_measure(*group((4, 8), T.i64))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.gpu
 def test_tuning_a_fused_matmul_on_the_gpu(tmp_path):
     options = {
         "search_space": 1,
