@@ -124,3 +124,25 @@ def test_the_results_page_leads_with_the_headline_ratios(tmp_path):
     assert report.render({}).endswith("No GPU run has been recorded yet.\n")
     path = report.write_page(str(tmp_path))
     assert open(path).read() == page
+
+
+def test_a_stage_bundle_stays_small_enough_to_come_back(tmp_path, monkeypatch):
+    import os
+
+    from minicomp.backends import cache
+    from minicomp.bench.stages import stage as stage_module
+
+    cache_dir = tmp_path / "cache"
+    for i in range(6):  # six incompressible 100 KB cubin entries
+        folder = cache.entry_dir(str(cache_dir), "cubins", f"{i:02x}" + "0" * 62)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "kernel.cubin"), "wb") as f:
+            f.write(os.urandom(100_000))
+    monkeypatch.setattr(stage_module, "MAX_BUNDLE_BYTES", 250_000)
+    stage = stage_module.Stage(
+        "kernels", str(tmp_path / "out"), True, stage_module.Budget(10), str(cache_dir),
+        str(tmp_path / "carry"), tag="x",
+    )  # fmt: skip
+    manifest = stage.export_cache()
+    assert 1 <= manifest["cubins"] <= 2
+    assert os.path.getsize(stage.path("-cache.tar.gz")) <= 250_000

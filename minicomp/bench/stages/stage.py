@@ -21,6 +21,8 @@ MAX_FILES = 6
 # allows with the machine's start, and each well under a command's 10 minutes.
 BUDGETS = {"check": 240, "kernels": 450, "models": 420, "train": 300}
 CACHE_SUFFIX = "-cache.tar.gz"
+# The device machine returns files up to 16 MiB; the bundle keeps under it with room to spare.
+MAX_BUNDLE_BYTES = 12 << 20
 # Every file a stage may write, by the suffix after `<stage>-<tag>`.
 SUFFIXES = (".jsonl", ".log", ".png", "-tests.jsonl", "-sanitizer.txt", "-sass.txt", CACHE_SUFFIX)
 
@@ -169,12 +171,18 @@ class Stage:
                 print(f"not imported: {err}", flush=True)
 
     def export_cache(self) -> dict | None:
-        """Bundle this stage's tuning records and cubins for the next stage (None: nothing)."""
+        """Bundle this stage's tuning records and cubins for the next stage, small enough to
+        come back from the device machine (the newest cubins first); None: nothing to carry."""
         from minicomp.tune import bundle
 
-        manifest = bundle.write_bundle(self.cache_dir, self.path(CACHE_SUFFIX))
+        path, cubin_bytes = self.path(CACHE_SUFFIX), MAX_BUNDLE_BYTES * 3
+        while True:
+            manifest = bundle.write_bundle(self.cache_dir, path, max_bytes=cubin_bytes)
+            if os.path.getsize(path) <= MAX_BUNDLE_BYTES or not manifest["cubins"]:
+                break
+            cubin_bytes = manifest["cubin_bytes"] // 2
         if not manifest["records"] and not manifest["cubins"]:
-            os.unlink(self.path(CACHE_SUFFIX))
+            os.unlink(path)
             return None
         return manifest
 
