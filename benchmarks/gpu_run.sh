@@ -14,15 +14,15 @@ export PYTHONUNBUFFERED=1
 rehearse=0
 for arg in "$@"; do [ "$arg" = --rehearse ] && rehearse=1; done
 
-# This checkout must be what `import minicomp` finds, with its torch_dynamo_backends entry
-# point registered. The GPU image has every dependency but no network: install without fetching.
-here=$($PY -c 'import minicomp, os; print(os.path.dirname(os.path.dirname(os.path.abspath(minicomp.__file__))))' 2>/dev/null)
-if [ "$here" != "$PWD" ]; then
-    if ! $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1; then
-        echo "warning: could not install this checkout; using PYTHONPATH (no entry point)" >&2
-        export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-    fi
+# This checkout must be what `import minicomp` finds, with its torch_dynamo_backends entry point
+# registered. Where no minicomp is installed (the GPU image, which has every dependency but no
+# network), install this one without fetching anything; an installed one (another checkout)
+# is left alone, and PYTHONPATH puts this checkout first.
+if ! $PY -c 'import minicomp' 2>/dev/null; then
+    $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
+        || echo "warning: could not install this checkout; the backend is registered at run time" >&2
 fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 # Test-only packages the GPU image lacks (expecttest, for the OpInfo sweep) travel as wheels
 # in .gpu-run/wheels/ (carried with the tree): `pip download -d .gpu-run/wheels expecttest`.

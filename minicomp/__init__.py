@@ -5,6 +5,7 @@
 """
 
 from minicomp import config, script
+from minicomp.dynamo.backend import FallbackWarning
 from minicomp.explain import Explanation, explain, explain_file
 
-__all__ = ["config", "explain", "explain_file", "Explanation", "script"]
+__all__ = ["config", "explain", "explain_file", "Explanation", "FallbackWarning", "script"]

@@ -2,7 +2,9 @@
 and per-test report the staged GPU run uses, and the OpInfo sweep summary."""
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -13,6 +15,23 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 for _path in (os.path.dirname(_TESTS_DIR), _TESTS_DIR):
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+
+def pytest_configure(config):
+    """Run the suite on its own cache, never the user's: MINICOMP_TEST_CACHE_DIR names one to
+    keep between runs (warm, faster); by default a fresh temporary one, removed at the end.
+    xdist's workers inherit the variable, so they share it."""
+    if hasattr(config, "workerinput"):
+        return
+    chosen = os.environ.get("MINICOMP_TEST_CACHE_DIR")
+    config._minicomp_temp_cache = None if chosen else tempfile.mkdtemp(prefix="minicomp-tests-")
+    os.environ["MINICOMP_CACHE_DIR"] = chosen or config._minicomp_temp_cache
+
+
+def pytest_unconfigure(config):
+    temp = getattr(config, "_minicomp_temp_cache", None)
+    if temp:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def selected_targets() -> list[str]:

@@ -20,6 +20,10 @@ from minicomp.dynamo.lowering import CompileRecord, compile_graph
 log = logging.getLogger("minicomp")
 
 
+class FallbackWarning(UserWarning):
+    """minicomp gave up on a whole graph, which runs eagerly (at eager speed)."""
+
+
 _recorders: list[list] = []
 
 
@@ -102,6 +106,7 @@ def _compile(
             raise
         warnings.warn(
             f"minicomp could not compile a {kind} graph and runs it eagerly: {record.error}",
+            FallbackWarning,
             stacklevel=3,
         )
         return None
@@ -268,7 +273,7 @@ class FrozenRunner:
         if self.fallback == "error":
             raise RuntimeError(message + "; call torch._dynamo.reset() to recompile")
         if not self.warned:
-            warnings.warn(message + ": it runs eagerly", stacklevel=2)
+            warnings.warn(message + ": it runs eagerly", FallbackWarning, stacklevel=2)
             self.warned = True
         return None
 
