@@ -22,6 +22,7 @@ from minicomp.ir.expr import (
     cast,
     const,
     dim_expr,
+    eq,
     maximum,
     ne,
     prod,
@@ -332,7 +333,13 @@ def expand_index(idx, dims, rank):
 @register_lowering(aten.linalg_vector_norm.default)
 def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     """The `ord`-norm of `x` over `dim` (all dims when None), accumulated in op-math: max or
-    min of |x| for +-inf, the count of nonzeros for 0, (sum |x|^ord)^(1/ord) otherwise."""
+    min of |x| for +-inf, the count of nonzeros for 0, (sum |x|^ord)^(1/ord) otherwise.
+
+    For orders other than 1 and 2, |x|^ord overflows or underflows long before the norm does
+    (0.5^-1000, 9^1000), so each |x| is first divided by the largest |x| of its reduction (the
+    smallest for a negative order): every term is then at most 1 and the largest is exactly 1.
+    A scale of 0 (all zeros, or a zero under a negative order) gives 0 and one of inf gives inf,
+    as the unscaled formula does."""
     check_dtypes(x)
     out = ctx.out_dtype
     if not out.is_float or not x.dtype.is_float:
@@ -341,20 +348,31 @@ def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
         raise NotLowerable(f"vector norm of order {ord!r}")
     dims = reduce_dims(x, dim)
     acc = opmath(out)
+    rank = len(x.shape)
+
+    def magnitude(*i):
+        return call("abs", cast(x[i], acc))
 
     # max or min of |x| (power None), the nonzero count (0), else sum |x|^p then its p-th root.
     if ord in (math.inf, -math.inf):
         kind, power = ("max" if ord > 0 else "min"), None
     else:
         kind, power = "sum", float(ord)
+    scaled = power not in (None, 0, 1, 2)
+    if scaled:
+        extreme = "max" if power > 0 else "min"
+        scale = reduce_compute(f"{ctx.name}_{extreme}", extreme, x, dims, True, acc, magnitude)
 
     def element(*i):
         if power == 0:
             return cast(ne(x[i], const(0, x.dtype)), acc)
-        m = call("abs", cast(x[i], acc))
+        m = magnitude(*i)
         if power in (None, 1):
             return m
-        return m * m if power == 2 else binary("pow", m, const(power, acc))
+        if power == 2:
+            return m * m
+        s = scale[project(i, dims)]
+        return binary("pow", select(eq(s, const(0.0, acc)), m, m / s), const(power, acc))
 
     total = reduce_compute(f"{ctx.name}_{kind}", kind, x, dims, keepdim, acc, element)
 
@@ -362,8 +380,11 @@ def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
         t = total[i]
         if power == 2:
             t = call("sqrt", t)
-        elif power not in (None, 0, 1):
-            t = binary("pow", t, const(1.0 / power, acc))
+        elif scaled:
+            s = scale[tuple(i) if keepdim else expand_index(i, dims, rank)]
+            root = s * binary("pow", t, const(1.0 / power, acc))
+            special = eq(s, const(0.0, acc)) | call("isinf", s, dtype=T.boolean)
+            t = select(special, s, root)
         return cast(t, out)
 
     return compute(ctx.name, ctx.out_shape, norm)

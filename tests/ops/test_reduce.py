@@ -129,6 +129,31 @@ def test_linalg_vector_norm(dim, keepdim, ord, dtype):
     check_lowering(aten.linalg_vector_norm.default, x, ord, dim, keepdim)
 
 
+def _norm_float64(x, ord, dim, keepdim):
+    """The norm in float64, scaled by the extreme |x| so no power leaves float range; eager
+    itself overflows to inf (or underflows to 0) there, except over a single element."""
+    m = x.double().abs()
+    s = (m.amax if ord > 0 else m.amin)(dim=dim, keepdim=True)
+    safe = torch.where(s == 0, 1.0, s)
+    norm = s * ((m / safe) ** ord).sum(dim, keepdim=True) ** (1.0 / ord)
+    norm = torch.where((s == 0) | s.isinf(), s, norm)
+    return (norm if keepdim else norm.squeeze(dim)).to(x.dtype)
+
+
+@pytest.mark.parametrize("ord", [1000, -1000, 40, -40, 7])
+def test_vector_norms_of_large_orders_neither_overflow_nor_underflow(ord):
+    x = make_tensor((3, 5), torch.float32, low=0.25, high=9.0, special=False)
+    x[1, :] = 0.0  # all zeros: the norm is 0 for any order
+    x[2, 3] = 0.0  # one zero: the norm is 0 for a negative order
+    for case in (x, x[:, :1]):  # five elements, and one (where eager is exact too)
+        expected = _norm_float64(case, ord, 1, False)
+        check_lowering(aten.linalg_vector_norm.default, case, ord, [1], False, expected=expected)
+    check_lowering(aten.linalg_vector_norm.default, x[:, :1], ord, [1], True)
+    x[0, 1] = float("inf")
+    expected = _norm_float64(x, ord, 1, False)
+    check_lowering(aten.linalg_vector_norm.default, x, ord, [1], False, expected=expected)
+
+
 def test_linalg_vector_norm_in_another_dtype():
     x = make_tensor((4, 6), torch.float16, special=False)
     check_lowering(aten.linalg_vector_norm.default, x, 2, [1], False, dtype=torch.float32)
