@@ -21,6 +21,9 @@ _FUSED_ATTENTION = (
     "_scaled_dot_product_cudnn_attention",
 )
 KEEP_WHOLE = (
+    # PyTorch's decomposition is a `where` that promotes: an int64 tensor scattered with a
+    # float32 slice came out float32, where eager copies the slice into the int64 tensor.
+    aten.select_scatter.default,
     aten._softmax.default,
     aten._log_softmax.default,
     aten.softmax.int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minicomp.ir.compute import TensorNode, compute
-from minicomp.ir.expr import Expr, eq, logical_and, select
+from minicomp.ir.expr import Expr, cast, eq, logical_and, select
 from minicomp.ops.common import broadcast_index
 from minicomp.ops.registry import NotLowerable, register_lowering
 from minicomp.ops.shape import canon_dim, clamp_index, slice_start, wrap_index
@@ -138,7 +138,7 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
         idx = list(i)
         # rel may be negative off the slice, and C division truncates: clamp both ends.
         idx[d] = clamp_index(j, count)
-        return select(logical_and(*hit), src[tuple(idx)], x[i])
+        return select(logical_and(*hit), cast(src[tuple(idx)], ctx.out_dtype), x[i])
 
     return compute(ctx.name, ctx.out_shape, body)
 
@@ -150,6 +150,7 @@ def select_scatter(ctx, x, src, dim, index):
     pos = wrap_index(index, x.shape[d])
 
     def body(*i):
-        return select(eq(i[d], pos), src[tuple(i[:d]) + tuple(i[d + 1 :])], x[i])
+        value = cast(src[tuple(i[:d]) + tuple(i[d + 1 :])], ctx.out_dtype)  # eager copies src in
+        return select(eq(i[d], pos), value, x[i])
 
     return compute(ctx.name, ctx.out_shape, body)

@@ -4,8 +4,11 @@ import sys
 
 import pytest
 import torch
+from helpers import check_compiled
 from helpers_shape import check, rand, refuses
 
+from minicomp.dynamo.backend import recording
+from minicomp.explain import Explanation
 from minicomp.ir.expr import size_var
 
 aten = torch.ops.aten
@@ -124,3 +127,16 @@ def test_select_scatter(dtype):
         sym={"s0": 7},
         out_shapes=[(size_var("s0"), 2)],
     )
+
+
+def test_scattering_floats_into_an_integer_tensor_keeps_its_dtype(target):
+    # PyTorch's decomposition of select_scatter promotes to float32; eager copies into int64.
+    x = torch.randint(-50, 50, (3, 4))
+    src = torch.randn(4) * 20
+    records = []
+    with recording(records):
+        out = check_compiled(lambda x, s: torch.select_scatter(x, s, 0, 1), x, src, target=target)
+    assert out.dtype == torch.int64 and not Explanation(records).fallbacks
+    slab = torch.randn(3, 2) * 20
+    out = check_compiled(lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), x, slab, target=target)
+    assert out.dtype == torch.int64
