@@ -204,6 +204,13 @@ def alias(ctx, x):
     return identity(ctx, x)
 
 
+@register_lowering(aten._neg_view.default, aten._neg_view_copy.default)
+def neg_view(ctx, x):
+    """The values of a view with PyTorch's negative bit: what reading it gives (a graph
+    takes `x.conj().imag` so); an ATen call would hand our kernels the raw, unnegated data."""
+    return compute(ctx.name, ctx.out_shape, lambda *i: -x[i])
+
+
 @register_lowering(aten.permute.default, aten.permute_copy.default)
 def permute(ctx, x, dims):
     rank = len(x.shape)

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from helpers import check_compiled
 from helpers_shape import check, rand, refuses
 
 from minicomp.ir.compute import tensor_input
@@ -275,3 +276,10 @@ def test_as_strided_from_graph_metadata():
     ):
         with pytest.raises(NotLowerable):
             fn(LoweringContext("out", ((3, 2),), (f32,), arg_meta=unknown), node, [3, 2], [5, 2])
+
+
+def test_the_imaginary_part_of_a_conjugate_is_negated(target):
+    # PyTorch expresses x.conj().imag with a view carrying its negative bit (_neg_view).
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    out = check_compiled(lambda x: x.conj().imag * 2 + x.real, x, target=target)
+    torch.testing.assert_close(out, -2 * x.imag + x.real)
