@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minicomp import config
+from minicomp.backends import cache as build_cache
 from minicomp.tune import database
 
 
@@ -23,8 +24,10 @@ class CliError(Exception):
 # The folders of backends/cache.py builds under the cache root: C and cuda-emu shared
 # libraries (lib.so) and NVRTC cubins (kernel.cubin), each in <kind>/<key[:2]>/<key>/.
 _BUILD_KINDS = ("kernels", "cubins", "headers")
-# A build directory still named .tmp-* after this long belongs to a build that crashed.
+# A build in progress (under building/, or a .tmp-* folder) untouched for this long crashed.
 _STALE_TEMP_S = 3600.0
+_SHOWN_FAILURES = 3
+_REMOVING = ".tmp-removing-"
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -83,11 +86,12 @@ class _Build:
     temporary: bool
 
 
-def _scan(root: str) -> dict[str, object]:
-    """Libraries, cubins and bytes of every file under the kernel-build folders."""
+def _scan(root: str, paths: Sequence[str] | None = None) -> dict[str, object]:
+    """Libraries, cubins and bytes of every file under the kernel-build folders (or `paths`)."""
     libraries = cubins = total = 0
-    for kind in _BUILD_KINDS:
-        for folder, _dirs, files in os.walk(os.path.join(root, kind)):
+    kinds = [os.path.join(root, kind) for kind in _BUILD_KINDS]
+    for path in kinds if paths is None else paths:
+        for folder, _dirs, files in os.walk(path):
             for file in files:
                 try:
                     total += os.path.getsize(os.path.join(folder, file))
@@ -95,8 +99,7 @@ def _scan(root: str) -> dict[str, object]:
                     continue  # removed by a concurrent clean-up
                 libraries += file.endswith(".so")
                 cubins += file.endswith(".cubin")
-    paths = [os.path.join(root, kind) for kind in _BUILD_KINDS]
-    return {"paths": paths, "libraries": libraries, "cubins": cubins, "bytes": total}
+    return {"paths": kinds, "libraries": libraries, "cubins": cubins, "bytes": total}
 
 
 def _dir_size(path: str) -> int:
@@ -108,56 +111,102 @@ def _dir_size(path: str) -> int:
     return total
 
 
+def _folders(path: str) -> list[os.DirEntry]:
+    with contextlib.suppress(OSError):
+        return [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    return []
+
+
 def _builds(root: str) -> list[_Build]:
-    """Every build directory <kind>/<fan>/<key>/, with its mtime (when it was built)."""
-    builds = []
+    """Every build directory <kind>/<fan>/<key>/ with its mtime (when it was built), the
+    quarantined ones, and the temporary ones: builds in progress and unfinished removals."""
+    found = [(e, True) for e in _folders(root) if e.name.startswith(_REMOVING)]
     for kind in _BUILD_KINDS:
+        for fan in _folders(os.path.join(root, kind)):
+            found += [(e, e.name.startswith(".tmp-")) for e in _folders(fan.path)]
+    found += [(e, False) for e in _folders(os.path.join(root, build_cache.QUARANTINE))]
+    found += [(e, True) for e in _folders(os.path.join(root, build_cache.BUILDING))]
+    builds = []
+    for entry, temporary in found:
         with contextlib.suppress(OSError):
-            fans = [e.path for e in os.scandir(os.path.join(root, kind)) if e.is_dir()]
-            for fan in fans:
-                for entry in os.scandir(fan):
-                    if not entry.is_dir(follow_symlinks=False):
-                        continue
-                    with contextlib.suppress(OSError):
-                        mtime = entry.stat(follow_symlinks=False).st_mtime
-                        temporary = entry.name.startswith(".tmp-")
-                        builds.append(_Build(entry.path, mtime, _dir_size(entry.path), temporary))
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+            builds.append(_Build(entry.path, mtime, _dir_size(entry.path), temporary))
     return builds
 
 
-def _remove_tree(path: str) -> None:
-    # Rename first, so that no process sees a half-deleted build under its final name.
-    doomed = os.path.join(os.path.dirname(path), f".tmp-removing-{os.getpid()}-")
-    doomed += os.path.basename(path)
-    try:
-        os.rename(path, doomed)
-    except OSError:
-        doomed = path
-    shutil.rmtree(doomed, ignore_errors=True)
+def _rmtree(path: str) -> tuple[str, OSError] | None:
+    """shutil.rmtree that carries on past errors and returns the first: (path, error)."""
+    errors: list[tuple[str, OSError]] = []
+
+    def record(_function, where, error) -> None:
+        errors.append((where, error[1] if isinstance(error, tuple) else error))
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=record)
+    else:
+        shutil.rmtree(path, onerror=record)
+    return errors[0] if errors else None
+
+
+def _remove_tree(path: str) -> tuple[str, str] | None:
+    """Remove a folder; None when it is gone, else the folder that stayed and what in it
+    could not be removed, and why."""
+    doomed = path
+    if not os.path.basename(path).startswith(_REMOVING):
+        # Rename first, so that no process sees a half-deleted build under its final name.
+        doomed = os.path.join(os.path.dirname(path), f"{_REMOVING}{os.getpid()}-")
+        doomed += os.path.basename(path)
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return None  # removed by a concurrent clean-up
+        except OSError:
+            doomed = path
+    error = _rmtree(doomed)
+    if not os.path.lexists(doomed):
+        return None
+    where, why = error if error is not None else (doomed, None)
+    return doomed, f"{where}: {getattr(why, 'strerror', None) or why or 'still there'}"
 
 
 def _prune_builds(
     root: str, older_than_s: float | None, max_bytes: int | None, now: float
-) -> tuple[list[_Build], int]:
+) -> tuple[list[_Build], int, list[str]]:
     """Remove builds older than the age, then the oldest until the rest fit in max_bytes;
-    return the removed builds and the bytes left."""
-    removed, kept, full = [], 0, False
+    return the removed builds, the bytes left and what could not be removed. A temporary
+    folder goes only when stale: younger ones are builds in progress."""
+    chosen, kept, full = [], 0, False
     for build in sorted(_builds(root), key=lambda b: b.mtime, reverse=True):
         age = now - build.mtime
-        if (older_than_s is not None and age > older_than_s) or (
-            build.temporary and age > _STALE_TEMP_S
-        ):
-            removed.append(build)
-        elif build.temporary:
-            kept += build.size  # a build in progress: never ours to remove
+        if build.temporary:
+            if age > _STALE_TEMP_S:
+                chosen.append(build)
+            else:
+                kept += build.size  # never ours to remove
+        elif older_than_s is not None and age > older_than_s:
+            chosen.append(build)
         elif full or (max_bytes is not None and kept + build.size > max_bytes):
             full = True  # oldest first until the rest fits: everything older goes too
-            removed.append(build)
+            chosen.append(build)
         else:
             kept += build.size
-    for build in removed:
-        _remove_tree(build.path)
-    return removed, kept
+    removed, failures = [], []
+    for build in chosen:
+        failure = _remove_tree(build.path)
+        if failure is None:
+            removed.append(build)
+        else:
+            failures.append(failure[1])
+            kept += build.size
+    return removed, kept, failures
+
+
+def _not_removed(failures: list[str], what: str) -> CliError:
+    shown = "; ".join(failures[:_SHOWN_FAILURES])
+    more = len(failures) - _SHOWN_FAILURES
+    return CliError(
+        f"could not remove {what}: {shown}" + (f" (and {more} more)" if more > 0 else "")
+    )
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -253,11 +302,18 @@ def _cmd_cache_show(args: argparse.Namespace) -> int:
 
 
 def _clear_kernels(root: str) -> dict[str, object]:
-    usage = _scan(root)
-    for path in usage["paths"]:
-        if os.path.isdir(path):
-            _remove_tree(path)
-    return usage
+    """Remove every build but those in progress: the usage removed, what could not be removed
+    ("failures") and its usage ("left")."""
+    doomed = [os.path.join(root, kind) for kind in (*_BUILD_KINDS, build_cache.QUARANTINE)]
+    doomed += [e.path for e in _folders(root) if e.name.startswith(_REMOVING)]
+    before = _scan(root, doomed)
+    stayed = [f for f in map(_remove_tree, doomed) if f is not None]
+    counts = ("libraries", "cubins", "bytes")
+    left = _scan(root, [folder for folder, _ in stayed])
+    left = {k: left[k] for k in counts}
+    removed = {k: before[k] - left[k] for k in counts}
+    failures = [failure for _, failure in stayed]
+    return {"paths": before["paths"], **removed, "failures": failures, "left": left}
 
 
 def _clear_tuning(db: database.TuningDatabase) -> dict[str, object]:
@@ -274,6 +330,7 @@ def _cmd_cache_clear(args: argparse.Namespace) -> int:
     which = args.which or "kernels"
     result: dict[str, object] = {"cache_dir": root}
     lines = []
+    usage = None
     if which in ("kernels", "all"):
         usage = result["kernels"] = _clear_kernels(root)
         lines.append(
@@ -298,6 +355,12 @@ def _cmd_cache_clear(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         print("\n".join(lines))
+    if usage is not None and usage["failures"]:
+        left = usage["left"]
+        what = (
+            f"{left['libraries']} libraries and {left['cubins']} cubins ({_human(left['bytes'])})"
+        )
+        raise _not_removed(usage["failures"], what)
     return 0
 
 
@@ -313,7 +376,7 @@ def _cmd_cache_prune(args: argparse.Namespace) -> int:
     # exceed the size; the kernel builds get what room the database leaves.
     records = db.prune(older_than_s=older_than, max_bytes=max_bytes, now=now)
     budget = None if max_bytes is None else max(0, max_bytes - db.file_bytes())
-    builds, kept = _prune_builds(root, older_than, budget, now)
+    builds, kept, failures = _prune_builds(root, older_than, budget, now)
     freed = sum(build.size for build in builds)
     if args.json:
         _print_json(
@@ -323,6 +386,7 @@ def _cmd_cache_prune(args: argparse.Namespace) -> int:
                     "removed": [b.path for b in builds],
                     "removed_bytes": freed,
                     "bytes_left": kept,
+                    "failures": failures,
                 },
                 "tuning": {
                     "path": db.path,
@@ -331,11 +395,14 @@ def _cmd_cache_prune(args: argparse.Namespace) -> int:
                 },
             }
         )
-        return 0
-    print(f"removed {len(builds)} kernel builds ({_human(freed)}); {_human(kept)} left")
-    print(f"removed {len(records)} tuning records from {db.path}")
-    for r in records:
-        print(f"  {r.key}  {r.template}  {r.arch}  last used {_when(r.last_used)}  {r.signature}")
+    else:
+        print(f"removed {len(builds)} kernel builds ({_human(freed)}); {_human(kept)} left")
+        print(f"removed {len(records)} tuning records from {db.path}")
+        for r in records:
+            used = _when(r.last_used)
+            print(f"  {r.key}  {r.template}  {r.arch}  last used {used}  {r.signature}")
+    if failures:
+        raise _not_removed(failures, f"{len(failures)} kernel builds")
     return 0
 
 
@@ -389,7 +456,7 @@ def _cmd_cache_import(args: argparse.Namespace) -> int:
     if is_bundle:
         try:
             counts = bundle.read_bundle(args.file, _cache_root(args))
-        except bundle.BundleError as err:
+        except (bundle.BundleError, build_cache.CacheError) as err:
             raise CliError(str(err)) from None
         added, replaced, skipped = counts["added"], counts["replaced"], counts["skipped"]
     else:
@@ -400,6 +467,8 @@ def _cmd_cache_import(args: argparse.Namespace) -> int:
         _print_json({"file": os.path.abspath(args.file), **counts})
     else:
         cubins = f"; {counts['cubins']} cubins added" if is_bundle else ""
+        if counts.get("cubins_refused"):
+            cubins += f", {counts['cubins_refused']} refused (not matching their hashes)"
         print(
             f"imported {args.file} into {_cache_root(args)}: {added} added, {replaced} replaced "
             f"by newer records, {skipped} skipped (the local record is as new or newer){cubins}"
@@ -496,7 +565,13 @@ $MINICOMP_CACHE_DIR, else ~/.cache/minicomp):
 
   kernels/, cubins/   compiled kernel builds (shared libraries, NVRTC cubins); cheap to redo
   headers/            precompiled headers the cuda-emu builds include; cheap to redo
+  building/           builds in progress: `clear` and `prune` leave them alone
+  quarantine/         damaged builds moved aside (and built again), kept for a look
   tuning.sqlite       the tuning database: the parameters each template tuned to
+
+The root must belong to you and be writable by no one else: minicomp refuses to load builds
+from one that is not. `clear` and `prune` exit with status 1, naming what stayed, when they
+cannot remove something.
 
 `clear` with no flag removes the kernel builds only: tuning records cost minutes of
 benchmarking to redo. `export` and `import` ship tuning records to a machine with the same GPU;

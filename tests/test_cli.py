@@ -154,9 +154,10 @@ def _compile(cache_dir, value: int) -> str:
 def _fake_cubin(cache_dir) -> str:
     """A cubin build in the layout nvrtc.py writes (NVRTC itself is not needed to count it)."""
     folder = build_cache.entry_dir(str(cache_dir), "cubins", "ab" + "0" * 62)
-    os.makedirs(folder)
-    with open(os.path.join(folder, "kernel.cubin"), "wb") as f:
-        f.write(b"\x7fELF" + bytes(1000))
+    with build_cache.build_dir(str(cache_dir), "fake") as tmp:
+        with open(os.path.join(tmp, "kernel.cubin"), "wb") as f:
+            f.write(b"\x7fELF" + bytes(1000))
+        build_cache.publish(tmp, folder, {"arch": "sm_90", "log": "", "resources": {}})
     return folder
 
 
@@ -283,6 +284,18 @@ def test_cache_errors_on_a_corrupt_database(tmp_path):
     assert "removed the unreadable tuning database" in _ok(_cache(tmp_path, "clear", "--tuning"))
     assert not path.exists()
     assert json.loads(_ok(_cache(tmp_path, "list", "--json"))) == []
+
+
+def test_cache_import_of_crafted_json_fails_in_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"records": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _fails(_cache(tmp_path, "import", str(deep)), str(deep), "nested too deeply")
+    huge = tmp_path / "huge.json"
+    record = {**Record("matmul", "s", "", "sm_90", {"bm": 64}).to_json(), "hits": 2**64}
+    export = {"format": "minicomp-tuning", "format_version": 1, "records": [record]}
+    huge.write_text(json.dumps(export))
+    _fails(_cache(tmp_path, "import", str(huge)), "record 0: bad value for 'hits'")
+    assert not os.path.exists(tmp_path / "tuning.sqlite")
 
 
 @pytest.mark.parametrize(

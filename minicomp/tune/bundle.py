@@ -5,7 +5,9 @@ GPU run), where importing it merges both into that machine's cache.
 Layout: `minicomp-bundle.json` (what is inside), `tuning.json` (an export of the tuning
 database, see database.py) and `cubins/<key[:2]>/<key>/{kernel.cubin, meta.json, source.cu}`,
 the cubin cache's own layout. Host builds (the cpu target's and the emulator's shared
-libraries) stay out: they are specific to the host that built them.
+libraries) stay out: they are specific to the host that built them. A cubin is imported only
+when it matches the hashes its meta.json records (backends/cache.py), as a cached one is
+used only then; the tuning records are checked as any export's are.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import io
 import json
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import time
+import warnings
 
 from minicomp.backends import cache
 from minicomp.tune.database import TuningDatabase, default_path
@@ -134,7 +136,7 @@ def read_bundle(path: str, cache_dir: str) -> dict:
                     entries.setdefault(f"cubins/{m[1]}/{m[2]}", {})[m[3]] = data
                 else:
                     raise BundleError(f"{path}: unexpected member {member.name!r}")
-        except (tarfile.TarError, OSError, EOFError, ValueError) as err:
+        except (tarfile.TarError, OSError, EOFError, ValueError, RecursionError) as err:
             if isinstance(err, BundleError):
                 raise
             raise BundleError(f"{path} is damaged: {err}") from None
@@ -142,6 +144,8 @@ def read_bundle(path: str, cache_dir: str) -> dict:
             raise BundleError(f"{path} has no {MANIFEST} of format {FORMAT!r}")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise BundleError(f"{path} is bundle version {manifest.get('format_version')}")
+        checked = _checked_entries(path, entries)
+        cache_dir = cache.trusted_root(cache_dir)
         added = replaced = skipped = 0
         if tuning is not None:
             tuning_file = os.path.join(scratch, TUNING)
@@ -149,17 +153,42 @@ def read_bundle(path: str, cache_dir: str) -> dict:
                 f.write(tuning)
             added, replaced, skipped = TuningDatabase(default_path(cache_dir)).import_(tuning_file)
         cubins = 0
-        for rel, files in entries.items():
+        for rel, (files, meta) in checked.items():
             final = os.path.join(cache_dir, rel)
-            if _PRODUCT not in files or os.path.isfile(os.path.join(final, _PRODUCT)):
+            if cache.lookup(cache_dir, final, _PRODUCT) is not None:
                 continue
-            tmp = cache.make_temp_dir(final, "import")
-            try:
-                for name in sorted(files, key=lambda n: n == _PRODUCT):  # the cubin last
+            with cache.build_dir(cache_dir, "import") as tmp:
+                for name, data in files.items():
                     with open(os.path.join(tmp, name), "wb") as f:
-                        f.write(files[name])
-                cache.publish(tmp, final, _PRODUCT)
-                cubins += 1
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return {"added": added, "replaced": replaced, "skipped": skipped, "cubins": cubins}
+                        f.write(data)
+                cache.publish(tmp, final, meta)
+            cubins += 1
+    refused = len(entries) - len(checked)
+    return {
+        "added": added,
+        "replaced": replaced,
+        "skipped": skipped,
+        "cubins": cubins,
+        "cubins_refused": refused,
+    }
+
+
+def _checked_entries(path: str, entries: dict[str, dict[str, bytes]]) -> dict:
+    """rel -> (files but meta.json, meta.json less its hashes) of the cubin entries that match
+    the hashes their meta.json records; the others are left out with a warning."""
+    checked = {}
+    for rel, files in entries.items():
+        try:
+            if _PRODUCT not in files:
+                raise cache.DamagedEntry(f"no {_PRODUCT}")
+            meta = cache.verify_contents(files)
+        except cache.DamagedEntry as err:
+            warnings.warn(
+                f"minicomp: {path}: cubin entry {rel} not imported: {err}",
+                cache.CacheIntegrityWarning,
+                stacklevel=3,
+            )
+            continue
+        rest = {k: v for k, v in meta.items() if k != "files"}
+        checked[rel] = ({n: d for n, d in files.items() if n != cache.META_NAME}, rest)
+    return checked

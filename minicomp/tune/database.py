@@ -18,6 +18,11 @@ Which call to use where:
 Records of another minicomp version stay in the file (``minicomp cache prune`` ages them out)
 but :meth:`~TuningDatabase.lookup` never returns them. The ``meta`` table holds the schema
 version, so a later minicomp can migrate the file (``_MIGRATIONS``) or refuse it clearly.
+
+Records are data, not trust: one read from the file or an export is checked field by field
+(plain JSON config, integers SQLite can hold), its search-space level capped at the largest
+there is and its timestamps at the present; a damaged one is skipped with a
+:class:`TuningRecordWarning`, and so is one the caller's ``valid`` check refuses.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import importlib.metadata
 import json
 import math
 import os
+import reprlib
 import sqlite3
 import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +103,16 @@ _ROW_BYTES_SQL = (
 # Statements taking the file from schema version N to N + 1, applied in order when opened.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {}
 _CLEAR_HINT = "remove it with `minicomp cache clear --tuning`"
+LEVEL_KEY = "_search_space"
+"""The config key where the tuner (tune/tuner.py) stores the search space a record was tuned
+at: a record counts for that level and every smaller one."""
+MAX_LEVEL = 2
+"""The largest search space (the search_space option's largest choice; a test checks it)."""
+_INT_LIMIT = 2**63  # SQLite's INTEGER is 64-bit
+_CONFIG_DEPTH = 4
+_brief = reprlib.Repr()
+_brief.maxlevel, _brief.maxstring, _brief.maxother = 3, 60, 60
+_short = _brief.repr
 
 
 class TuningDatabaseError(RuntimeError):
@@ -109,6 +125,10 @@ class TuningDatabaseError(RuntimeError):
 
 class ExportFileError(TuningDatabaseError):
     """A file given to :meth:`TuningDatabase.import_` is not a valid tuning export."""
+
+
+class TuningRecordWarning(RuntimeWarning):
+    """A tuning record was skipped: it is damaged, or its template cannot use its config."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -138,11 +158,31 @@ def record_key(template: str, signature: str, fusion: str, arch: str, version: s
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < _INT_LIMIT
 
 
 def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _is_plain(value: Any, depth: int = 0) -> bool:
+    """Whether a config value is what a template config holds: numbers, strings, booleans and
+    null, in lists and objects a few levels deep."""
+    if depth > _CONFIG_DEPTH:
+        return False
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, (int, float)):
+        return _is_number(value)
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v, depth + 1) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _is_config(value: Any) -> bool:
+    return isinstance(value, Mapping) and _is_plain(value) and _is_int(value.get(LEVEL_KEY, 0))
 
 
 @dataclass(frozen=True)
@@ -173,7 +213,12 @@ class Record:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Record.{name} must be a str, got {getattr(self, name)!r}")
         if not isinstance(self.config, Mapping):
-            raise TypeError(f"Record.config must be a mapping, got {self.config!r}")
+            raise TypeError(f"Record.config must be a mapping, got {_short(self.config)}")
+        if not _is_plain(self.config):
+            raise TypeError(
+                f"Record.config must be JSON-serializable numbers, strings and lists a few "
+                f"levels deep: {_short(self.config)}"
+            )
         try:
             normalized = json.loads(json.dumps(dict(self.config), sort_keys=True))
         except (TypeError, ValueError) as err:
@@ -202,7 +247,7 @@ class Record:
             "fusion": lambda v: isinstance(v, str),
             "arch": lambda v: isinstance(v, str),
             "version": lambda v: isinstance(v, str),
-            "config": lambda v: isinstance(v, Mapping),
+            "config": _is_config,
             "time_us": lambda v: v is None or _is_number(v),
             "candidates": lambda v: _is_int(v) and v >= 0,
             "tuning_seconds": _is_number,
@@ -214,15 +259,34 @@ class Record:
             if name not in data:
                 raise ValueError(f"missing field {name!r}")
             if not ok(data[name]):
-                raise ValueError(f"bad value for {name!r}: {data[name]!r}")
+                raise ValueError(f"bad value for {name!r}: {_short(data[name])}")
         return cls(**{name: data[name] for name in checks})
+
+    def sane(self, now: float | None = None) -> Record:
+        """This record with its level capped at MAX_LEVEL and its timestamps at ``now``
+        (default: the present), so that no record claims a search it never made or stays
+        newest forever."""
+        now = time.time() if now is None else now
+        changes: dict[str, Any] = {}
+        level = self.config.get(LEVEL_KEY)
+        if _is_int(level) and not 0 <= level <= MAX_LEVEL:
+            changes["config"] = {**self.config, LEVEL_KEY: min(max(level, 0), MAX_LEVEL)}
+        if self.created > now:
+            changes["created"] = now
+        if self.last_used > now:
+            changes["last_used"] = now
+        return dataclasses.replace(self, **changes) if changes else self
 
 
 def _record(row: tuple) -> Record:
+    """The checked record of a row; raises ValueError naming what is damaged."""
     values = dict(zip(_COLUMNS, row))
     del values["key"]
-    values["config"] = json.loads(values["config"])
-    return Record(**values)
+    try:
+        values["config"] = json.loads(values["config"])
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ValueError(f"bad config: {err}") from None
+    return Record.from_json(values).sane()
 
 
 def _row(record: Record) -> tuple:
@@ -250,6 +314,13 @@ _warned_paths: set[str] = set()
 _warned_lock = threading.Lock()
 
 
+def _accepts(valid: Callable[[Record], bool], record: Record) -> bool:
+    try:
+        return bool(valid(record))
+    except (TypeError, ValueError):  # a config its template's class cannot even hold
+        return False
+
+
 def read_export(path: str | os.PathLike) -> list[Record]:
     """The records of an export file; raises ExportFileError when it is not a valid export."""
     path = os.fspath(path)
@@ -258,6 +329,9 @@ def read_export(path: str | os.PathLike) -> list[Record]:
             data = json.load(f)
     except OSError as err:
         raise ExportFileError(f"cannot read {path}: {err.strerror}", path) from None
+    except RecursionError:
+        message = f"{path} is not a tuning export: its JSON is nested too deeply"
+        raise ExportFileError(message, path) from None
     except (ValueError, UnicodeDecodeError) as err:
         message = f"{path} is not a tuning export: invalid JSON ({err})"
         raise ExportFileError(message, path) from None
@@ -278,7 +352,7 @@ def read_export(path: str | os.PathLike) -> list[Record]:
     records = []
     for index, item in enumerate(data["records"]):
         try:
-            records.append(Record.from_json(item))
+            records.append(Record.from_json(item).sane())
         except (ValueError, TypeError) as err:
             raise ExportFileError(f"{path}: record {index}: {err}", path) from None
     return records
@@ -381,7 +455,7 @@ class TuningDatabase:
             self._drop()
             if not create:
                 return None
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             stat = None
         local = self._local
         conn = getattr(local, "conn", None)
@@ -476,15 +550,18 @@ class TuningDatabase:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         return {name for (name,) in rows}
 
-    def _decode(self, row: tuple) -> Record:
+    def _decode(self, row: tuple) -> Record | None:
+        """The checked record of a row, or None (with a warning) when it is damaged."""
         try:
             return _record(row)
         except (ValueError, TypeError) as err:
-            raise TuningDatabaseError(
-                f"the tuning database {self.path} holds a damaged record {row[0]} ({err}); "
-                f"{_CLEAR_HINT}",
-                self.path,
-            ) from None
+            warnings.warn(
+                f"minicomp: skipped the damaged tuning record {row[0]} of {self.path} ({err}); "
+                "`minicomp cache prune` removes it",
+                TuningRecordWarning,
+                stacklevel=3,
+            )
+            return None
 
     @staticmethod
     def _compact(conn: sqlite3.Connection) -> None:
@@ -496,12 +573,21 @@ class TuningDatabase:
     # -- the compiler's side ---------------------------------------------------------------
 
     def lookup(
-        self, template: str, signature: str, fusion: str, arch: str, *, touch: bool = True
+        self,
+        template: str,
+        signature: str,
+        fusion: str,
+        arch: str,
+        *,
+        touch: bool = True,
+        valid: Callable[[Record], bool] | None = None,
     ) -> Record | None:
         """The record of this minicomp version for these key fields, or None.
 
         A hit counts in the record's ``hits`` and sets its ``last_used`` (unless ``touch`` is
-        false). Raises TuningDatabaseError when the file cannot be read.
+        false). A damaged record, or one that ``valid`` (the template's check of its config)
+        refuses or raises TypeError or ValueError for, is skipped with a TuningRecordWarning.
+        Raises TuningDatabaseError when the file cannot be read.
         """
         key = record_key(template, signature, fusion, arch, current_version())
         with self._connect(create=False) as conn:
@@ -516,16 +602,22 @@ class TuningDatabase:
                     row = conn.execute(f"{_SELECT} WHERE key = ?", (key,)).fetchone()
             else:
                 row = conn.execute(f"{_SELECT} WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            return None
-        record = self._decode(row)
+        record = None if row is None else self._decode(row)
         # The key is a hash prefix: make sure it is this operator's record.
-        if (record.template, record.signature, record.fusion, record.arch) != (
+        if record is None or (record.template, record.signature, record.fusion, record.arch) != (
             template,
             signature,
             fusion,
             arch,
         ):
+            return None
+        if valid is not None and not _accepts(valid, record):
+            warnings.warn(
+                f"minicomp: skipped the tuning record {record.key} of {self.path}: "
+                f"{template} cannot use its config {_short(record.config)}",
+                TuningRecordWarning,
+                stacklevel=2,
+            )
             return None
         return record
 
@@ -544,10 +636,18 @@ class TuningDatabase:
             f"{err} -- compiling without tuning records from it", RuntimeWarning, stacklevel=3
         )
 
-    def safe_lookup(self, template: str, signature: str, fusion: str, arch: str) -> Record | None:
+    def safe_lookup(
+        self,
+        template: str,
+        signature: str,
+        fusion: str,
+        arch: str,
+        *,
+        valid: Callable[[Record], bool] | None = None,
+    ) -> Record | None:
         """:meth:`lookup` for the compiler: on a database error, warn once and return None."""
         try:
-            return self.lookup(template, signature, fusion, arch)
+            return self.lookup(template, signature, fusion, arch, valid=valid)
         except TuningDatabaseError as err:
             self._warn_once(err)
             return None
@@ -574,7 +674,7 @@ class TuningDatabase:
         query += " ORDER BY template, arch, signature, fusion, version"
         with self._connect(create=False) as conn:
             rows = [] if conn is None else conn.execute(query, params).fetchall()
-        return [self._decode(row) for row in rows]
+        return [r for r in map(self._decode, rows) if r is not None]
 
     def get(self, key: str) -> Record | None:
         """The record with this exact key, or None."""
@@ -594,7 +694,7 @@ class TuningDatabase:
                 return []
             query = f"{_SELECT} WHERE substr(key, 1, ?) = ? ORDER BY key"
             rows = conn.execute(query, (len(prefix), prefix)).fetchall()
-        return [self._decode(row) for row in rows]
+        return [r for r in map(self._decode, rows) if r is not None]
 
     def stats(self) -> dict[str, Any]:
         """Counts for `minicomp cache stats`: entries (all versions and this one), bytes on
@@ -677,17 +777,29 @@ class TuningDatabase:
         now: float | None = None,
     ) -> list[Record]:
         """Delete records unused for more than ``older_than_s`` seconds, then the least
-        recently used ones until the records' payload fits in ``max_bytes``; return them."""
+        recently used ones until the records' payload fits in ``max_bytes``; return them.
+        Damaged records go too (with a TuningRecordWarning): nothing can use them."""
         now = time.time() if now is None else now
         with self._connect(create=False) as conn:
             if conn is None:
                 return []
             with _transaction(conn):
+                # A timestamp in the future would keep its record forever.
+                present = time.time()
+                conn.execute(
+                    "UPDATE records SET created = min(created, ?), last_used = min(last_used, ?)"
+                    " WHERE created > ? OR last_used > ?",
+                    (present,) * 4,
+                )
                 query = f"SELECT {', '.join(_COLUMNS)}, {_ROW_BYTES_SQL} FROM records"
                 rows = conn.execute(query + " ORDER BY last_used DESC, key").fetchall()
-                doomed, kept, full = [], 0, False
+                doomed, keys, damaged, kept, full = [], [], [], 0, False
                 for *row, size in rows:
-                    record = self._decode(tuple(row))
+                    try:
+                        record = _record(tuple(row))
+                    except (ValueError, TypeError):
+                        damaged.append(row[0])
+                        continue
                     if older_than_s is not None and record.last_used < now - older_than_s:
                         doomed.append(record)
                     elif full or (max_bytes is not None and kept + size > max_bytes):
@@ -695,9 +807,19 @@ class TuningDatabase:
                         doomed.append(record)
                     else:
                         kept += size
-                conn.executemany("DELETE FROM records WHERE key = ?", [(r.key,) for r in doomed])
-            if doomed:
+                        continue
+                    keys.append(row[0])
+                keys += damaged
+                conn.executemany("DELETE FROM records WHERE key = ?", [(k,) for k in keys])
+            if keys:
                 self._compact(conn)
+        if damaged:
+            warnings.warn(
+                f"minicomp: removed {len(damaged)} damaged tuning records from {self.path}: "
+                + ", ".join(map(str, damaged[:5])),
+                TuningRecordWarning,
+                stacklevel=2,
+            )
         return doomed
 
     def payload_bytes(self) -> int:

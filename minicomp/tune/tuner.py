@@ -44,7 +44,8 @@ DEFAULT_BUDGET_S = {1: 30.0, 2: 300.0}
 """Seconds one tune() call may spend per search space when the tune_budget option is unset."""
 MAX_WORKLOAD_COPIES = 32
 """The most input copies timing rotates through (small problems stay partly L2-resident)."""
-# Reserved keys of a stored config: the search space it was tuned at, and whether ATen won.
+# Reserved keys of a stored config: the search space it was tuned at (database.LEVEL_KEY),
+# and whether ATen won.
 _LEVEL_KEY = "_search_space"
 _ATEN_KEY = "_aten"
 _ATEN_TIME_KEY = "_aten_time_us"
@@ -210,7 +211,15 @@ def tune(
 
         database = TuningDatabase(default_path(options.cache_dir))
     signature = template.signature(problem)
-    record = database.safe_lookup(template.name, signature, fusion, runner.arch)
+
+    def valid(record) -> bool:
+        # A record is data, not trust: its config must be one this template could have chosen.
+        from minicomp.tune.database import MAX_LEVEL
+
+        config = decode_config(template, heuristic, record.config)
+        return config == heuristic or config in template.candidates(problem, MAX_LEVEL)
+
+    record = database.safe_lookup(template.name, signature, fusion, runner.arch, valid=valid)
     if record is not None and record.config.get(_LEVEL_KEY, 0) >= level:
         return _from_record(template, heuristic, record)
     if progress is None:

@@ -1,11 +1,14 @@
 """Cache bundles: a warm cache (tuning records and cubins) carried to another cache."""
 
+import hashlib
 import io
+import json
 import os
 import tarfile
 
 import pytest
 
+from minicomp.backends import cache
 from minicomp.backends.cuda import nvrtc
 from minicomp.tune import bundle
 from minicomp.tune.database import Record, TuningDatabase, default_path
@@ -74,3 +77,28 @@ def test_a_foreign_or_damaged_bundle_imports_nothing(tmp_path, members, message)
         bundle.read_bundle(path, str(tmp_path / "cache"))
     assert not os.path.exists(tmp_path / "cache" / "cubins")
     assert not os.path.exists(tmp_path / "evil.so")
+
+
+def _cubin_entry(key: str, cubin: bytes, recorded: bytes) -> dict:
+    """A bundle's cubin entry whose meta.json records the hash of `recorded`."""
+    files = {"kernel.cubin": hashlib.sha256(recorded).hexdigest()}
+    meta = {"arch": "sm_90", "log": "", "resources": {}, "files": files}
+    folder = f"cubins/{key[:2]}/{key}"
+    return {f"{folder}/kernel.cubin": cubin, f"{folder}/meta.json": json.dumps(meta).encode()}
+
+
+def test_a_cubin_not_matching_its_recorded_hash_is_not_imported(tmp_path):
+    good, bad = "ab" + "1" * 62, "cd" + "2" * 62
+    members = {
+        "minicomp-bundle.json": MANIFEST,
+        **_cubin_entry(good, b"\x7fELF good", b"\x7fELF good"),
+        **_cubin_entry(bad, b"\x7fELF planted", b"\x7fELF what was built"),
+    }
+    path = _tar(tmp_path / "mixed.tar.gz", members)
+    cache_dir = str(tmp_path / "cache")
+    with pytest.warns(cache.CacheIntegrityWarning, match=f"{bad}.*differs"):
+        counts = bundle.read_bundle(path, cache_dir)
+    assert (counts["cubins"], counts["cubins_refused"]) == (1, 1)
+    assert not os.path.exists(cache.entry_dir(cache_dir, "cubins", bad))
+    meta = cache.lookup(cache_dir, cache.entry_dir(cache_dir, "cubins", good), "kernel.cubin")
+    assert meta is not None and meta["arch"] == "sm_90"

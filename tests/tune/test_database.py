@@ -1,5 +1,6 @@
 """Tests of the tuning database: records, versions, concurrency, damage, pruning, export."""
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -396,3 +397,117 @@ def test_import_refuses_a_bad_record_and_imports_nothing(tmp_path, db):
     assert fresh.records() == []
     with pytest.raises(database.ExportFileError, match="cannot read"):
         fresh.import_(tmp_path / "missing.json")
+
+
+# -- records are data, not trust -----------------------------------------------------------
+
+
+def _plant(path, record: Record, **raw) -> None:
+    """Write a row the way a crafted or damaged file would hold it, past every check."""
+    values = dict(zip(database._COLUMNS, database._row(record)), **raw)
+    TuningDatabase(path).store(_record("seed"))  # the file and its schema
+    columns = ", ".join(values)
+    conn = sqlite3.connect(path)
+    conn.execute(
+        f"INSERT OR REPLACE INTO records ({columns}) VALUES ({', '.join('?' * len(values))})",
+        list(values.values()),
+    )
+    conn.commit()
+    conn.close()
+
+
+def test_the_largest_search_space_is_the_options_largest():
+    (field,) = [f for f in dataclasses.fields(config.Options) if f.name == "search_space"]
+    assert database.MAX_LEVEL == max(field.metadata["choices"])
+
+
+def test_a_crafted_record_is_capped_and_clamped(db):
+    crafted = _record(config={"tile": 64, "_search_space": 99}, created=1e12, last_used=1e12)
+    _plant(db.path, crafted)
+    found = db.lookup(crafted.template, crafted.signature, crafted.fusion, crafted.arch)
+    assert found.config["_search_space"] == database.MAX_LEVEL
+    assert found.created <= time.time() and found.last_used <= time.time()
+    # No longer forever the newest: an age-based prune can remove it.
+    assert [r.key for r in db.prune(older_than_s=0, now=time.time() + 1)] == [
+        crafted.key,
+        _record("seed").key,
+    ]
+
+
+def test_a_record_its_template_cannot_use_is_skipped_with_a_warning(db):
+    record = _record(config={"tile": 7, "_search_space": 2})
+    db.store(record)
+    fields = (record.template, record.signature, record.fusion, record.arch)
+
+    def valid(found):
+        return found.config["tile"] % 16 == 0
+
+    with pytest.warns(database.TuningRecordWarning, match="cannot use its config"):
+        assert db.safe_lookup(*fields, valid=valid) is None
+
+    def unknown_field(found):
+        raise TypeError("__init__() got an unexpected keyword argument 'tile'")
+
+    with pytest.warns(database.TuningRecordWarning):
+        assert db.lookup(*fields, valid=unknown_field) is None
+    assert db.lookup(*fields, valid=lambda found: True) == db.get(record.key)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"config": "{not json"},
+        {"config": json.dumps({"tile": 10**30})},
+        {"config": "[" * 50_000 + "]" * 50_000},
+        {"hits": "many"},
+    ],
+    ids=["bad-json", "huge-int", "deep", "text-hits"],
+)
+def test_one_damaged_row_is_skipped_and_pruned_not_fatal(db, raw):
+    damaged = _record("damaged")
+    _plant(db.path, damaged, **raw)
+    with pytest.warns(database.TuningRecordWarning, match=damaged.key):
+        assert [r.signature for r in db.records()] == ["seed"]
+    with pytest.warns(database.TuningRecordWarning):
+        assert db.lookup("matmul", "damaged", "relu(out)", "sm_90", touch=False) is None
+    with pytest.warns(database.TuningRecordWarning, match="removed 1 damaged"):
+        assert db.prune(older_than_s=1e9) == []
+    assert db.stats()["entries"] == 1
+
+
+def _export(path, *records: dict) -> str:
+    data = {"format": "minicomp-tuning", "format_version": 1, "records": list(records)}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_import_clamps_the_future_and_caps_the_level(tmp_path, db):
+    item = _record(config={"_search_space": 7}, created=4e12, last_used=4e12).to_json()
+    assert db.import_(_export(tmp_path / "future.json", item)) == (1, 0, 0)
+    (record,) = db.records()
+    assert record.created <= time.time() and record.last_used <= time.time()
+    assert record.config["_search_space"] == database.MAX_LEVEL
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hits": 2**64}, "bad value for 'hits'"),
+        ({"candidates": 2**70}, "bad value for 'candidates'"),
+        ({"config": {"tile": 2**80}}, "bad value for 'config'"),
+        ({"config": {"_search_space": "max"}}, "bad value for 'config'"),
+        ({"config": {"a": [[[[[[1]]]]]]}}, "bad value for 'config'"),
+    ],
+)
+def test_import_refuses_out_of_range_numbers_with_one_error(tmp_path, db, change, message):
+    item = {**_record().to_json(), **change}
+    with pytest.raises(database.ExportFileError, match=message):
+        db.import_(_export(tmp_path / "bad.json", item))
+    assert not db.exists()
+
+
+def test_import_refuses_deeply_nested_json_with_one_error(tmp_path, db):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"records": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(database.ExportFileError, match="nested too deeply"):
+        db.import_(deep)

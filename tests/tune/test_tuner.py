@@ -15,7 +15,7 @@ import torch
 
 from minicomp import config
 from minicomp.tune import compile_pool, tuner
-from minicomp.tune.database import Record, TuningDatabase
+from minicomp.tune.database import Record, TuningDatabase, TuningRecordWarning
 from minicomp.tune.tuner import Workload, tune
 
 
@@ -171,6 +171,21 @@ def test_a_database_hit_skips_building_every_candidate(db):
     assert isinstance(choice.config.split, tuple)  # JSON lists made tuples again
     assert template.instantiated == [] and runner.rendered == [] and runner.loaded == []
     assert db.records()[0].hits == 1
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"tile": 4096, "split": [1, 1]}, {"tile": 64, "split": [4, 1], "unroll": 99}, {"tile": "x"}],
+    ids=["not-a-candidate", "unknown-field", "wrong-type"],
+)
+def test_a_crafted_record_is_ignored_and_the_problem_tuned(db, config):
+    _tune(FakeTemplate(), FakeRunner(PROBLEM, TIMES), db)
+    (record,) = db.records()
+    db.store(dataclasses.replace(record, config={**config, "_search_space": 2}))
+    template, runner = FakeTemplate(), FakeRunner(PROBLEM, TIMES)
+    with pytest.warns(TuningRecordWarning, match="fake_matmul"):
+        choice = _tune(template, runner, db)
+    assert choice.how == "tuned" and choice.config == Cfg(64, (4, 1))
 
 
 def test_a_record_of_a_smaller_search_space_is_tuned_again(db):

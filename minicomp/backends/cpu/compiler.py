@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minicomp.backends import cache
 from minicomp.backends.errors import CompileError, source_excerpts
 
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"
 """Part of every cache key: bump it when a build changes in a way the other key parts miss."""
 
 _SOURCE_NAME = "source.c"
@@ -149,13 +150,27 @@ def cache_key(source: str, *, cc: str, cflags: str) -> str:
     return _key(source, _find_compiler(cc, source), shlex.split(cflags))
 
 
-def compile_c(source: str, *, cc: str, cflags: str, cache_dir: str, name: str = "kernels") -> str:
-    """Compile C ``source`` into a shared library and return the library's path.
+def compile_c(
+    source: str,
+    *,
+    cc: str,
+    cflags: str,
+    cache_dir: str,
+    name: str = "kernels",
+    headers: Sequence[str] = (),
+) -> str:
+    """Compile C ``source`` into a shared library, load it, and return the library's path.
 
-    Builds are cached under ``<cache_dir>/kernels/<key[:2]>/<key>/`` (``lib.so`` and the
-    ``source.c`` it came from), keyed by :func:`cache_key`, and shared safely between concurrent
-    processes. ``name`` only labels the build in temporary files and error messages. Raises
-    :class:`CompileError` when the compiler fails.
+    Builds are cached under ``<cache_dir>/kernels/<key[:2]>/<key>/`` (``lib.so``, the
+    ``source.c`` it came from and ``meta.json`` with their hashes), keyed by :func:`cache_key`,
+    and shared safely between concurrent processes. A cached library is checked against its
+    hashes before it is loaded (a damaged one is built again, with a CacheIntegrityWarning),
+    and it is loaded here, so that a clean-up of the cache cannot take it away before the
+    caller's :func:`load_library`. ``headers`` are :func:`precompiled_header` paths that the
+    source includes by :func:`include_name`. ``name`` only labels the build in temporary files
+    and error messages. Raises :class:`CompileError` when the compiler fails, and
+    :class:`~minicomp.backends.cache.UntrustedCacheError` for a cache root that other users can
+    write.
     """
     cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
     memo_key = (source, cc, cflags, cache_dir)
@@ -167,15 +182,32 @@ def compile_c(source: str, *, cc: str, cflags: str, cache_dir: str, name: str = 
     compiler = _find_compiler(cc, source)
     flags = shlex.split(cflags)
     key = _key(source, compiler, flags)
+    cache.trusted_root(cache_dir)
     final_dir = cache.entry_dir(cache_dir, "kernels", key)
     path = os.path.join(final_dir, _LIBRARY_NAME)
-    if os.path.isfile(path):
-        _count("disk_hits")
-    else:
-        _build(source, compiler, flags, final_dir, name)
+    for attempt in range(2):
+        if cache.lookup(cache_dir, final_dir, _LIBRARY_NAME) is not None:
+            _count("disk_hits")
+        else:
+            _build(source, compiler, flags, cache_dir, final_dir, name, headers)
+        try:
+            load_library(path)
+            break
+        except OSError:
+            # A clean-up may have removed the build between its check and the load: build it
+            # again, once.
+            if attempt or os.path.isfile(path):
+                raise
     with _lock:
         _built[memo_key] = path
     return path
+
+
+def include_name(header: str) -> str:
+    """How a source compiled with ``compile_c(headers=[header])`` includes ``header`` (a
+    :func:`precompiled_header` path): relative, so that a moved or copied cache still hits."""
+    fan, key, file = header.split(os.sep)[-3:]
+    return f"{fan}/{key}/{file}"
 
 
 def precompiled_header(
@@ -187,7 +219,8 @@ def precompiled_header(
     A source whose first line includes this path, compiled with the same ``cflags``, then skips
     parsing the header: GCC looks for ``prelude.h.gch`` beside it and falls back to the text
     when the precompiled form is missing or was built differently, so the result never depends
-    on it. Builds live under ``<cache_dir>/headers/``, keyed like :func:`compile_c`.
+    on it. Builds live under ``<cache_dir>/headers/``, keyed and checked like
+    :func:`compile_c`'s.
     """
     cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
     memo_key = (text, cc, cflags, cache_dir)
@@ -197,11 +230,11 @@ def precompiled_header(
         return path
     compiler = _find_compiler(cc, text)
     flags = shlex.split(cflags)
+    cache.trusted_root(cache_dir)
     final_dir = cache.entry_dir(cache_dir, "headers", _key(text, compiler, flags))
     path = os.path.join(final_dir, _HEADER_NAME)
-    if not os.path.isfile(path):
-        tmp_dir = cache.make_temp_dir(final_dir, name)
-        try:
+    if cache.lookup(cache_dir, final_dir, _HEADER_NAME) is None:
+        with cache.build_dir(cache_dir, name) as tmp_dir:
             with open(os.path.join(tmp_dir, _HEADER_NAME), "w", encoding="utf-8") as f:
                 f.write(text)
             start = time.perf_counter()
@@ -211,19 +244,47 @@ def precompiled_header(
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(tmp_dir, _HEADER_NAME + ".gch"))
             _count("compile_seconds", time.perf_counter() - start)
-            cache.publish(tmp_dir, final_dir, _HEADER_NAME)
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+            cache.publish(tmp_dir, final_dir)
     with _lock:
         _headers[memo_key] = path
     return path
 
 
-def _build(source: str, compiler: str, flags: list[str], final_dir: str, name: str) -> None:
-    tmp_dir = cache.make_temp_dir(final_dir, name)
-    try:
+def _place_headers(headers: Sequence[str], tmp_dir: str) -> set[str]:
+    """Link each header (and its precompiled form) into the build directory under its
+    include_name, so that a clean-up of the cache during the build cannot take it away;
+    return the folders to remove before publishing."""
+    placed = set()
+    for header in headers:
+        folder = os.path.join(tmp_dir, os.path.dirname(include_name(header)))
+        os.makedirs(folder, exist_ok=True)
+        placed.add(os.path.join(tmp_dir, include_name(header).split("/")[0]))
+        for file in (header, header + ".gch"):
+            if file != header and not os.path.isfile(file):
+                continue  # the compiler made no precompiled form
+            target = os.path.join(folder, os.path.basename(file))
+            try:
+                os.link(file, target)
+            except FileNotFoundError:
+                raise  # removed by a clean-up: the caller makes the header again
+            except OSError:  # a file system without hard links
+                shutil.copyfile(file, target)
+    return placed
+
+
+def _build(
+    source: str,
+    compiler: str,
+    flags: list[str],
+    cache_dir: str,
+    final_dir: str,
+    name: str,
+    headers: Sequence[str],
+) -> None:
+    with cache.build_dir(cache_dir, name) as tmp_dir:
         with open(os.path.join(tmp_dir, _SOURCE_NAME), "w", encoding="utf-8") as f:
             f.write(source)
+        placed = _place_headers(headers, tmp_dir)
         command = [compiler, _SOURCE_NAME, "-o", _LIBRARY_NAME, *flags]
         if any(flag.startswith("-g") for flag in flags):
             # Debug info should name the directory the source ends up in, not the temporary one.
@@ -236,9 +297,9 @@ def _build(source: str, compiler: str, flags: list[str], final_dir: str, name: s
         if proc.returncode != 0 or not os.path.isfile(os.path.join(tmp_dir, _LIBRARY_NAME)):
             message = _failure_message(name, command, proc.returncode, log, source)
             raise CompileError(message, source=source, log=log)
-        cache.publish(tmp_dir, final_dir, _LIBRARY_NAME)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        for folder in placed:
+            shutil.rmtree(folder)
+        cache.publish(tmp_dir, final_dir)
 
 
 def _failure_message(name: str, command: list[str], status: int, log: str, source: str) -> str:

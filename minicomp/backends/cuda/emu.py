@@ -228,16 +228,26 @@ def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool 
     return emulator_prelude(ucontext=ucontext) + _kernels_part(source, specs)
 
 
-def _translation_unit(source, specs, *, ucontext, cxx, flags, cache_dir) -> str:
-    """emulator_source, with the prelude included from the cache where GCC keeps it
-    precompiled: parsing it was a third of every emulated kernel's build time."""
+def _compile(source, specs, *, ucontext, cxx, flags, cache_dir) -> str:
+    """Build emulator_source into a library and return its path, with the prelude included from
+    the cache where GCC keeps it precompiled (parsing it was a third of every emulated
+    kernel's build time). The prelude is included by a name relative to the build, not by its
+    path, so the library's key, and so the cache, does not depend on where the cache lives."""
     prelude = emulator_prelude(ucontext=ucontext)
-    header = compiler.precompiled_header(
-        prelude, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu_prelude"
-    )
-    if any(c in header for c in '"\\\n'):  # a path an #include cannot spell
-        return prelude + _kernels_part(source, specs)
-    return f'#include "{header}"\n' + _kernels_part(source, specs)
+
+    def build() -> str:
+        header = compiler.precompiled_header(
+            prelude, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu_prelude"
+        )
+        unit = f'#include "{compiler.include_name(header)}"\n' + _kernels_part(source, specs)
+        return compiler.compile_c(
+            unit, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu", headers=[header]
+        )
+
+    try:
+        return build()
+    except FileNotFoundError:
+        return build()  # a clean-up removed the prelude between its check and its use
 
 
 def _as_dims(value: int | Sequence[int]) -> tuple[int, int, int]:
@@ -370,8 +380,5 @@ def build_emulated(
             "an ASan build needs the ASan runtime loaded first: run this in a process started "
             "with minicomp.backends.cuda.emu.asan_environment() (LD_PRELOAD of libasan)"
         )
-    unit = _translation_unit(
-        source, specs, ucontext=ucontext, cxx=cxx, flags=flags, cache_dir=cache_dir
-    )
-    path = compiler.compile_c(unit, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu")
+    path = _compile(source, specs, ucontext=ucontext, cxx=cxx, flags=flags, cache_dir=cache_dir)
     return EmuModule(source, specs, path, compiler.load_library(path))

@@ -2,8 +2,9 @@
 
 NVRTC is reached through cuda-python (`cuda.bindings.nvrtc`), loaded on first use. Cubins are
 cached under `<cache_dir>/cubins/<key[:2]>/<key>/` (`kernel.cubin`, `meta.json` holding the
-log and resource usage, and the `source.cu` it came from), keyed by a hash of the source,
-NVRTC's version, the options, the architecture and CODEGEN_VERSION.
+log, resource usage and the files' hashes, and the `source.cu` it came from), keyed by a hash
+of the source, NVRTC's version, the options, the architecture and CODEGEN_VERSION; a cached
+cubin is checked against its hash before it is used (backends/cache.py).
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
-import json
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -23,13 +22,12 @@ from dataclasses import asdict, dataclass, field
 from minicomp.backends import cache
 from minicomp.backends.errors import CompileError, source_excerpts
 
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"
 """Part of every cache key: bump it when a build changes in a way the other key parts miss."""
 
 # ptxas -v prints registers, shared memory and spills per kernel into the program log.
 BASE_FLAGS = ("--std=c++17", "--ptxas-options=-v")
 _CUBIN_NAME = "kernel.cubin"
-_META_NAME = "meta.json"
 _SOURCE_NAME = "source.cu"
 _MAX_LOG_LINES = 200
 _ARCH = re.compile(r"sm_(?P<number>\d+)(?P<suffix>[af]?)\Z")
@@ -251,7 +249,8 @@ def compile_cuda(
     """Compile CUDA `source` with NVRTC into a cubin for `arch` (such as "sm_90").
 
     Results are cached in memory and under `<cache_dir>/cubins/`, shared safely between
-    concurrent processes. `name` labels the program in NVRTC's messages and temporary files.
+    concurrent processes; a damaged cache entry is built again, with a CacheIntegrityWarning.
+    `name` labels the program in NVRTC's messages and temporary files.
     Raises :class:`CompileError` when NVRTC rejects the source, with its log and the numbered
     source lines it points at, and :class:`NvrtcUnavailableError` when NVRTC cannot be loaded.
     """
@@ -265,50 +264,49 @@ def compile_cuda(
             return binary
     check_arch(arch)
     key = cache_key(source, arch=arch, extra_flags=extra)
+    cache.trusted_root(cache_dir)
     final_dir = cache.entry_dir(cache_dir, "cubins", key)
-    binary = _load(final_dir, key)
+    binary = _load(cache_dir, final_dir, key)
     if binary is not None:
         with _lock:
             _stats.disk_hits += 1
     else:
         binary = _build(source, arch, _options(arch, extra), name, key)
-        _store(binary, source, final_dir, name)
+        _store(binary, source, cache_dir, final_dir, name)
     with _lock:
         _built[memo_key] = binary
     return binary
 
 
-def _load(final_dir: str, key: str) -> CudaBinary | None:
-    """The cached binary in `final_dir`, or None when there is none (or it is unreadable)."""
+def _load(cache_dir: str, final_dir: str, key: str) -> CudaBinary | None:
+    """The verified cached binary in `final_dir`, or None when there is none."""
+    meta = cache.lookup(cache_dir, final_dir, _CUBIN_NAME)
+    if meta is None:
+        return None
     try:
         with open(os.path.join(final_dir, _CUBIN_NAME), "rb") as f:
             cubin = f.read()
-        with open(os.path.join(final_dir, _META_NAME), encoding="utf-8") as f:
-            meta = json.load(f)
         resources = {k: KernelResources(**v) for k, v in meta["resources"].items()}
         return CudaBinary(cubin, meta["arch"], meta["log"], resources, key)
-    except (OSError, ValueError, KeyError, TypeError):
+    except OSError:
+        return None  # removed by a clean-up since it was checked
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        cache.quarantine(cache_dir, final_dir, f"bad {cache.META_NAME}: {err!r}")
         return None
 
 
-def _store(binary: CudaBinary, source: str, final_dir: str, name: str) -> None:
-    tmp_dir = cache.make_temp_dir(final_dir, name)
-    try:
+def _store(binary: CudaBinary, source: str, cache_dir: str, final_dir: str, name: str) -> None:
+    with cache.build_dir(cache_dir, name) as tmp_dir:
         with open(os.path.join(tmp_dir, _SOURCE_NAME), "w", encoding="utf-8") as f:
             f.write(source)
+        with open(os.path.join(tmp_dir, _CUBIN_NAME), "wb") as f:
+            f.write(binary.cubin)
         meta = {
             "arch": binary.arch,
             "log": binary.log,
             "resources": {k: asdict(v) for k, v in binary.resources.items()},
         }
-        with open(os.path.join(tmp_dir, _META_NAME), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=1, sort_keys=True)
-        # The cubin is written last: its presence marks a complete entry.
-        with open(os.path.join(tmp_dir, _CUBIN_NAME), "wb") as f:
-            f.write(binary.cubin)
-        cache.publish(tmp_dir, final_dir, _CUBIN_NAME)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        cache.publish(tmp_dir, final_dir, meta)
 
 
 def _build(source: str, arch: str, options: tuple[str, ...], name: str, key: str) -> CudaBinary:
