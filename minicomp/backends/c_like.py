@@ -10,11 +10,13 @@ indices and barriers.
 Conventions every target's header follows: helpers are named `mc_<op>_<short type>`
 (`mc_max_f32`, `mc_floordiv_i64`, `mc_rsqrt_f64`, `mc_f32_to_f16`...), float16 and bfloat16
 values are uint16_t bit patterns, and `mc_isnan`/`mc_isinf`/`mc_signbit` give 0/1 for any
-float type. Intrinsic calls (names outside MATH_FUNCTIONS that are no function of the
-module) render through `intrinsic_<name>` methods: the base class maps `thread_idx_{x,y,z}`,
-`block_idx_*`, `block_dim_*`, `grid_dim_*` and `syncthreads` onto the hooks `thread_index`,
-`block_index`, `block_dim`, `grid_dim` and `barrier`, which a target without threads leaves
-raising.
+float type. Integer divisions of tensor data (`div`, `floordiv`, `mod`, `fmod`) never trap:
+they call helpers, `mc_checked_<op>_<type>` with the kernel's error flag where the divisor
+may be zero (ir/error_flag.py), `mc_<op>_<type>` otherwise. Intrinsic calls (names
+outside MATH_FUNCTIONS that are no function of the module) render through `intrinsic_<name>`
+methods: the base class maps `thread_idx_{x,y,z}`, `block_idx_*`, `block_dim_*`, `grid_dim_*`
+and `syncthreads` onto the hooks `thread_index`, `block_index`, `block_dim`, `grid_dim` and
+`barrier`, which a target without threads leaves raising.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ from collections.abc import Iterator
 from minicomp.backends import c_names
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
+from minicomp.ir.error_flag import (
+    ERROR_FLAG,
+    division_operands,
+    may_divide_by_zero,
+    size_params,
+)
 from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import Functor, Visitor, collect
 from minicomp.ir.types import DataType, PointerType, bf16, f16, f32
@@ -159,6 +167,8 @@ class CLikeRenderer(Functor):
         self._functions: dict[str, Function] = {}
         self._names: dict[E.Var, str] = {}
         self._taken: set[str] = set()
+        self._error_flag: E.Var | None = None
+        self._sizes: set[E.Var] = set()
 
     # ---- hooks: text a target defines ----
 
@@ -263,7 +273,8 @@ class CLikeRenderer(Functor):
         return base + "f" if dt == f32 else base
 
     def helper_name(self, op: str, dt: DataType) -> str:
-        """Hook: the header helper for a binary op (max, min, floordiv, mod, pow) or abs."""
+        """Hook: the header helper for a binary op (max, min, floordiv, mod, pow, and on
+        integers div, fmod and their checked_ versions) or abs."""
         return f"mc_{op}_{dt.short}"
 
     def half_conversion(self, src: DataType, dst: DataType) -> str:
@@ -355,6 +366,8 @@ class CLikeRenderer(Functor):
         dt, op = e.a.dtype, e.op
         if is_half(dt):
             return self.visit(_widen_binary(e))
+        if division_operands(e) is not None:
+            return self._int_division(e)
         if op in _HELPER_OPS or op == "pow" and not dt.is_float:
             return self._call(self.helper_name(op, dt), e.a, e.b)
         if op == "pow":
@@ -375,6 +388,18 @@ class CLikeRenderer(Functor):
         if op in E.COMPARE_OPS or op in E.LOGIC_OPS:
             return text, p
         return self._narrow(text, p, e.dtype)
+
+    def _int_division(self, e: E.Expr) -> tuple[str, int]:
+        """An integer division of tensor data (ir/error_flag.py) through its header
+        helper, which never traps: the checked one, reporting a zero divisor to the kernel's
+        error flag, when the divisor may be zero and the function has the flag."""
+        a, b = division_operands(e)
+        op = "fmod" if isinstance(e, E.Call) else e.op
+        if self._error_flag is None or not may_divide_by_zero(e, self._sizes):
+            return self._call(self.helper_name(op, a.dtype), a, b)
+        flag = self.name_of(self._error_flag)
+        fn = self.helper_name(f"checked_{op}", a.dtype)
+        return f"{fn}({self.expr(a)}, {self.expr(b)}, {flag})", PREC_ATOM
 
     def _grouped_operand(self, e: E.Expr, p: int, chain: bool) -> str:
         """An operand of a bitwise, shift or logical operator of precedence `p`: bare when
@@ -433,6 +458,8 @@ class CLikeRenderer(Functor):
             return self.expr(E.Cast(inner, dt))
         args = tuple(E.cast(a, dt) for a in e.args)
         if not dt.is_float:
+            if e.name == "fmod":
+                return self._int_division(E.Call(e.name, args, dt))[0]
             if e.name == "abs":
                 return self._call(self.helper_name("abs", dt), *args)[0]
             if e.name in c_names.INTEGRAL_IDENTITY:
@@ -535,6 +562,8 @@ class CLikeRenderer(Functor):
         self.memo = {}
         self._names = {}
         self._taken = set(self._functions)
+        self._error_flag = ERROR_FLAG if ERROR_FLAG in f.params else None
+        self._sizes = size_params(f)
 
     def signature(self, f: Function) -> str:
         """The function's head, up to its closing parenthesis."""

@@ -36,22 +36,48 @@ MC_FN double mc_min_f64(double a, double b) { return (b < a || b != b) ? b : a; 
     MC_FN T mc_max_##S(T a, T b) { return a < b ? b : a; }                   \
     MC_FN T mc_min_##S(T a, T b) { return b < a ? b : a; }
 
-/* Division by zero gives 0 rather than trapping: PyTorch raises, a kernel cannot. The
-   unsigned type U makes negation and repeated products wrap instead of overflowing. */
+/* The divisions of kernels without an error flag (constant divisors, device functions). */
+#define MC_PLAIN_DIVISION(T, S)                                                   \
+    MC_FN T mc_div_##S(T a, T b) { return mc_checked_div_##S(a, b, 0); }     \
+    MC_FN T mc_fmod_##S(T a, T b) { return mc_checked_fmod_##S(a, b, 0); }   \
+    MC_FN T mc_floordiv_##S(T a, T b) { return mc_checked_floordiv_##S(a, b, 0); } \
+    MC_FN T mc_mod_##S(T a, T b) { return mc_checked_mod_##S(a, b, 0); }
+
+/* Integer division never traps. A zero divisor gives 0 and, when `flag` is not 0, stores 1 in
+   the int32 at address `flag` (a kernel's error_flag): the host then raises PyTorch's
+   ZeroDivisionError. Every writer stores the same 1, so racing threads agree. */
+MC_FN void mc_flag_zero_division(uint64_t flag) {
+    if (flag) *(volatile int32_t*)flag = 1;
+}
+
+/* Truncating (div, fmod: C's / and %) and flooring (floordiv, mod: Python's) division, checked
+   (with a flag) and plain (flag 0). MIN / -1 overflows, and x86's idiv faults on it: -1 is
+   handled apart, the quotient wrapping to MIN (as PyTorch's floor division gives) and the
+   remainder 0. The unsigned type U makes negation and repeated products wrap. */
 #define MC_SIGNED_HELPERS(T, U, S)                                                \
     MC_ORDER_HELPERS(T, S)                                                        \
     MC_FN T mc_abs_##S(T a) { return a < 0 ? (T)((U)0 - (U)a) : a; }         \
-    MC_FN T mc_floordiv_##S(T a, T b) {                                       \
-        if (b == 0) return 0;                                                     \
+    MC_FN T mc_checked_div_##S(T a, T b, uint64_t flag) {                     \
+        if (b == 0) { mc_flag_zero_division(flag); return 0; }                   \
+        return b == -1 ? (T)((U)0 - (U)a) : (T)(a / b);                          \
+    }                                                                             \
+    MC_FN T mc_checked_fmod_##S(T a, T b, uint64_t flag) {                    \
+        if (b == 0) { mc_flag_zero_division(flag); return 0; }                   \
+        return b == -1 ? 0 : (T)(a % b);                                         \
+    }                                                                             \
+    MC_FN T mc_checked_floordiv_##S(T a, T b, uint64_t flag) {                \
+        if (b == 0) { mc_flag_zero_division(flag); return 0; }                   \
         if (b == -1) return (T)((U)0 - (U)a);                                     \
         T q = (T)(a / b), r = (T)(a % b);                                         \
         return (r != 0 && ((r < 0) != (b < 0))) ? (T)(q - 1) : q;                 \
     }                                                                             \
-    MC_FN T mc_mod_##S(T a, T b) {                                            \
-        if (b == 0 || b == -1) return 0;                                          \
+    MC_FN T mc_checked_mod_##S(T a, T b, uint64_t flag) {                     \
+        if (b == 0) { mc_flag_zero_division(flag); return 0; }                   \
+        if (b == -1) return 0;                                                    \
         T r = (T)(a % b);                                                         \
         return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;                 \
     }                                                                             \
+    MC_PLAIN_DIVISION(T, S)                                                       \
     MC_FN T mc_pow_##S(T a, T b) {                                            \
         if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;          \
         U r = 1, x = (U)a;                                                        \
@@ -62,8 +88,21 @@ MC_FN double mc_min_f64(double a, double b) { return (b < a || b != b) ? b : a; 
 #define MC_UNSIGNED_HELPERS(T, S)                                                 \
     MC_ORDER_HELPERS(T, S)                                                        \
     MC_FN T mc_abs_##S(T a) { return a; }                                     \
-    MC_FN T mc_floordiv_##S(T a, T b) { return b == 0 ? 0 : (T)(a / b); }     \
-    MC_FN T mc_mod_##S(T a, T b) { return b == 0 ? 0 : (T)(a % b); }          \
+    MC_FN T mc_checked_div_##S(T a, T b, uint64_t flag) {                     \
+        if (b == 0) { mc_flag_zero_division(flag); return 0; }                   \
+        return (T)(a / b);                                                        \
+    }                                                                             \
+    MC_FN T mc_checked_fmod_##S(T a, T b, uint64_t flag) {                    \
+        if (b == 0) { mc_flag_zero_division(flag); return 0; }                   \
+        return (T)(a % b);                                                        \
+    }                                                                             \
+    MC_FN T mc_checked_floordiv_##S(T a, T b, uint64_t flag) {                \
+        return mc_checked_div_##S(a, b, flag);                                    \
+    }                                                                             \
+    MC_FN T mc_checked_mod_##S(T a, T b, uint64_t flag) {                     \
+        return mc_checked_fmod_##S(a, b, flag);                                   \
+    }                                                                             \
+    MC_PLAIN_DIVISION(T, S)                                                       \
     MC_FN T mc_pow_##S(T a, T b) {                                            \
         T r = 1;                                                                  \
         for (; b; b >>= 1) { if (b & 1) r = (T)(r * a); a = (T)(a * a); }         \

@@ -212,7 +212,8 @@ def _div_mode(x, y, rounding_mode=None):
 
 
 def _fmod(x, y):
-    return call("fmod", x, y) if _fdt(as_expr(x)) or _fdt(as_expr(y)) else binary("imod", x, y)
+    # On integers too a call of fmod (C's %): `imod` is index arithmetic, free of zero checks.
+    return call("fmod", x, as_expr(y, x.dtype))
 
 
 def _bin(op: str):

@@ -7,9 +7,10 @@ captures it and replays it, and every later call replays:
   address captures again (at most MAX_CAPTURES times, then the plan runs uncaptured);
 - the workspace and the kernels' output tensors are allocated once, outside the capture;
 - steps that cannot be captured (an ATen op that synchronises with the host, touches CPU
-  tensors or has host effects) split the plan into segments: each run of capturable steps is
-  one graph, the others run eagerly between replays and their results are copied into the
-  tensors the next graph was captured with;
+  tensors or has host effects; the check of the integer division error flag, which reads it
+  on the host) split the plan into segments: each run of capturable steps is one graph, the
+  others run eagerly between replays and their results are copied into the tensors the next
+  graph was captured with;
 - outputs are copied out of the graph's memory, so a result stays valid after the next call.
 Plans with symbolic sizes are not captured (one graph per size binding is future work).
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from minicomp.runtime.plan import ExternStep, KernelStep, Plan, Step
+from minicomp.runtime.plan import ExternStep, KernelStep, Plan, ResetErrorFlag, Step
 
 MAX_CAPTURES = 8
 
@@ -54,7 +55,7 @@ SYNCING_OPS = frozenset(
 
 def capturable(step: Step, devices: Sequence[str]) -> bool:
     """Whether `step` can be recorded in a CUDA graph; `devices` gives each slot's device."""
-    if isinstance(step, KernelStep):
+    if isinstance(step, (KernelStep, ResetErrorFlag)):
         return True
     if not isinstance(step, ExternStep):
         return False

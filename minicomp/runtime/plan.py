@@ -5,16 +5,23 @@ Memory, per call: one workspace tensor holds every intermediate the plan's kerne
 each output a kernel writes is allocated just before the step that writes it; the results of
 ATen calls are dropped after the last step reading them, as eager PyTorch drops a tensor
 nothing refers to any more. `Plan.memory_stats` gives the resulting peak.
+
+Errors: kernels that may divide integers by zero take the address of the plan's ErrorFlag
+(ir/error_flag.py), bound like a size symbol; the plan zeroes it before the first such
+kernel and, after its last step, raises eager PyTorch's `RuntimeError: ZeroDivisionError`
+when a kernel set it. Plans without such kernels have neither step.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from minicomp.ir.error_flag import ERROR_FLAG
 from minicomp.runtime.memory import Interval, plan_offsets
 from minicomp.runtime.symbols import compile_dims
 
@@ -45,7 +52,8 @@ class Step:
 
 @dataclass
 class KernelStep(Step):
-    """A call of a compiled kernel: pointer arguments from slots, then size symbols."""
+    """A call of a compiled kernel: pointer arguments from slots, then size symbols (and
+    the error flag's address, bound under its name like a symbol)."""
 
     name: str
     fn: Callable
@@ -78,6 +86,87 @@ class LaunchStep(KernelStep):
 
 def _address(v: Any) -> int:
     return v if isinstance(v, int) else v.data_ptr()
+
+
+class ErrorFlag:
+    """The int32 a plan's kernels set to 1 where they divide an integer by zero
+    (ir/error_flag.py): host memory for the cpu and cuda-emu targets, a device tensor
+    (allocated on first use, on the current device) for cuda."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._host = ctypes.c_int32(0) if device == "cpu" else None
+        self._tensor: torch.Tensor | None = None
+
+    @property
+    def address(self) -> int:
+        """Where the int32 is: the argument the kernels get."""
+        if self._host is not None:
+            return ctypes.addressof(self._host)
+        if self._tensor is None:
+            self._tensor = torch.zeros(1, dtype=torch.int32, device=self.device)
+        return self._tensor.data_ptr()
+
+    def reset(self) -> None:
+        """Set the flag to 0 (on cuda, in stream order)."""
+        if self._host is not None:
+            self._host.value = 0
+        else:
+            self._tensor.zero_()
+
+    def is_set(self) -> bool:
+        """Whether a kernel set the flag (on cuda, this waits for the kernels). Inside a CUDA
+        graph capture the plan did not start (the caller's own), nothing can be read: False."""
+        if self._host is not None:
+            return self._host.value != 0
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        return bool(self._tensor.item())
+
+
+@dataclass
+class ResetErrorFlag(Step):
+    """Zeroes the error flag before the first kernel that may set it (a CUDA graph captures
+    it: the memset replays with the kernels)."""
+
+    flag: ErrorFlag
+    name: str = "reset_error_flag"
+    outputs: Sequence[int] = ()
+
+    def run(self, slots: list, env: Env) -> None:
+        self.flag.reset()
+
+
+@dataclass
+class CheckErrorFlag(Step):
+    """Raises eager PyTorch's error for an integer division by zero when a kernel set the
+    error flag. On cuda it reads device memory, so a CUDA graph ends before it."""
+
+    flag: ErrorFlag
+    name: str = "check_error_flag"
+    outputs: Sequence[int] = ()
+
+    def run(self, slots: list, env: Env) -> None:
+        if self.flag.is_set():
+            self.flag.reset()
+            raise RuntimeError("ZeroDivisionError")
+
+
+def _with_error_flag(
+    steps: list[Step], slots: list[SlotInfo]
+) -> tuple[list[Step], ErrorFlag | None]:
+    """`steps` with the error flag zeroed before the first kernel taking it and checked after
+    the last step, and the flag (None, and `steps` as they are, when no kernel takes one)."""
+    flagged = [s for s, step in enumerate(steps) if ERROR_FLAG.name in getattr(step, "symbols", ())]
+    if not flagged:
+        return steps, None
+    first = steps[flagged[0]]
+    device = slots[first.buffers[0]].device if first.buffers else "cpu"
+    flag = ErrorFlag(device)
+    steps = list(steps)
+    steps.insert(flagged[0], ResetErrorFlag(flag))
+    steps.append(CheckErrorFlag(flag))
+    return steps, flag
 
 
 @dataclass
@@ -124,9 +213,17 @@ class Plan:
     checked_inputs: list[int] = field(default_factory=list)
     _layouts: dict = field(default_factory=dict)
     _schedule: tuple | None = field(default=None, repr=False)
+    error_flag: ErrorFlag | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.error_flag is None:
+            self.steps, self.error_flag = _with_error_flag(self.steps, self.slots)
 
     def bind(self, args: Sequence[Any]) -> Env:
         env: Env = {}
+        if self.error_flag is not None:
+            # The kernels taking the flag get its address as they get the size symbols.
+            env[ERROR_FLAG.name] = self.error_flag.address
         for (kind, ref), a in zip(self.inputs, args):
             if kind == "symbol":
                 env[ref] = int(a)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from minicomp.ir.compute import identity
+from minicomp.ir.error_flag import with_error_flag
 from minicomp.ir.expr import Call, Expr, Load, Var, cast, const, dim_expr, minimum
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect, substitute
@@ -244,5 +245,6 @@ def _serialize(s: Stmt) -> Stmt:
 
 
 def schedule_cpu(op: FusedOp, layouts: Mapping[str, Strides]) -> Function:
-    """The C kernel for a fused group, given the strides of every value it touches."""
-    return CpuKernelBuilder(op, layouts).build()
+    """The C kernel for a fused group, given the strides of every value it touches (with the
+    error flag parameter when it may divide integers by zero: ir/error_flag.py)."""
+    return with_error_flag(CpuKernelBuilder(op, layouts).build())

@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from minicomp.ir.compute import TensorElement, identity
+from minicomp.ir.error_flag import with_error_flag
 from minicomp.ir.expr import (
     Call,
     Const,
@@ -598,11 +599,13 @@ def schedule_cuda(
     """The CUDA kernel for a fused group, given the strides of every value it touches: a
     template's (minicomp.schedule.templates: matrix products) where one applies, else the
     auto-scheduler's. `choose` picks a template's config (dynamo.lowering.make_chooser; None:
-    its heuristic); `options` (minicomp.config.Options) say whether tensor cores may be used."""
+    its heuristic); `options` (minicomp.config.Options) say whether tensor cores may be used.
+    A kernel that may divide integers by zero takes the error flag (ir/error_flag.py)."""
+    kernel = None
     if op.is_reduction:
         from minicomp.schedule.templates import schedule_contraction
 
         kernel = schedule_contraction(op, layouts, options, choose)
-        if kernel is not None:
-            return kernel
-    return CudaKernelBuilder(op, layouts).build()
+    if kernel is None:
+        kernel = CudaKernelBuilder(op, layouts).build()
+    return with_error_flag(kernel)

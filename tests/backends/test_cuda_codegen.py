@@ -12,6 +12,7 @@ from minicomp.backends.cuda.codegen import CudaRenderer, render_module
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
+from minicomp.ir.error_flag import ERROR_FLAG
 from minicomp.ir.func import Function, Module
 from minicomp.ir.types import (
     ALL_TYPES,
@@ -322,8 +323,18 @@ def helper_module() -> Module:
         values = [E.Binary(op, a, b) for op in ops]
         if dt.is_integer:
             values += [E.Binary("pow", a, b), E.Call("abs", (a,), dt)]
+            values += [E.Binary("div", a, b), E.Call("fmod", (a, b), dt)]
         body = S.seq(*(S.Store(out, E.const(k), v) for k, v in enumerate(values)))
         kernels.append(Function(f"ops_{dt.short}", (a, b, out), body))
+        if dt.is_integer:
+            # Divisions by loaded values, reporting a zero divisor to the error flag.
+            src = E.Var("src", PointerType(dt))
+            d = E.Load(src, E.const(0))
+            checked = [E.Binary(op, a, d) for op in ("div", "floordiv", "mod")]
+            checked.append(E.Call("fmod", (a, d), dt))
+            body = S.seq(*(S.Store(out, E.const(k), v) for k, v in enumerate(checked)))
+            params = (a, src, out, ERROR_FLAG)
+            kernels.append(Function(f"checked_{dt.short}", params, body))
     for dt in (f32, f64):
         args = [E.Var(f"x{k}", dt) for k in range(2)]
         out = E.Var("out", PointerType(dt))
@@ -371,6 +382,7 @@ extern "C" __global__ void direct_helpers(float* f, double* d) {
     d[0] = mc_exp_f64(d[1]) + mc_tanh_f64(d[2]) + mc_erf_f64(d[3]) + mc_lgamma_f64(d[4]);
     f[5] = mc_from_bits_f32(mc_bits_f32(f[6]));
     d[5] = mc_digamma_positive(d[6]);
+    mc_flag_zero_division(0);
 }
 """
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from helpers_lowering import FLOATS, INTS, SPECIALS, check_lowering, lower, make_tensor
 
+from minicomp.ir.evaluate import evaluate
 from minicomp.ops.registry import NotLowerable
 
 aten = torch.ops.aten
@@ -145,6 +146,44 @@ def test_div_rounding_modes(mode, dtype):
     check_lowering(aten.div.Tensor_mode, x, y, rounding_mode=mode, **tol)
     check_lowering(aten.div.Scalar_mode, x, -3, rounding_mode=mode, **tol)
     check_lowering(aten.div.Scalar_mode, x, 0.37, rounding_mode=mode, **tol)
+
+
+INT_DIVISIONS = [
+    (aten.floor_divide.default, {}),
+    (aten.remainder.Tensor, {}),
+    (aten.fmod.Tensor, {}),
+    (aten.div.Tensor_mode, {"rounding_mode": "trunc"}),
+    (aten.div.Tensor_mode, {"rounding_mode": "floor"}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, *INTS, torch.uint8])
+@pytest.mark.parametrize("op,kwargs", INT_DIVISIONS, ids=str)
+def test_integer_division_of_min_by_minus_one_and_by_zero(op, kwargs, dtype):
+    low = torch.iinfo(dtype).min
+    x, y = make_tensor(SHAPE, dtype), make_tensor(SHAPE, dtype, nonzero=True)
+    x[0] = low
+    if dtype.is_signed:
+        y[0, :2] = -1
+    # Eager's own trunc division of int32 and int64 faults on MIN / -1; for every op here
+    # eager's MIN / -1 is its MIN / 1 (a wrapped quotient, a zero remainder).
+    overflow = (x == low) & (y == -1)
+    expected = op(x, torch.where(overflow, torch.ones_like(y), y), **kwargs)
+    check_lowering(op, x, y, expected=expected, **kwargs)
+    y[1, 3] = 0
+    (result,), inputs = lower(op, (x, y), kwargs, expected)
+    with pytest.raises(ZeroDivisionError):
+        evaluate(result, inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int64, torch.uint8])
+def test_integer_fmod_by_a_scalar_is_a_zero_checked_division(dtype):
+    x = make_tensor(SHAPE, dtype)
+    for k in (3, -1) if dtype.is_signed else (3,):
+        check_lowering(aten.fmod.Scalar, x, k)
+    (result,), inputs = lower(aten.fmod.Scalar, (x, 0), {}, x)
+    with pytest.raises(ZeroDivisionError):
+        evaluate(result, inputs)
 
 
 def test_mixed_type_promotion():
