@@ -83,6 +83,12 @@ class Options:
     debug: bool = _option(
         False, "Build C kernels with -g and keep their source next to the shared library."
     )
+    emu_checks: bool = _option(
+        False,
+        "cuda-emu checks every access of a script kernel to its tensor arguments against their "
+        "bounds, and reports an access out of them (kernel, tensor, index, thread) as an error "
+        "instead of corrupting the process. Several times slower.",
+    )
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,12 @@ for _path in (os.path.dirname(_TESTS_DIR), _TESTS_DIR):
 def pytest_configure(config):
     """Run the suite on its own cache, never the user's: MINICOMP_TEST_CACHE_DIR names one to
     keep between runs (warm, faster); by default a fresh temporary one, removed at the end.
-    xdist's workers inherit the variable, so they share it."""
+    xdist's workers inherit the variables set here, so they share it."""
     if hasattr(config, "workerinput"):
         return
+    # Script kernels run checked in the emulator: an access out of bounds fails its test with
+    # the kernel, tensor, index and thread, instead of corrupting the test process.
+    os.environ.setdefault("MINICOMP_EMU_CHECKS", "1")
     chosen = os.environ.get("MINICOMP_TEST_CACHE_DIR")
     config._minicomp_temp_cache = None if chosen else tempfile.mkdtemp(prefix="minicomp-tests-")
     os.environ["MINICOMP_CACHE_DIR"] = chosen or config._minicomp_temp_cache

@@ -6,7 +6,9 @@ parameter may be left out of the call, or given and then checked). CUDA tensors 
 `cuda` target, CPU tensors in the emulator, unless the kernel's target says otherwise.
 A launch whose grid has no block (an empty tensor) does nothing. The dynamic shared memory
 (`attrs.dynamic_smem`) is evaluated per launch; a block over `attrs.launch_bounds` threads,
-or over 227 KiB of dynamic shared memory, is refused.
+or over 227 KiB of dynamic shared memory, is refused. With the `emu_checks` option, the
+emulator checks every access to a tensor argument against its bounds (an
+`emu.OutOfBoundsError` names the kernel, the tensor, the index and the thread).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Binder:
         return ScriptError(reason, self.filename, line)
 
     def bind(self, args: Sequence, kwargs: dict) -> tuple[list, Any]:
-        """(IR argument values in IR order, the tensors' device or None)."""
+        """(IR argument values in IR order, tensors as given, the tensors' device or None)."""
         sig = self.sig
         params = {p.name: p for p in sig.params}
         if len(args) > len(params):
@@ -124,7 +126,7 @@ class Binder:
             return half_bits(float(value), dt)
         return float(value)
 
-    def tensor(self, p: Param, t, sizes: dict, checks: list) -> tuple[int, Any]:
+    def tensor(self, p: Param, t, sizes: dict, checks: list) -> tuple[Any, Any]:
         import torch
 
         if p.kind == "pointer" and isinstance(t, int) and not isinstance(t, bool):
@@ -138,7 +140,7 @@ class Binder:
         if t.device.type not in ("cpu", "cuda"):
             raise self.error(p, f"argument {p.name} is on {t.device}; kernels take cpu or cuda")
         if p.kind == "pointer":
-            return t.data_ptr(), t.device
+            return t, t.device
         if t.dim() != len(p.shape):
             raise self.error(
                 p, self.shape_message(p, f"it has {t.dim()} dimensions, not {len(p.shape)}", sizes)
@@ -158,7 +160,7 @@ class Binder:
                 raise self.error(p, self.shape_message(p, reason, sizes))
         if not t.is_contiguous():
             raise self.error(p, f"argument {p.name} is not contiguous; pass t.contiguous()")
-        return t.data_ptr(), t.device
+        return t, t.device
 
     def shape_message(self, p: Param, reason: str, sizes: dict) -> str:
         dims = ", ".join(str(d) if isinstance(d, int) else _dim_text(d) for d in p.shape)
@@ -191,8 +193,13 @@ def choose_target(requested: str | None, device) -> str:
     return target
 
 
-def _builder(sf: ScriptFunction, binder: Binder, target: str, device) -> Callable:
-    """A callable running the kernel on `target` with IR-ordered arguments."""
+def _address(value) -> Any:
+    return value.data_ptr() if hasattr(value, "data_ptr") else value
+
+
+def _builder(sf: ScriptFunction, binder: Binder, target: str, device, checks: bool) -> Callable:
+    """A callable running the kernel on `target` with IR-ordered arguments (tensors given as
+    tensors: a checked emulator build checks the accesses to them)."""
     from minicomp import config
 
     module = sf.module
@@ -201,7 +208,7 @@ def _builder(sf: ScriptFunction, binder: Binder, target: str, device) -> Callabl
     if target == "cuda-emu":
         from minicomp.backends.cuda.emu import build_emulated
 
-        emu = build_emulated(sf.source, [binder.function], cache_dir=cache_dir)
+        emu = build_emulated(sf.source, [binder.function], cache_dir=cache_dir, checks=checks)
         # The emulator flushes the kernels' printf output before a launch returns.
         return lambda args, grid, block, shared: emu.launch(name, grid, block, args, shared)
     import torch
@@ -212,7 +219,7 @@ def _builder(sf: ScriptFunction, binder: Binder, target: str, device) -> Callabl
     cuda = build(module, device_index=index, cache_dir=cache_dir, arch=config.get("arch"))
     # The launcher evaluates the dynamic shared memory size itself.
     launcher = cuda.kernel(name, binder.dims)
-    return lambda args, grid, block, shared: launcher(*args)
+    return lambda args, grid, block, shared: launcher(*map(_address, args))
 
 
 def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
@@ -239,13 +246,17 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
             state.source.filename,
             sig.lineno,
         )
-    key = (target, device.index if device is not None and device.type == "cuda" else None)
+    from minicomp import config
+
+    checks = target == "cuda-emu" and config.get("emu_checks")
+    key = (target, device.index if device is not None and device.type == "cuda" else None, checks)
     with state.lock:
         run = state.builds.get(key)
         if run is None:
-            run = state.builds[key] = _builder(sf, binder, target, device)
-    grid, block = binder.dims(values)
-    shared = binder.shared(values)
+            run = state.builds[key] = _builder(sf, binder, target, device, checks)
+    addresses = [_address(v) for v in values]
+    grid, block = binder.dims(addresses)
+    shared = binder.shared(addresses)
     _check_block(sf, binder.function, math.prod(block), shared)
     if 0 in grid:
         return

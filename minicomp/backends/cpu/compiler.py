@@ -1,5 +1,12 @@
-"""The C compiler driver: C source to a cached shared library, loaded with ctypes."""
+"""The C compiler driver: C source to a cached shared library, loaded with ctypes.
 
+A loaded library stays loaded while something refers to it: its ``ctypes.CDLL`` or a function
+taken from it (a ctypes function keeps its library alive), so the modules and plans that launch
+its kernels. When the last reference goes, the library is unloaded (``dlclose``): a process
+compiling graph after graph does not keep every library it ever loaded mapped.
+"""
+
+import collections
 import contextlib
 import ctypes
 import os
@@ -7,9 +14,12 @@ import platform
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import threading
 import time
+import weakref
+from _ctypes import dlclose
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +55,15 @@ _lock = threading.Lock()
 _built: dict[tuple[str, str, str, str], str] = {}
 _headers: dict[tuple[str, str, str, str], str] = {}
 _compiler_ids: dict[str, str] = {}
-_libraries: dict[str, ctypes.CDLL] = {}
+# Path -> the library loaded from it, while anything refers to it.
+_libraries: "weakref.WeakValueDictionary[str, ctypes.CDLL]" = weakref.WeakValueDictionary()
+# What compile_c loaded, kept until clear_memory_cache: its callers load the path afterwards.
+_pinned: dict[str, ctypes.CDLL] = {}
+# Path -> its keys in _built, forgotten when the library is unloaded (see _forget_unloaded).
+_memo_keys: dict[str, set[tuple[str, str, str, str]]] = {}
+_unloaded: collections.deque[str] = collections.deque()
+# The libraries ours link to (libgomp...), kept loaded: their threads outlive ours.
+_dependencies: dict[str, ctypes.CDLL] = {}
 _host_cpu_text: str | None = None
 _counters: dict[str, float] = {}
 
@@ -75,12 +93,16 @@ def reset_cache_stats() -> None:
 def clear_memory_cache() -> None:
     """Forget which sources were built in this process, so the next compile looks on disk.
 
-    Libraries already loaded stay loaded: unloading one whose functions may still be referenced
-    is never safe.
+    Libraries already loaded stay loaded while something refers to them (see the module's
+    docstring); those :func:`compile_c` kept loaded for its callers are let go.
     """
     with _lock:
         _built.clear()
+        _memo_keys.clear()
         _headers.clear()
+        pinned = list(_pinned.values())
+        _pinned.clear()
+    del pinned  # unloaded here, outside the lock, when nothing else refers to them
 
 
 def _run(command: list[str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -165,20 +187,42 @@ def compile_c(
     ``source.c`` it came from and ``meta.json`` with their hashes), keyed by :func:`cache_key`,
     and shared safely between concurrent processes. A cached library is checked against its
     hashes before it is loaded (a damaged one is built again, with a CacheIntegrityWarning),
-    and it is loaded here, so that a clean-up of the cache cannot take it away before the
-    caller's :func:`load_library`. ``headers`` are :func:`precompiled_header` paths that the
-    source includes by :func:`include_name`. ``name`` only labels the build in temporary files
-    and error messages. Raises :class:`CompileError` when the compiler fails, and
+    and it is loaded here and kept loaded until :func:`clear_memory_cache`, so that a clean-up
+    of the cache cannot take it away before the caller's :func:`load_library`. ``headers`` are
+    :func:`precompiled_header` paths that the source includes by :func:`include_name`.
+    ``name`` only labels the build in temporary files and error messages. Raises
+    :class:`CompileError` when the compiler fails, and
     :class:`~minicomp.backends.cache.UntrustedCacheError` for a cache root that other users can
     write.
     """
+    library = compile_library(
+        source, cc=cc, cflags=cflags, cache_dir=cache_dir, name=name, headers=headers
+    )
+    with _lock:
+        _pinned[library._name] = library
+    return library._name
+
+
+def compile_library(
+    source: str,
+    *,
+    cc: str,
+    cflags: str,
+    cache_dir: str,
+    name: str = "kernels",
+    headers: Sequence[str] = (),
+) -> ctypes.CDLL:
+    """Compile and load like :func:`compile_c`, and return the loaded library (its path is
+    ``library._name``), unloaded once nothing refers to it or to a function of it."""
     cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
     memo_key = (source, cc, cflags, cache_dir)
     with _lock:
+        _forget_unloaded()
         path = _built.get(memo_key)
-        if path is not None:
+        library = _libraries.get(path) if path is not None else None
+        if library is not None:
             _counters["memory_hits"] = _counters.get("memory_hits", 0) + 1
-            return path
+            return library
     compiler = _find_compiler(cc, source)
     flags = shlex.split(cflags)
     key = _key(source, compiler, flags)
@@ -191,7 +235,7 @@ def compile_c(
         else:
             _build(source, compiler, flags, cache_dir, final_dir, name, headers)
         try:
-            load_library(path)
+            library = load_library(path)
             break
         except OSError:
             # A clean-up may have removed the build between its check and the load: build it
@@ -200,7 +244,8 @@ def compile_c(
                 raise
     with _lock:
         _built[memo_key] = path
-    return path
+        _memo_keys.setdefault(path, set()).add(memo_key)
+    return library
 
 
 def include_name(header: str) -> str:
@@ -330,11 +375,66 @@ def _source_excerpts(log: str, source: str) -> str:
 
 
 def load_library(path: str) -> ctypes.CDLL:
-    """Load a shared library with ctypes, once per path per process."""
+    """Load a shared library with ctypes: one object per path while anything refers to it or
+    to a function of it, unloaded after that."""
     path = os.path.abspath(path)
     with _lock:
         library = _libraries.get(path)
         if library is None:
             library = ctypes.CDLL(path)
+            _keep_dependencies(path)
+            unload = weakref.finalize(library, _unload, library._handle, path)
+            unload.atexit = False  # at exit, threads may still run its code
             _libraries[path] = library
     return library
+
+
+def _unload(handle: int, path: str) -> None:
+    # Runs when the last reference to the CDLL went, so no ctypes function of it remains; it
+    # may run inside the garbage collector while this thread holds _lock: no locking here.
+    dlclose(handle)
+    _unloaded.append(path)
+
+
+def _forget_unloaded() -> None:
+    """Drop the memo entries of unloaded libraries (the caller holds _lock)."""
+    while _unloaded:
+        for memo_key in _memo_keys.pop(_unloaded.popleft(), ()):
+            _built.pop(memo_key, None)
+
+
+def _keep_dependencies(path: str) -> None:
+    """Keep the libraries `path` links to loaded for good (the caller holds _lock): unloading
+    an OpenMP runtime, say, with its thread pool still alive would crash the process."""
+    for name in _needed_libraries(path):
+        if name not in _dependencies:
+            mode = os.RTLD_NOW | os.RTLD_NOLOAD | os.RTLD_NODELETE
+            with contextlib.suppress(OSError):  # loaded under another name: nothing to keep
+                _dependencies[name] = ctypes.CDLL(name, mode=mode)
+
+
+def _needed_libraries(path: str) -> list[str]:
+    """The DT_NEEDED names of the ELF shared library at `path` (none for another format)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF":
+        return []
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    section, dynamic = (
+        (order + "IIQQQQIIQQ", order + "qQ") if wide else (order + "10I", order + "iI")
+    )
+    shoff = struct.unpack_from(order + ("Q" if wide else "I"), data, 0x28 if wide else 0x20)[0]
+    shentsize, shnum = struct.unpack_from(order + "HH", data, 0x3A if wide else 0x2E)
+    headers = [struct.unpack_from(section, data, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, kind, _, _, offset, size, link, *_ in headers:
+        if kind != 6:  # SHT_DYNAMIC
+            continue
+        strings = headers[link][4]
+        step = struct.calcsize(dynamic)
+        for i in range(offset, offset + size, step):
+            tag, value = struct.unpack_from(dynamic, data, i)
+            if tag == 1:  # DT_NEEDED
+                start = strings + value
+                names.append(data[start : data.index(b"\0", start)].decode())
+    return names

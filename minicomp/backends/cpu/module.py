@@ -29,7 +29,9 @@ def _checked(cfunc: Callable, f: Function) -> Callable:
 
 
 class CpuModule:
-    """A compiled module: its C `source`, the shared library's `path`, and its kernels."""
+    """A compiled module: its C `source`, the shared library's `path`, and its kernels.
+
+    The library stays loaded while the module or a kernel taken from it is referenced."""
 
     def __init__(self, module: Module, source: str, path: str, library: ctypes.CDLL):
         self.module = module
@@ -46,7 +48,7 @@ class CpuModule:
             f = self.module.function(name)
             if f.kind == "device":
                 raise ValueError(f"{name} is a device function, not callable from Python")
-            cfunc = getattr(self.library, name)
+            cfunc = self.library[name]  # not getattr: that caches it, a cycle delaying unloading
             cfunc.argtypes = [param_ctype(p) for p in f.params]
             cfunc.restype = None if f.ret is None else SCALAR_CTYPES[f.ret.name]
             fn = self._kernels[name] = _checked(cfunc, f)
@@ -67,11 +69,11 @@ def build(
     source = render_module(module)
     if cflags is None:
         cflags = config.get("cflags") + (" -g" if config.get("debug") else "")
-    path = compiler.compile_c(
+    library = compiler.compile_library(
         source,
         cc=cc if cc is not None else config.get("cc"),
         cflags=cflags,
         cache_dir=cache_dir if cache_dir is not None else config.get("cache_dir"),
         name=module.name,
     )
-    return CpuModule(module, source, path, compiler.load_library(path))
+    return CpuModule(module, source, library._name, library)

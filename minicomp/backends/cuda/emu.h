@@ -38,7 +38,9 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-#if defined(__SANITIZE_ADDRESS__)
+// A checked build's kernel-address instrumentation defines __SANITIZE_ADDRESS__ too.
+#if defined(MC_EMU_CHECKS)
+#elif defined(__SANITIZE_ADDRESS__)
 #define MC_EMU_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -397,6 +399,13 @@ static inline void syncwarp() {
     warp_barrier(b, b->current, warp_of(b, b->current));
 }
 
+}  // namespace mc_emu
+
+// Checked launches (emu_checks.h; emu.py puts its text here).
+#include "emu_checks.h"
+
+namespace mc_emu {
+
 // ---- running blocks ----
 
 static std::string describe_deadlock(Block* b) {
@@ -509,6 +518,9 @@ struct Worker {
     // Dynamic shared memory, sized exactly (to 16 bytes) so ASan builds see overruns.
     unsigned char* smem = nullptr;
     size_t smem_bytes = 0;
+    // emu_mma.h's warp-collective exchange slots: owned here, not by a thread_local vector,
+    // whose destructor would keep the library from being unloaded while the thread lives.
+    std::vector<unsigned char> exchange;
     unsigned char* dynamic_smem(size_t n) {
         if (n != smem_bytes) {
             free(smem);
@@ -522,6 +534,8 @@ struct Worker {
         free(smem);
     }
 };
+
+static thread_local Worker* tls_worker;  // the Worker of the block running on this OS thread
 
 static std::string misaligned_error() {
     if (!tls_misaligned) return "";
@@ -549,13 +563,15 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
         return format("cannot allocate %zu bytes of dynamic shared memory", shared);
     }
     if (!fibers) {
+        bool ok;
         try {
-            run_plain(&b);
+            ok = run_guarded(&b, run_plain);
         } catch (PlainModeBarrier&) {
+            tls_abort = nullptr;
             return "the kernel reached a barrier or warp collective but was launched without "
                    "fibers (its sync flag is wrong)";
         }
-        return misaligned_error();
+        return ok ? misaligned_error() : violation_error();
     }
     if (!w.reserve(b.nthreads, b.stack_bytes)) {
         return format("cannot allocate %u fiber stacks of %zu bytes", b.nthreads, b.stack_bytes);
@@ -578,8 +594,9 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     w.queue.resize(b.nthreads);
     b.queue = w.queue.data();
     tls_block = &b;
-    run_fibers(&b);
+    bool ok = run_guarded(&b, run_fibers);
     tls_block = nullptr;
+    if (!ok) return violation_error();
     return b.error.empty() ? misaligned_error() : b.error;
 }
 
@@ -593,9 +610,11 @@ static void asan_callback(const char* report) {
 }
 #endif
 
+// Runs a kernel; `checks`, when not null, describes its tensor arguments for a checked launch
+// (emu_checks.h) and receives its first bad access.
 static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsigned gy,
                   unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned long long shared,
-                  void** args, char* err, int errlen) {
+                  void** args, Checks* checks, char* err, int errlen) {
     std::string error;
     unsigned long long threads = (unsigned long long)bx * by * bz;
     if (!gx || !gy || !gz || !bx || !by || !bz) {
@@ -618,10 +637,16 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
     // before the first failing one still runs, so the reported failure is deterministic.
     std::atomic<unsigned long long> next{0};
     std::atomic<unsigned long long> first_bad{~0ull};
-    std::vector<std::string> errors;
     std::mutex mutex;
+    CheckedLaunch checked;
+    if (checks) {
+        checks->violation.found = 0;
+        if (error.empty()) error = begin_checks(checks, args, &checked);
+    }
     auto work = [&] {
         Worker w;
+        tls_worker = &w;
+        tls_checks = checks ? &checked : nullptr;
         for (;;) {
             unsigned long long i = next.fetch_add(1);
             if (i >= nblocks || i > first_bad.load()) break;
@@ -632,8 +657,11 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
             if (i < first_bad.load()) {
                 first_bad = i;
                 error = e;
+                if (checks) checks->violation = tls_violation.found ? tls_violation : Violation{};
             }
         }
+        tls_checks = nullptr;
+        tls_worker = nullptr;
     };
     if (error.empty()) {
         unsigned hw = config.workers ? config.workers : std::thread::hardware_concurrency();
@@ -643,6 +671,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         work();
         for (auto& t : pool) t.join();
     }
+    if (checks) end_checks(&checked);
 #ifdef MC_EMU_ASAN
     {
         std::lock_guard<std::mutex> lock(*asan_mutex);
@@ -782,6 +811,10 @@ static inline void vector_copy(void* dst, const void* src, unsigned bytes) {
         tls_misaligned = (uintptr_t)src % align ? src : dst;
         tls_misaligned_bytes = bytes;
     }
+#ifdef MC_EMU_CHECKS
+    check_range(src, bytes, 0);
+    check_range(dst, bytes, 1);
+#endif
     memcpy(dst, src, bytes);
 }
 }  // namespace mc_emu

@@ -8,6 +8,12 @@ collectives, else iterations of a plain loop. A launch's dynamic shared memory
 (``shared_bytes``, at most :data:`MAX_DYNAMIC_SHARED`) is a buffer per block; device
 ``printf`` writes to the process's stdout, flushed before the launch returns.
 
+Checked builds (``checks=True``, the ``emu_checks`` option for script kernels) check every
+access of a kernel against its tensor arguments, which a launch copies between guards
+(``emu_checks.h`` says how): an access outside them raises :class:`OutOfBoundsError`, naming
+the kernel, the tensor, the element index and the thread, and the process goes on. A launch
+checks the arguments given as tensors, not those given as addresses.
+
 ASan builds (``asan=True``) need the ASan runtime loaded before anything else in the process:
 run them in a subprocess started with :func:`asan_environment` (``LD_PRELOAD`` of libasan).
 With ``halt_on_error=0`` (set there) an invalid access makes the launch raise
@@ -17,11 +23,14 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import re
+import shutil
 import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +44,20 @@ from minicomp.ir.functor import Visitor
 from minicomp.ir.types import PointerType
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
+CHECKS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_checks.h")
 DEFAULT_CXXFLAGS = "-O2 -std=c++17 -fPIC -shared -pthread -fno-strict-aliasing"
 _ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g"
+# The kernel-address instrumentation as a call before every load and store (emu_checks.h
+# defines the functions), and none of ASan's stack, globals or shadow memory.
+_CHECK_FLAGS = {
+    "gcc": "-DMC_EMU_CHECKS=1 -fsanitize=kernel-address -fno-sanitize-address-use-after-scope "
+    "--param asan-instrumentation-with-call-threshold=0 --param asan-stack=0 "
+    "--param asan-globals=0",
+    "clang": "-DMC_EMU_CHECKS=1 -fsanitize=kernel-address "
+    "-mllvm -asan-instrumentation-with-call-threshold=0 -mllvm -asan-stack=0 "
+    "-mllvm -asan-globals=0",
+}
+_CHECKED_LAUNCH = threading.Lock()  # a checked launch replaces the SIGSEGV handler meanwhile
 _ERROR_BYTES = 16384
 MAX_DYNAMIC_SHARED = 227 * 1024
 """The most dynamic shared memory an emulated block may have (an H100's opt-in limit)."""
@@ -82,13 +103,41 @@ class EmulatorError(RuntimeError):
         self.kernel = kernel
 
 
+class OutOfBoundsError(EmulatorError):
+    """A checked launch's kernel accessed a tensor argument out of its bounds.
+
+    ``tensor`` is the parameter's name, ``index`` the element (negative before the start),
+    ``thread`` and ``block`` the CUDA thread and block indices, ``write`` whether it was a
+    store (None when unknown)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kernel: str,
+        tensor: str,
+        index: int,
+        thread,
+        block,
+        write: bool | None,
+    ) -> None:
+        super().__init__(message, kernel=kernel)
+        self.tensor = tensor
+        self.index = index
+        self.thread = thread
+        self.block = block
+        self.write = write
+
+
 @dataclass(frozen=True)
 class KernelSpec:
-    """What the launcher needs of a kernel: its name, parameter C types, and whether it syncs."""
+    """What the launcher needs of a kernel: its name, parameter C types, whether it syncs, and
+    its parameters' names (for messages)."""
 
     name: str
     params: tuple[str, ...]
     sync: bool
+    names: tuple[str, ...] = ()
 
 
 class _SyncFinder(Visitor):
@@ -162,6 +211,24 @@ def kernels_needing_fibers(source: str, names: Sequence[str]) -> set[str]:
     return {n for n in names if n in syncing or n not in bodies}
 
 
+def _param_names(source: str, kernel: str, count: int) -> tuple[str, ...]:
+    """The names of the parameters of `kernel`'s definition in `source` ("argument i" when the
+    definition cannot be read)."""
+    text = _strip_comments(source)
+    for match in re.finditer(rf"\b{re.escape(kernel)}\s*\(", text):
+        depth, end = 1, match.end()
+        while depth and end < len(text):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        if not re.match(r"\s*\{", text[end:]):
+            continue  # a declaration or a call
+        params = [p for p in text[match.end() : end - 1].split(",") if p.strip()]
+        names = [re.search(r"(\w+)\s*$", p) for p in params]
+        if len(names) == count and all(names):
+            return tuple(n.group(1) for n in names)
+    return tuple(f"argument {i}" for i in range(count))
+
+
 def _ir_type_name(t) -> str:
     if isinstance(t, PointerType):
         return f"{_IR_SCALARS[t.elem.short]}*"
@@ -177,13 +244,15 @@ def _specs(source: str, kernels: Sequence[Any]) -> list[KernelSpec]:
             finder = _SyncFinder()
             finder.visit(k.body)
             params = tuple(_ir_type_name(p.type) for p in k.params)
-            specs.append(KernelSpec(k.name, params, finder.found or k.name in textual))
+            names = tuple(p.name for p in k.params)
+            specs.append(KernelSpec(k.name, params, finder.found or k.name in textual, names))
         else:
             name, params, *flag = k
             if isinstance(params, str):
                 params = [p for p in (x.strip() for x in params.split(",")) if p]
             sync = bool(flag[0]) if flag else name in textual
-            specs.append(KernelSpec(name, tuple(params), sync))
+            names = _param_names(source, name, len(params))
+            specs.append(KernelSpec(name, tuple(params), sync, names))
     return specs
 
 
@@ -197,20 +266,23 @@ def _wrapper(spec: KernelSpec) -> str:
         f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
         f'extern "C" int mc_emu_launch_{spec.name}(unsigned gx, unsigned gy, unsigned gz,\n'
         "    unsigned bx, unsigned by, unsigned bz, unsigned long long shared, void** args,\n"
-        "    char* err, int errlen) {\n"
+        "    mc_emu::Checks* checks, char* err, int errlen) {\n"
         f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
         f"mc_emu_body_{spec.name},\n"
-        "                        gx, gy, gz, bx, by, bz, shared, args, err, errlen);\n"
+        "                        gx, gy, gz, bx, by, bz, shared, args, checks, err, errlen);\n"
         "}\n"
     )
 
 
 @functools.cache
 def emulator_prelude(*, ucontext: bool = False) -> str:
-    """What every emulated kernel starts with: the emulator's macros, emu.h and emu_mma.h
-    (read once per process)."""
+    """What every emulated kernel starts with: the emulator's macros, emu.h (emu_checks.h in
+    its place) and emu_mma.h (read once per process)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
+    with open(CHECKS_HEADER_PATH, encoding="utf-8") as f:
+        # In the build cache, the prelude has no emu_checks.h beside it to include.
+        header = header.replace('#include "emu_checks.h"\n', f.read())
     with open(EMU_HEADER_PATH, encoding="utf-8") as f:
         header += "\n" + f.read()
     prefix = "#define MC_EMULATE 1\n" + ("#define MC_EMU_UCONTEXT 1\n" if ucontext else "")
@@ -228,19 +300,19 @@ def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool 
     return emulator_prelude(ucontext=ucontext) + _kernels_part(source, specs)
 
 
-def _compile(source, specs, *, ucontext, cxx, flags, cache_dir) -> str:
-    """Build emulator_source into a library and return its path, with the prelude included from
+def _compile(source, specs, *, ucontext, cxx, flags, cache_dir) -> ctypes.CDLL:
+    """Build emulator_source into a library and load it, with the prelude included from
     the cache where GCC keeps it precompiled (parsing it was a third of every emulated
     kernel's build time). The prelude is included by a name relative to the build, not by its
     path, so the library's key, and so the cache, does not depend on where the cache lives."""
     prelude = emulator_prelude(ucontext=ucontext)
 
-    def build() -> str:
+    def build() -> ctypes.CDLL:
         header = compiler.precompiled_header(
             prelude, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu_prelude"
         )
         unit = f'#include "{compiler.include_name(header)}"\n' + _kernels_part(source, specs)
-        return compiler.compile_c(
+        return compiler.compile_library(
             unit, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu", headers=[header]
         )
 
@@ -264,34 +336,68 @@ def _ctype(ctype: str):
     return _C_SCALARS[" ".join(words)]
 
 
-class EmuModule:
-    """A compiled emulator library: ``launch(name, grid, block, args)`` runs a kernel."""
+class _Violation(ctypes.Structure):
+    _fields_ = [
+        ("found", ctypes.c_int),
+        ("param", ctypes.c_int),
+        ("write", ctypes.c_int),
+        ("bytes", ctypes.c_uint),
+        ("offset", ctypes.c_longlong),
+        ("thread", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+    ]
 
-    def __init__(self, source: str, specs: Sequence[KernelSpec], path: str, library):
+
+class _CheckedArg(ctypes.Structure):
+    _fields_ = [("param", ctypes.c_int), ("lo", ctypes.c_longlong), ("hi", ctypes.c_longlong)]
+
+
+class _Checks(ctypes.Structure):
+    """emu_checks.h's Checks: the tensor arguments of a checked launch, its first bad access."""
+
+    _fields_ = [
+        ("count", ctypes.c_int),
+        ("args", ctypes.POINTER(_CheckedArg)),
+        ("violation", _Violation),
+    ]
+
+
+class EmuModule:
+    """A compiled emulator library: ``launch(name, grid, block, args)`` runs a kernel.
+
+    The library stays loaded while the module is referenced."""
+
+    def __init__(
+        self, source: str, specs: Sequence[KernelSpec], path: str, library, checks: bool = False
+    ):
         self.source = source
         self.path = path
         self.library = library
+        self.checks = checks
         self.specs = {s.name: s for s in specs}
         self._entries = {}
         for s in specs:
-            entry = getattr(library, f"mc_emu_launch_{s.name}")
+            entry = library[f"mc_emu_launch_{s.name}"]  # not getattr: it caches, a cycle
             entry.restype = ctypes.c_int
             entry.argtypes = [ctypes.c_uint] * 6 + [
                 ctypes.c_ulonglong,
                 ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_void_p,
                 ctypes.c_char_p,
                 ctypes.c_int,
             ]
             self._entries[s.name] = (entry, [_ctype(t) for t in s.params])
-        library.mc_emu_configure.argtypes = [ctypes.c_ulonglong, ctypes.c_uint]
+        self._configure = library["mc_emu_configure"]
+        self._configure.argtypes = [ctypes.c_ulonglong, ctypes.c_uint]
 
     def configure(self, *, stack_bytes: int = 0, workers: int = 0) -> None:
         """Set the fiber stack size per CUDA thread and the OS threads running blocks (0: all)."""
-        self.library.mc_emu_configure(stack_bytes, workers)
+        self._configure(stack_bytes, workers)
 
     def launch(self, name: str, grid, block, args: Sequence[Any], shared_bytes: int = 0) -> None:
         """Run kernel ``name`` with ``shared_bytes`` of dynamic shared memory a block; tensors
-        pass their data pointer (they must be on the CPU)."""
+        pass their data pointer (they must be on the CPU). A checked module checks the accesses
+        to the arguments given as tensors and raises :class:`OutOfBoundsError` for a bad one."""
         entry, ctypes_ = self._entries[name]
         if len(args) != len(ctypes_):
             raise TypeError(f"kernel {name} takes {len(ctypes_)} arguments, {len(args)} given")
@@ -305,13 +411,79 @@ class EmuModule:
         pointers = (ctypes.c_void_p * max(1, len(values)))(
             *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values]
         )
+        checks = _checks(args, ctypes_) if self.checks else None
         err = ctypes.create_string_buffer(_ERROR_BYTES)
-        status = entry(*_as_dims(grid), *_as_dims(block), shared_bytes, pointers, err, _ERROR_BYTES)
-        if status != 0:
-            raise EmulatorError(err.value.decode(errors="replace"), kernel=name)
+        with _CHECKED_LAUNCH if checks is not None else contextlib.nullcontext():
+            status = entry(
+                *_as_dims(grid),
+                *_as_dims(block),
+                shared_bytes,
+                pointers,
+                None if checks is None else ctypes.addressof(checks),
+                err,
+                _ERROR_BYTES,
+            )
+        if status == 0:
+            return
+        if checks is not None and checks.violation.found:
+            raise _out_of_bounds(self.specs[name], checks.violation, args)
+        raise EmulatorError(err.value.decode(errors="replace"), kernel=name)
 
     def __repr__(self) -> str:
-        return f"EmuModule({', '.join(self.specs)}; {self.path})"
+        checked = ", checked" if self.checks else ""
+        return f"EmuModule({', '.join(self.specs)}; {self.path}{checked})"
+
+
+def _byte_span(t) -> tuple[int, int]:
+    """The bytes a tensor's elements cover, from its data pointer: [lo, hi)."""
+    if t.numel() == 0:
+        return 0, 0
+    steps = [(n - 1) * s for n, s in zip(t.shape, t.stride())]
+    lo = sum(d for d in steps if d < 0)
+    hi = sum(d for d in steps if d > 0) + 1
+    return lo * t.element_size(), hi * t.element_size()
+
+
+def _checks(args: Sequence[Any], ctypes_) -> _Checks:
+    """The checked launch's description of the tensor arguments."""
+    tensors = [
+        _CheckedArg(i, *_byte_span(a))
+        for i, (a, t) in enumerate(zip(args, ctypes_))
+        if hasattr(a, "data_ptr") and t is ctypes.c_void_p
+    ]
+    array = (_CheckedArg * max(1, len(tensors)))(*tensors)
+    return _Checks(len(tensors), array)  # the struct keeps the array alive
+
+
+def _element_bytes(ctype: str, tensor) -> int:
+    pointee = " ".join(w for w in _clean_type(ctype).replace("*", " ").split() if w != "const")
+    scalar = _C_SCALARS.get(pointee)
+    return ctypes.sizeof(scalar) if scalar is not None else tensor.element_size()
+
+
+def _out_of_bounds(spec: KernelSpec, v: _Violation, args: Sequence[Any]) -> OutOfBoundsError:
+    tensor = args[v.param]
+    name = spec.names[v.param] if spec.names else f"argument {v.param}"
+    size = _element_bytes(spec.params[v.param], tensor)
+    index = v.offset // size
+    thread, block = tuple(v.thread), tuple(v.block)
+    verb = {1: "writes", 0: "reads"}.get(v.write, "accesses")
+    message = (
+        f"kernel {spec.name!r}: thread {thread} of block {block} {verb} {name}[{index}], out "
+        f"of bounds: {name} has {tensor.numel()} elements"
+    )
+    if v.offset % size or v.bytes not in (0, size):  # 0: a fault, of a size nobody knows
+        access = f"an access of {v.bytes} bytes" if v.bytes else "an access"
+        message += f" ({access} at byte offset {v.offset})"
+    return OutOfBoundsError(
+        message,
+        kernel=spec.name,
+        tensor=name,
+        index=index,
+        thread=thread,
+        block=block,
+        write=None if v.write < 0 else bool(v.write),
+    )
 
 
 def _argument(kernel: str, i: int, value: Any, ctype):
@@ -356,6 +528,11 @@ def _asan_loaded() -> bool:
     return hasattr(ctypes.CDLL(None), "__asan_init")
 
 
+def _check_flags(cxx: str) -> str:
+    ident = compiler._compiler_id(shutil.which(cxx) or cxx)
+    return _CHECK_FLAGS["clang" if "clang" in ident.lower() else "gcc"]
+
+
 def build_emulated(
     source: str,
     kernels: Sequence[Function] | Sequence[tuple],
@@ -363,6 +540,7 @@ def build_emulated(
     cache_dir: str,
     cxx: str = "c++",
     asan: bool = False,
+    checks: bool = False,
     ucontext: bool = False,
     cxxflags: str = DEFAULT_CXXFLAGS,
 ) -> EmuModule:
@@ -371,14 +549,19 @@ def build_emulated(
     ``kernels`` are kernel-IR Functions, or ``(name, param C types[, sync])`` tuples whose types
     are a list or a comma-separated string; ``sync`` (whether the kernel reaches a barrier or a
     warp shuffle, so its threads need fibers) is otherwise found by scanning ``source``.
-    ``ucontext`` selects the swapcontext fiber switch instead of the x86-64 routine.
+    ``checks`` builds it to check its accesses to tensor arguments (see the module's
+    docstring); ``ucontext`` selects the swapcontext fiber switch instead of the x86-64 routine.
     """
     specs = _specs(source, kernels)
-    flags = cxxflags + (" " + _ASAN_FLAGS if asan else "")
+    if asan and checks:
+        raise EmulatorError("a build has ASan or checks, not both")
+    flags = (
+        cxxflags + (" " + _ASAN_FLAGS if asan else "") + (" " + _check_flags(cxx) if checks else "")
+    )
     if asan and not _asan_loaded():
         raise EmulatorError(
             "an ASan build needs the ASan runtime loaded first: run this in a process started "
             "with minicomp.backends.cuda.emu.asan_environment() (LD_PRELOAD of libasan)"
         )
-    path = _compile(source, specs, ucontext=ucontext, cxx=cxx, flags=flags, cache_dir=cache_dir)
-    return EmuModule(source, specs, path, compiler.load_library(path))
+    library = _compile(source, specs, ucontext=ucontext, cxx=cxx, flags=flags, cache_dir=cache_dir)
+    return EmuModule(source, specs, library._name, library, checks=checks)

@@ -30,9 +30,9 @@ static const unsigned MAX_WARPS = 32;  // 1024 threads
 
 // The exchange slots of one warp and one barrier parity (per OS thread, like a block).
 static Slot* exchange(unsigned warp, unsigned parity) {
-    static thread_local std::vector<Slot> slots;
-    if (slots.empty()) slots.resize(MAX_WARPS * 2 * 32);
-    return &slots[(warp * 2 + parity) * 32];
+    std::vector<unsigned char>& slots = tls_worker->exchange;
+    if (slots.empty()) slots.resize(MAX_WARPS * 2 * 32 * sizeof(Slot));
+    return (Slot*)slots.data() + (warp * 2 + parity) * 32;
 }
 
 enum Op : unsigned {
@@ -232,6 +232,10 @@ static inline void async_copy(void* dst, const void* src, unsigned size, int src
         tls_misaligned_bytes = size;
     }
     unsigned n = src_bytes < 0 ? 0u : (unsigned)src_bytes < size ? (unsigned)src_bytes : size;
+#ifdef MC_EMU_CHECKS
+    check_range(src, n, 0);
+    check_range(dst, size, 1);
+#endif
     if (n) memcpy(dst, src, n);
     memset((unsigned char*)dst + n, 0, size - n);
 }
