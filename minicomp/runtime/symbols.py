@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from minicomp.ir import types as T
-from minicomp.ir.expr import Binary, Cast, Const, Expr, Unary, Var
+from minicomp.ir.expr import Binary, Call, Cast, Const, Expr, Select, Unary, Var
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Functor, collect
 
@@ -14,22 +15,41 @@ _PY = {
     "add": "+",
     "sub": "-",
     "mul": "*",
-    "idiv": "//",
-    "imod": "%",
     "floordiv": "//",
     "mod": "%",
+    "pow": "**",
     "lt": "<",
     "le": "<=",
     "gt": ">",
     "ge": ">=",
     "eq": "==",
     "ne": "!=",
+    "and": "and",
+    "or": "or",
+    "bitand": "&",
+    "bitor": "|",
+    "bitxor": "^",
+    "shl": "<<",
+    "shr": ">>",
 }
+# Math functions of size expressions (symbolic.py), by the Python function computing each.
+_CALLS = {
+    "trunc": "math.trunc",
+    "floor": "math.floor",
+    "ceil": "math.ceil",
+    "rint": "round",  # half to even, as C's rint
+    "abs": "abs",
+    **{name: f"math.{name}" for name in ("sqrt", "exp", "log", "log2", "sin", "cos", "tan")},
+    **{name: f"math.{name}" for name in ("sinh", "cosh", "tanh", "asin", "acos", "atan")},
+    "asinh": "math.asinh",
+}
+_CASTS = {"float": "float", "int": "int", "uint": "int", "bool": "bool"}
 
 
 class _PyExpr(Functor):
     def visit_Const(self, e: Const) -> str:
-        return repr(e.value)
+        v = e.value
+        return f"float({str(v)!r})" if isinstance(v, float) and not math.isfinite(v) else repr(v)
 
     def visit_Var(self, e: Var) -> str:
         return f"env[{e.name!r}]"
@@ -38,17 +58,27 @@ class _PyExpr(Functor):
         a, b = self.visit(e.a), self.visit(e.b)
         if e.op in ("max", "min"):
             return f"{e.op}({a}, {b})"
-        if e.op == "idiv":  # C truncation; sizes are non-negative so floor is the same
-            return f"({a} // {b})"
+        if e.op in ("idiv", "imod") or e.op == "div" and not e.dtype.is_float:
+            # C truncation; sizes are non-negative so floor is the same
+            return f"({a} {'%' if e.op == 'imod' else '//'} {b})"
+        if e.op == "div":
+            return f"({a} / {b})"
         return f"({a} {_PY[e.op]} {b})"
 
     def visit_Unary(self, e: Unary) -> str:
-        if e.op != "neg":
-            raise NotImplementedError(f"size expression with {e.op}")
-        return f"(-{self.visit(e.a)})"
+        op = {"neg": "-", "not": "not ", "bitnot": "~"}[e.op]
+        return f"({op}{self.visit(e.a)})"
 
     def visit_Cast(self, e: Cast) -> str:
-        return f"int({self.visit(e.a)})"
+        return f"{_CASTS[e.type.kind]}({self.visit(e.a)})"
+
+    def visit_Call(self, e: Call) -> str:
+        if e.name not in _CALLS:
+            raise NotImplementedError(f"size expression calling {e.name}")
+        return f"{_CALLS[e.name]}({', '.join(self.visit(a) for a in e.args)})"
+
+    def visit_Select(self, e: Select) -> str:
+        return f"({self.visit(e.a)} if {self.visit(e.cond)} else {self.visit(e.b)})"
 
 
 def python_source(e: Any) -> str:
