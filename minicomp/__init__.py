@@ -5,7 +5,15 @@
 """
 
 from minicomp import config, script
-from minicomp.dynamo.backend import FallbackWarning
+from minicomp.dynamo.backend import FallbackWarning, KernelFallbackWarning
 from minicomp.explain import Explanation, explain, explain_file
 
-__all__ = ["config", "explain", "explain_file", "Explanation", "FallbackWarning", "script"]
+__all__ = [
+    "config",
+    "explain",
+    "explain_file",
+    "Explanation",
+    "FallbackWarning",
+    "KernelFallbackWarning",
+    "script",
+]

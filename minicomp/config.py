@@ -55,8 +55,9 @@ class Options:
     )
     fallback: str = _option(
         "eager",
-        "What to do when minicomp cannot compile a graph. eager: run it with PyTorch and warn; "
-        "error: raise.",
+        "What to do when minicomp cannot compile part of a graph. eager: run the ops of a kernel "
+        "that fails to compile as ATen calls (KernelFallbackWarning), and a graph that fails "
+        "otherwise with PyTorch (FallbackWarning); error: raise.",
         choices=("eager", "error"),
     )
     cache_dir: str = _option(

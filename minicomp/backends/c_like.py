@@ -469,6 +469,12 @@ class CLikeRenderer(Functor):
 
     def _predicate(self, e: E.Call) -> str:
         (a,) = e.args
+        if e.name == "signbit":
+            # A half's sign is the top bit of its uint16 pattern, which a conversion to a wider
+            # float keeps (NaN's too); GCC 12 crashes vectorising it read from the float.
+            half = a.a if isinstance(a, E.Cast) and a.dtype.is_float else a
+            if is_half(half.dtype):
+                return f"({self.operand(half, PREC_SHIFT + 1)} >> 15)"
         if a.dtype.is_float:
             arg = E.cast(a, f32) if is_half(a.dtype) else a
             return self._call(self.math_function_name(e.name, arg.dtype), arg)[0]

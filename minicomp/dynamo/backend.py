@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
 from minicomp.dynamo.decompositions import decomposition_table
+from minicomp.dynamo.group_fallback import KernelsFailed
 from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.lowering import CompileRecord, compile_graph
 
@@ -22,6 +23,16 @@ log = logging.getLogger("minicomp")
 
 class FallbackWarning(UserWarning):
     """minicomp gave up on a whole graph, which runs eagerly (at eager speed)."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """A kernel minicomp generated failed to compile: its ATen ops run as ATen calls, the rest
+    of the graph stays compiled."""
+
+
+# Attempts at a graph whose kernels fail to compile, each running more of its ops as ATen
+# calls, before the whole graph runs eagerly.
+MAX_ATTEMPTS = 4
 
 
 _recorders: list[list] = []
@@ -96,10 +107,7 @@ def _compile(
         # AOTAutograd calls compilers with its fake mode active; constants are real tensors
         # and folding computes with them, so compile outside it.
         with unset_fake_temporarily():
-            graph = import_graph(gm, frozen)
-            plan = record.plan = compile_graph(
-                graph, options, record, device_index=_cuda_index(gm), static_inputs=static
-            )
+            plan = record.plan = _import_and_compile(gm, options, record, frozen, static)
     except Exception as e:
         record.error = f"{type(e).__name__}: {e}"
         if options.fallback == "error":
@@ -124,6 +132,38 @@ def _compile(
             "".join(f"\n  extern {k}: {v}" for k, v in record.fallbacks.items()),
         )
     return plan
+
+
+def _import_and_compile(
+    gm: torch.fx.GraphModule,
+    options: config.Options,
+    record: CompileRecord,
+    frozen: Mapping[int, torch.Tensor],
+    static: Sequence[int],
+) -> Callable:
+    """The plan of `gm`; where some fused kernels fail to compile, compiled again with their
+    ATen ops as ATen calls (with a KernelFallbackWarning), up to MAX_ATTEMPTS times."""
+    externs: dict[str, str] = {}
+    attempts = 1
+    while True:
+        graph = import_graph(gm, frozen, externs)
+        record.passes.clear()
+        try:
+            return compile_graph(
+                graph, options, record, device_index=_cuda_index(gm), static_inputs=static
+            )
+        except KernelsFailed as e:
+            new = {k: v for k, v in e.externs.items() if k not in externs}
+            if not new or attempts == MAX_ATTEMPTS:
+                raise e.cause from e
+            reason = next(iter(new.values()))
+            warnings.warn(
+                f"minicomp runs {', '.join(sorted(new))} as ATen calls: {reason}",
+                KernelFallbackWarning,
+                stacklevel=2,
+            )
+            externs.update(new)
+            attempts += 1
 
 
 def freeze_candidates(gm: torch.fx.GraphModule, example_inputs: Sequence) -> dict[int, Any]:

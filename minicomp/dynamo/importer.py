@@ -50,16 +50,38 @@ def _is_symint(v: Any) -> bool:
     return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
+def _shape_env(gm: torch.fx.GraphModule) -> Any:
+    """The ShapeEnv the graph's symbolic sizes live in (None for a graph without any)."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        for v in val if isinstance(val, (list, tuple)) else (val,):
+            fake_mode = getattr(v, "fake_mode", None)
+            if fake_mode is not None and fake_mode.shape_env is not None:
+                return fake_mode.shape_env
+            if _is_symint(v):
+                return v.node.shape_env
+    return None
+
+
 class Importer:
     """Walks an ATen-level GraphModule once and builds the graph IR.
 
     `frozen` maps positions of placeholders to the tensors that stand for them: they become
-    constants of the graph instead of inputs.
+    constants of the graph instead of inputs. `externs` maps names of nodes to run as ATen
+    calls, lowerings or not, to the reason why (their kernels failed to compile).
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, frozen: Mapping[int, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        frozen: Mapping[int, torch.Tensor] | None = None,
+        externs: Mapping[str, str] | None = None,
+    ):
         self.gm = gm
         self.frozen = dict(frozen or {})
+        self.externs = dict(externs or {})
+        self.origins: dict[str, str] = {}  # value name -> the FX node it comes from
+        self.current = ""
         self.placeholders = 0
         self.env: dict[torch.fx.Node, Any] = {}
         self.inputs: list[Value | Var] = []
@@ -67,6 +89,7 @@ class Importer:
         self.constants: dict[str, torch.Tensor] = {}
         self.names: set[str] = set()
         self.values: dict[str, Value] = {}
+        self.shape_env = _shape_env(gm)
 
     def fresh(self, base: str) -> str:
         """A value name not used yet, derived from `base`."""
@@ -78,24 +101,33 @@ class Importer:
         return name
 
     def _new_value(self, base: str, ttype: TensorType) -> Value:
-        v = Value(self.fresh(base), ttype)
+        return self._add_value(Value(self.fresh(base), ttype))
+
+    def _add_value(self, v: Value) -> Value:
         self.values[v.name] = v
+        self.origins[v.name] = self.current
         return v
 
     def run(self) -> Graph:
         outputs: tuple = ()
         for n in self.gm.graph.nodes:
-            if n.op == "placeholder":
-                self.placeholder(n)
-            elif n.op == "get_attr":
-                self.get_attr(n)
-            elif n.op == "call_function":
-                self.call_function(n)
-            elif n.op == "output":
+            self.current = n.name
+            self.node(n)
+            if n.op == "output":
                 outputs = tuple(self.output_item(a) for a in _flatten(n.args[0]))
-            else:
-                raise NotImplementedError(f"FX node kind {n.op} ({n.name}) is not supported")
-        return Graph(tuple(self.inputs), tuple(self.nodes), outputs, dict(self.constants))
+        return Graph(
+            tuple(self.inputs), tuple(self.nodes), outputs, dict(self.constants), self.origins
+        )
+
+    def node(self, n: torch.fx.Node) -> None:
+        if n.op == "placeholder":
+            self.placeholder(n)
+        elif n.op == "get_attr":
+            self.get_attr(n)
+        elif n.op == "call_function":
+            self.call_function(n)
+        elif n.op != "output":
+            raise NotImplementedError(f"FX node kind {n.op} ({n.name}) is not supported")
 
     def placeholder(self, n: torch.fx.Node) -> None:
         val = n.meta.get("val")
@@ -148,6 +180,12 @@ class Importer:
         if n.target is operator.getitem:
             self.env[n] = self.env[n.args[0]][n.args[1]]
             return
+        binds = self.unbacked_bindings(n)
+        if binds and _is_symint(val) and isinstance(n.target, torch._ops.OpOverload):
+            # `.item()` and the like: the plan calls it, and its value binds the symbol.
+            self.extern(n, [], UNBACKED_REASON, binds=binds)
+            self.env[n] = from_sympy(val)
+            return
         if (
             _is_symint(val)
             or isinstance(val, (int, float, bool))
@@ -158,9 +196,14 @@ class Importer:
         if n.target is torch.ops.higher_order.with_effects:
             self.with_effects(n)
             return
-        if not isinstance(n.target, torch._ops.OpOverload):
-            raise NotImplementedError(f"call of {n.target} ({n.name}) is not supported")
         outs = _flatten_vals(val)
+        if not isinstance(n.target, torch._ops.OpOverload):
+            if not isinstance(n.target, torch._ops.HigherOrderOperator) or not outs:
+                raise NotImplementedError(f"call of {n.target} ({n.name}) is not supported")
+            # auto_functionalized_v2 (a mutable custom op, called on copies of what it
+            # mutates) and the like: one call of the operator, tensors in and out.
+            self.extern(n, outs, HIGHER_ORDER_REASON)
+            return
         if val is None and not n.target._schema.returns:
             # A run-time check (_assert_async, _assert_scalar) or another effect: the plan
             # calls it in order, and DCE keeps it (an op without results has effects).
@@ -168,14 +211,33 @@ class Importer:
             return
         if not outs or not all(isinstance(t, torch.Tensor) for _, t in outs):
             raise NotImplementedError(f"{n.target} returns non-tensors")
+        if binds:
+            # Its output's size is known only once it ran (nonzero, a boolean mask index).
+            self.extern(n, outs, UNBACKED_REASON, binds=binds)
+            return
         if _script_op(n.target) is not None:
             # Whether the plan launches the kernel itself depends on the target, known later.
             self.extern(n, outs, SCRIPT_OP_REASON)
+            return
+        if n.name in self.externs:
+            self.extern(n, outs, self.externs[n.name])
             return
         try:
             self.lower(n, outs)
         except NotLowerable as e:
             self.extern(n, outs, str(e))
+
+    def unbacked_bindings(self, n: torch.fx.Node) -> tuple[tuple[str, tuple], ...]:
+        """The data-dependent size symbols node `n` defines, with their key paths into its
+        result, under the names the rest of the graph uses."""
+        bindings = n.meta.get("unbacked_bindings")
+        if not bindings:
+            return ()
+        if self.shape_env is not None:
+            from torch.fx.experimental.symbolic_shapes import resolve_unbacked_bindings
+
+            bindings = resolve_unbacked_bindings(self.shape_env, bindings)
+        return tuple((str(symbol), tuple(path)) for symbol, path in bindings.items())
 
     def arg(self, a: Any) -> Any:
         """An FX argument as a lowering argument."""
@@ -242,8 +304,7 @@ class Importer:
         for c in order:
             name = self.fresh(base if c in strides else f"{base}_{c.name}")
             ttype = TensorType(c.shape, c.dtype, devices.get(c, device), strides.get(c))
-            value = Value(name, ttype)
-            self.values[name] = value
+            value = self._add_value(Value(name, ttype))
             definition = _bind_inputs(c, value_of).replace(name=name)
             inputs = tuple(dict.fromkeys(self.value_named(t.name) for t in inputs_of(definition)))
             self.nodes.append(ComputeOp(op_name, inputs, (value,), definition))
@@ -271,6 +332,7 @@ class Importer:
         target: Any = None,
         fx_args: tuple | None = None,
         fx_kwargs: dict | None = None,
+        binds: tuple = (),
     ) -> tuple:
         target = n.target if target is None else target
         fx_args = n.args if fx_args is None else fx_args
@@ -316,12 +378,16 @@ class Importer:
                 kwargs,
                 paths,
                 reason,
+                binds,
             )
         )
-        if target is n.target:
+        if target is n.target and not _is_symint(n.meta.get("val")):
             self.env[n] = _rebuild(n.meta.get("val"), iter(values))
         return values
 
+
+UNBACKED_REASON = "its result defines a data-dependent size"
+HIGHER_ORDER_REASON = "higher-order operator"
 
 SCRIPT_OP_REASON = (
     "script kernel op: launched natively on the cuda and cuda-emu targets; the cpu target calls "
@@ -465,8 +531,11 @@ def _rebuild(val: Any, values) -> Any:
 
 
 def import_graph(
-    gm: torch.fx.GraphModule, frozen: Mapping[int, torch.Tensor] | None = None
+    gm: torch.fx.GraphModule,
+    frozen: Mapping[int, torch.Tensor] | None = None,
+    externs: Mapping[str, str] | None = None,
 ) -> Graph:
     """The graph IR of an ATen-level FX graph (from AOTAutograd); the placeholders at the
-    positions `frozen` names become constants holding its tensors (options.freeze)."""
-    return Importer(gm, frozen).run()
+    positions `frozen` names become constants holding its tensors (options.freeze), and the
+    nodes `externs` names (with the reason why) stay ATen calls."""
+    return Importer(gm, frozen, externs).run()

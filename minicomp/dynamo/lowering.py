@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from minicomp.config import Options
+from minicomp.dynamo.group_fallback import failed, failing_subset
 from minicomp.ir import types as T
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.func import Function, Module
@@ -26,7 +27,7 @@ from minicomp.runtime.plan import (
     Step,
     dims_fn,
 )
-from minicomp.runtime.symbols import launch_dims
+from minicomp.runtime.symbols import free_symbols, launch_dims
 
 
 @dataclass
@@ -58,16 +59,27 @@ def schedule_graph(
 ) -> list[Function]:
     """One kernel function per fused group; on CUDA targets `choose` (see make_chooser) picks
     each template's config, and `options` say whether templates may use tensor cores."""
+    groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
+    return [schedule_group(n, target, layouts, choose, options) for n in groups]
+
+
+def schedule_group(
+    op: FusedOp,
+    target: str,
+    layouts: dict,
+    choose: Callable | None = None,
+    options: Options | None = None,
+) -> Function:
+    """The kernel function of one fused group (see schedule_graph)."""
     if target == "cpu":
         from minicomp.schedule.cpu import schedule_cpu
 
-        return [schedule_cpu(n, layouts) for n in graph.nodes if isinstance(n, FusedOp)]
+        return schedule_cpu(op, layouts)
     if target not in ("cuda", "cuda-emu"):
         raise ValueError(f"unknown target {target!r}")
     from minicomp.schedule.cuda import schedule_cuda
 
-    groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
-    return [schedule_cuda(n, layouts, choose, options) for n in groups]
+    return schedule_cuda(op, layouts, choose, options)
 
 
 def make_chooser(
@@ -313,6 +325,9 @@ class PlanBuilder:
         self.symbols = symbols
         self.slot: dict[str, int] = {}
         self.slots: list[SlotInfo] = []
+        # Symbols ATen calls bind while the plan runs: values sized by them cannot live in
+        # the workspace, which is laid out when a call starts.
+        self.late = {s for n in graph.nodes if isinstance(n, ExternOp) for s, _ in n.binds}
 
     def add_slot(self, v: Value, workspace: bool = False, strides: tuple | None = None) -> int:
         k = len(self.slots)
@@ -361,7 +376,7 @@ class PlanBuilder:
             for v in n.outputs:
                 if v.name in self.slot:
                     continue
-                internal = isinstance(n, _LAUNCHED) and v not in outputs
+                internal = isinstance(n, _LAUNCHED) and v not in outputs and not self.is_late(v)
                 k = self.add_slot(v, workspace=internal)
                 if isinstance(n, _LAUNCHED) and not internal:
                     fresh.append(k)
@@ -387,6 +402,12 @@ class PlanBuilder:
             else:
                 outs.append(("size", lambda env, o=o: o))
         return Plan(self.slots, inputs, steps, outs, constants, fresh, binders, checked)
+
+    def is_late(self, v: Value) -> bool:
+        """Whether the size or layout of `v` uses a symbol bound while the plan runs."""
+        return bool(self.late) and not self.late.isdisjoint(
+            free_symbols((*v.shape, *self.layouts[v.name]))
+        )
 
     def kernel_step(self, n: FusedOp) -> KernelStep:
         buffers = [self.slot[v.name] for v in n.inputs + n.outputs]
@@ -427,6 +448,7 @@ class PlanBuilder:
             expected,
             reads,
             reads if view_like else [],
+            n.binds,
         )
 
 
@@ -514,6 +536,64 @@ def _script_functions(graph: Graph) -> tuple[list[Function], list[Function]]:
     return list(kernels.values()), list(device.values())
 
 
+def _schedule(
+    graph: Graph,
+    target: str,
+    layouts: dict,
+    choose: Callable,
+    options: Options,
+    unfused: Graph,
+) -> list[Function]:
+    """One kernel per fused group of `graph`. Where scheduling fails, raises KernelsFailed
+    naming the ATen ops of the groups that fail on their own (the error itself with
+    options.fallback "error", or when no group does)."""
+    try:
+        return [
+            simplify_indices(k) for k in schedule_graph(graph, target, layouts, choose, options)
+        ]
+    except Exception as e:
+        if options.fallback == "error":
+            raise
+        cause = e
+
+    def schedules(g: FusedOp) -> bool:
+        try:
+            simplify_indices(schedule_group(g, target, layouts, choose, options))
+        except Exception:
+            return False
+        return True
+
+    bad = [g for g in graph.nodes if isinstance(g, FusedOp) and not schedules(g)]
+    if not bad:
+        raise cause
+    raise failed(bad, unfused, cause) from cause
+
+
+def _build_failure(
+    groups: list[FusedOp],
+    kernels: list[Function],
+    unfused: Graph,
+    cause: Exception,
+    target: str,
+    options: Options,
+    device_index: int | None,
+) -> Exception:
+    """What to raise when building the graph's kernels raised `cause`: KernelsFailed naming
+    the ATen ops of the kernels that fail to build on their own, else `cause`."""
+
+    def builds(some: Sequence[Function]) -> bool:
+        try:
+            build_kernels(list(some), target, options, device_index)
+        except Exception:
+            return False
+        return True
+
+    bad = {k.name for k in failing_subset(kernels, builds)} if kernels else set()
+    if not bad:
+        return cause
+    return failed([g for g, k in zip(groups, kernels) if k.name in bad], unfused, cause)
+
+
 def compile_graph(
     graph: Graph,
     options: Options,
@@ -547,7 +627,8 @@ def compile_graph(
     pipeline = passes + [fuse]
     if target in ("cuda", "cuda-emu") and has_script_ops(graph):
         pipeline = [lower_script_ops, *passes, contiguous_kernel_inputs, fuse]
-    graph = run_passes(graph, pipeline, trace=trace)
+    graph = unfused = run_passes(graph, pipeline[:-1], trace=trace)
+    graph = run_passes(graph, pipeline[-1:], trace=trace)
     graph = place_constants(graph, target)
     record.graph = graph
     layouts = layouts_for(graph)
@@ -569,21 +650,28 @@ def compile_graph(
             # The GEMMs' results are new values.
             graph = record.graph = tuned
             layouts = layouts_for(graph)
-    scheduled = schedule_graph(graph, target, layouts, choose, options)
-    kernels = [simplify_indices(k) for k in scheduled]
+    groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
+    kernels = _schedule(graph, target, layouts, choose, options, unfused)
     launched, device_functions = _script_functions(graph)
     record.kernels = kernels + launched
     t2 = time.perf_counter()
-    fns, record.source = build_kernels(
-        kernels + launched, target, options, device_index, device_functions
-    )
+    try:
+        fns, record.source = build_kernels(
+            kernels + launched, target, options, device_index, device_functions
+        )
+    except Exception as e:
+        if options.fallback == "error":
+            raise
+        raise _build_failure(groups, kernels, unfused, e, target, options, device_index) from e
     t3 = time.perf_counter()
     record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
     symbols = {
         k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)] for k in kernels
     }
-    plan = PlanBuilder(graph, layouts, fns, symbols).build()
-    if target == "cuda" and options.cuda_graphs:
+    builder = PlanBuilder(graph, layouts, fns, symbols)
+    plan = builder.build()
+    if target == "cuda" and options.cuda_graphs and not builder.late:
+        # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
         from minicomp.runtime.cuda_graphs import GraphedPlan
 
         return GraphedPlan(plan, static_inputs)

@@ -287,16 +287,26 @@ ExprLike = Expr | int | float | bool
 
 
 def const(value: int | float | bool, dt: DataType | None = None) -> Const:
-    """A constant; the type defaults to i64 for ints, f32 for floats, bool for bools."""
+    """A constant; the type defaults to i64 for ints, f32 for floats, bool for bools.
+
+    An integer outside `dt`'s range wraps around (two's complement), as C's conversion and
+    PyTorch's do: `int8_tensor + 300` adds 44.
+    """
     if dt is None:
         dt = boolean if isinstance(value, bool) else i64 if isinstance(value, int) else f32
     if dt.is_bool:
         value = bool(value)
     elif dt.is_integer:
-        value = int(value)
+        value = _wrap(int(value), dt)
     else:
         value = float(value)
     return Const(value, dt)
+
+
+def _wrap(v: int, dt: DataType) -> int:
+    bits = 8 * dt.nbytes
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if dt.kind == "int" and v >> (bits - 1) else v
 
 
 def as_expr(x: ExprLike, like: DataType | None = None) -> Expr:

@@ -81,7 +81,9 @@ class ExternOp(Op):
 
     `args`/`kwargs` hold the call's arguments with tensors replaced by ArgRef and
     symbolic sizes by expressions; `result_paths` says where each output sits in the
-    returned structure (() for a lone tensor, (k,) for element k of a tuple).
+    returned structure (() for a lone tensor, (k,) for element k of a tuple). `binds` names
+    the size symbols the call's result defines (data-dependent sizes such as nonzero's count
+    or `.item()`'s value), each with its PyTorch key path into the result.
     """
 
     name: str
@@ -92,12 +94,14 @@ class ExternOp(Op):
     kwargs: tuple[tuple[str, Any], ...]
     result_paths: tuple[tuple[int, ...], ...]
     reason: str = ""
+    binds: tuple[tuple[str, tuple], ...] = ()
 
     @property
     def has_effects(self) -> bool:
-        """Whether the call matters beyond its results (it mutates, or returns nothing)."""
+        """Whether the call matters beyond its results (it mutates, returns nothing, or binds
+        size symbols other operators use)."""
         schema = getattr(self.target, "_schema", None)
-        return not self.outputs or (schema is not None and schema.is_mutable)
+        return bool(not self.outputs or self.binds or (schema is not None and schema.is_mutable))
 
 
 @node
@@ -179,13 +183,16 @@ GraphOutput = Value | Expr | None
 class Graph:
     """A dataflow graph: inputs (tensor values and size symbols), operators, outputs.
 
-    `constants` binds values that hold fixed tensors (folded or lifted constants).
+    `constants` binds values that hold fixed tensors (folded or lifted constants). `origins`
+    names, for the values the importer made, the ATen graph node each computes part of (passes
+    name the values they add after those they derive from: see `origin_of`).
     """
 
     inputs: tuple[GraphInput, ...]
     nodes: tuple[Op, ...]
     outputs: tuple[GraphOutput, ...]
     constants: Mapping[str, Any] = field(default_factory=dict)
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     def producers(self) -> dict[Value, Op]:
         """The operator producing each value."""
@@ -206,6 +213,18 @@ class Graph:
     def symbols(self) -> tuple[Var, ...]:
         """The size symbols the graph takes."""
         return tuple(i for i in self.inputs if isinstance(i, Var))
+
+    def origin_of(self, value: str) -> str | None:
+        """The ATen graph node value `value` (or the value whose name it extends) comes from."""
+        hit = self.origins.get(value)
+        if hit is not None:
+            return hit
+        derived = [
+            name
+            for name in self.origins
+            if value.startswith(name) and value[len(name)] in "_0123456789"
+        ]
+        return self.origins[max(derived, key=len)] if derived else None
 
     def replace(self, **changes) -> Graph:
         """A copy with some fields changed."""

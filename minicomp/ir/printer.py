@@ -246,6 +246,8 @@ def op_str(n: G.Op) -> str:
         return f"{outs} = {n.name}({ins})  {{ {compute_str(n.definition)} }}"
     if isinstance(n, G.ExternOp):
         why = f"  # extern: {n.reason}" if n.reason else "  # extern"
+        if n.binds:
+            why += "; binds " + ", ".join(name for name, _ in n.binds)
         return f"{outs} = {n.name}({ins}){why}"
     if isinstance(n, G.FusedOp):
         return _fused_str(n, outs, ins)

@@ -439,8 +439,15 @@ def _pow_tensor(x, e):
     return _pow_expr(as_expr(x), as_expr(e))
 
 
-for _o in (aten.pow.Tensor_Tensor, aten.pow.Scalar):
-    register_lowering(_o)(pointwise(_o, _pow_tensor, 2))
+register_lowering(aten.pow.Tensor_Tensor)(pointwise(aten.pow.Tensor_Tensor, _pow_tensor, 2))
+
+
+@register_lowering(aten.pow.Scalar)
+def pow_scalar(ctx, base, e):
+    # Eager converts a Python base to the result's dtype first: pow(1e6, x) is inf for f16 x.
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and ctx.out_dtype.is_float:
+        base = torch.tensor(base, dtype=torch.float64).to(T.to_torch(ctx.out_dtype)).item()
+    return pointwise(aten.pow.Scalar, _pow_tensor, 2)(ctx, base, e)
 
 
 @register_lowering(aten.where.self)

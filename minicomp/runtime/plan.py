@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from minicomp.ir.error_flag import ERROR_FLAG
 from minicomp.runtime.memory import Interval, plan_offsets
@@ -171,7 +172,10 @@ def _with_error_flag(
 
 @dataclass
 class ExternStep(Step):
-    """A call of an ATen operator; tensors come from slots, sizes from the binding."""
+    """A call of an ATen operator; tensors come from slots, sizes from the binding. A call
+    whose result defines size symbols (nonzero's count, `.item()`'s value) binds each of
+    `binds` (symbol, PyTorch key path into the result) before storing its outputs, whose
+    expected strides may use them, and before any later step."""
 
     name: str
     target: Any
@@ -182,10 +186,14 @@ class ExternStep(Step):
     reads: Sequence[int] = ()
     # Inputs a view-like op's outputs may share memory with; they must outlive the outputs.
     aliases: Sequence[int] = ()
+    binds: Sequence[tuple[str, tuple]] = ()
 
     def run(self, slots: list, env: Env) -> None:
         args, kwargs = self.build_args(slots, env)
         result = self.target(*args, **kwargs)
+        for name, path in self.binds:
+            value = pytree.key_get(result, path)
+            env[name] = value if isinstance(value, float) else int(value)
         for k, path, want in zip(self.outputs, self.paths, self.expected_strides):
             t = result
             for p in path:

@@ -1,23 +1,25 @@
 """Fusion: groups compute ops into kernels (elementwise chains, producers into reductions).
 
 Groups merge greedily, each op's producers into its group in graph order, while the merged
-group has a loop nest (passes/graph/loop_nest.py). One more rule keeps matrix products whole:
-a group that is a contraction (minicomp.passes.graph.contraction: one sum of a product, which the
-matmul and convolution templates compute) never merges with another group holding a
-reduction. Two sibling products over equal K extents (`x @ w1 + x @ w2`, a ResNet block's
-last convolution and its projection shortcut) would otherwise share a loop nest with two
-sums, which is no contraction and runs as slow row reductions; with the rule their joint
-consumer fuses into the later product's group as its epilogue and the earlier product is a
-kernel of its own. Groups of several reductions that are no contractions (softmax, layer
-norm) fuse as before.
+group has a loop nest (passes/graph/loop_nest.py) and the groups stay a DAG
+(passes/graph/group_dag.py; an op using a data-dependent size follows the ATen call binding
+it). One more rule keeps matrix products whole: a group that is a contraction
+(minicomp.passes.graph.contraction: one sum of a product, which the matmul and convolution
+templates compute) never merges with another group holding a reduction. Two sibling
+products over equal K extents (`x @ w1 + x @ w2`, a ResNet block's last convolution and its
+projection shortcut) would otherwise share a loop nest with two sums, which is no contraction
+and runs as slow row reductions; with the rule their joint consumer fuses into the later
+product's group as its epilogue and the earlier product is a kernel of its own. Groups of
+several reductions that are no contractions (softmax, layer norm) fuse as before.
 """
 
 from __future__ import annotations
 
-import heapq
-
-from minicomp.ir.graph import ComputeOp, FusedOp, Graph, Op
+from minicomp.ir.expr import Var
+from minicomp.ir.functor import collect
+from minicomp.ir.graph import ComputeOp, ExternOp, FusedOp, Graph, Op
 from minicomp.passes.graph.contraction import match_contraction
+from minicomp.passes.graph.group_dag import GroupDag
 from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest, try_loop_nest
 
 
@@ -39,10 +41,13 @@ class _Groups:
                 if i is None:
                     continue
                 self.readers.setdefault(v, set()).add(j)
-                if i not in self.pred[j]:
-                    self.pred[j].add(i)
-                    self.succ[i].append(j)
+                self.add_edge(i, j)
+        for i, j in _symbol_edges(self.ops):
+            self.add_edge(i, j)
         self.producer = producer
+        self.dag = GroupDag(
+            len(self.ops), ((i, j) for i in range(len(self.ops)) for j in self.succ[i])
+        )
         self.group_of = list(range(len(self.ops)))
         self.members: dict[int, list[int]] = {i: [i] for i in range(len(self.ops))}
         self.graph_outputs = graph.output_values()
@@ -52,6 +57,11 @@ class _Groups:
         self.nests: dict[int, FusedOp | None] = {}
         # Whether each op holds a reduction, by id (every loop nest built asks again).
         self._reduces: dict[int, bool] = {}
+
+    def add_edge(self, i: int, j: int) -> None:
+        if i not in self.pred[j]:
+            self.pred[j].add(i)
+            self.succ[i].append(j)
 
     def reduces(self, op: ComputeOp) -> bool:
         """Whether `op`'s definition holds a reduction, computed once per op."""
@@ -71,22 +81,6 @@ class _Groups:
                     outs.append(v)
         return outs
 
-    def would_cycle(self, a: int, b: int) -> bool:
-        """Whether merging group a (a producer) into group b closes a cycle through others."""
-        ma, mb = set(self.members[a]), set(self.members[b])
-        limit = max(mb)
-        stack = [s for i in ma for s in self.succ[i] if s not in ma and s not in mb]
-        seen = set(stack)
-        while stack:
-            n = stack.pop()
-            for s in self.succ[n]:
-                if s in mb:
-                    return True
-                if s <= limit and s not in seen and s not in ma:
-                    seen.add(s)
-                    stack.append(s)
-        return False
-
     def holds_reduction(self, g: int) -> bool:
         return any(self.reduces(self.ops[i]) for i in self.members[g])
 
@@ -100,7 +94,7 @@ class _Groups:
         return nest is not None and match_contraction(nest) is not None
 
     def try_merge(self, a: int, b: int) -> bool:
-        if self.would_cycle(a, b):
+        if self.dag.would_cycle(a, b):
             return False
         key = (self.ops[self.members[a][-1]].name, self.ops[self.members[b][-1]].name)
         both_reduce = self.holds_reduction(a) and self.holds_reduction(b)
@@ -115,6 +109,7 @@ class _Groups:
         except NoLoopNest as e:
             self.rejected[key] = str(e)
             return False
+        self.dag.merge(a, b)
         for i in self.members[a]:
             self.group_of[i] = b
         self.members[b] = members
@@ -133,31 +128,6 @@ class _Groups:
                     if gi != gj:
                         self.try_merge(gi, gj)
 
-    def group_order(self) -> list[int]:
-        """The groups in topological order, the smallest group id first among the ready ones."""
-        succ: dict[int, set[int]] = {g: set() for g in self.members}
-        indegree = dict.fromkeys(self.members, 0)
-        for i, out in enumerate(self.succ):
-            gi = self.group_of[i]
-            for j in out:
-                gj = self.group_of[j]
-                if gi != gj and gj not in succ[gi]:
-                    succ[gi].add(gj)
-                    indegree[gj] += 1
-        ready = [g for g, d in indegree.items() if d == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            g = heapq.heappop(ready)
-            order.append(g)
-            for h in succ[g]:
-                indegree[h] -= 1
-                if indegree[h] == 0:
-                    heapq.heappush(ready, h)
-        if len(order) != len(self.members):
-            raise AssertionError("fusion produced a cycle")
-        return order
-
     def nest(self, name: str, g: int) -> FusedOp:
         """Group g's loop nest named `name`: the one built when g last changed, if its
         outputs are still those, else a new one."""
@@ -175,7 +145,7 @@ def fuse(graph: Graph) -> Graph:
     groups = _Groups(graph)
     groups.run()
     nodes: list[Op] = []
-    for g in groups.group_order():
+    for g in groups.dag.order():
         members = groups.members[g]
         first = groups.ops[members[0]]
         if not isinstance(first, ComputeOp):
@@ -184,6 +154,22 @@ def fuse(graph: Graph) -> Graph:
         ops = [groups.ops[i] for i in members]
         nodes.append(groups.nest(f"k{len(nodes)}_{_short(ops)}", g))
     return graph.replace(nodes=tuple(nodes))
+
+
+def _symbol_edges(ops: list[Op]) -> list[tuple[int, int]]:
+    """(i, j) where op j uses a size symbol that ATen call i binds (a data-dependent size):
+    j must run after i, though it reads none of i's values."""
+    binder = {
+        name: i for i, op in enumerate(ops) if isinstance(op, ExternOp) for name, _ in op.binds
+    }
+    if not binder:
+        return []
+    edges = []
+    for j, op in enumerate(ops):
+        for name in {v.name for v in collect(op, Var)} & binder.keys():
+            if binder[name] < j:
+                edges.append((binder[name], j))
+    return edges
 
 
 def _short(ops: list[ComputeOp]) -> str:
