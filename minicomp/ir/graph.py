@@ -98,10 +98,24 @@ class ExternOp(Op):
 
     @property
     def has_effects(self) -> bool:
-        """Whether the call matters beyond its results (it mutates, returns nothing, or binds
-        size symbols other operators use)."""
+        """Whether the call matters beyond its results (it mutates, returns nothing, binds
+        size symbols other operators use, or PyTorch says it has side effects)."""
         schema = getattr(self.target, "_schema", None)
-        return bool(not self.outputs or self.binds or (schema is not None and schema.is_mutable))
+        mutates = schema is not None and schema.is_mutable
+        return bool(not self.outputs or self.binds or mutates or declared_effectful(self.target))
+
+
+def declared_effectful(target: Any) -> bool:
+    """Whether PyTorch says calling `target` has side effects, its result used or not: an op
+    registered effectful (AOTAutograd orders its calls with effect tokens, with_effects) or a
+    function marked with torch.fx.node.has_side_effect."""
+    from torch._higher_order_ops.effects import has_effects
+    from torch.fx.node import _side_effectful_functions
+
+    try:
+        return target in _side_effectful_functions or has_effects(target)
+    except TypeError:  # an unhashable target
+        return False
 
 
 @node

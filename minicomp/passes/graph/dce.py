@@ -10,7 +10,8 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     constants no remaining operator or output reads.
 
     The graph is functional, so an operator whose results are unused can go, except an ATen
-    call with effects (a mutation, or a check that returns nothing).
+    call with effects (a mutation, a check that returns nothing, an op PyTorch declares
+    effectful: ExternOp.has_effects).
     """
     live: set[Value] = set(graph.output_values())
     kept = []
