@@ -17,6 +17,7 @@ from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.group_fallback import KernelsFailed
 from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.dynamo.overlap import find_overlapping_write
 
 log = logging.getLogger("minicomp")
 
@@ -385,6 +386,20 @@ def make_backend(options: config.Options, records: list | None = None) -> Callab
     from torch._dynamo.backends.common import aot_autograd
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        overlap = find_overlapping_write(gm)
+        if overlap is not None:
+            # AOTAutograd's functional graph would perform a write eager refuses, or give
+            # another answer than eager's for one it performs. The graph runs as Dynamo
+            # captured it: raising eager's error, or computing eager's result eagerly.
+            if not overlap.raises_in_eager:
+                message = (
+                    f"minicomp runs a graph eagerly: {overlap.op} writes to a broadcast view "
+                    "(elements sharing memory), which a functional graph cannot express"
+                )
+                if options.fallback == "error":
+                    raise RuntimeError(message)
+                warnings.warn(message, FallbackWarning, stacklevel=2)
+            return gm
         candidates = freeze_candidates(gm, example_inputs) if options.freeze else {}
 
         def fw(aten_gm, aten_inputs):
