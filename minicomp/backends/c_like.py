@@ -495,6 +495,13 @@ class CLikeRenderer(Functor):
     def intrinsic_syncthreads(self, e: E.Call) -> str:
         return self.barrier()
 
+    def intrinsic_checked_index(self, e: E.Call) -> str:
+        """An index read from a tensor, range-checked (ir/error_flag.py); without the flag
+        (a function that does not take it) it is only kept in bounds."""
+        flag = "0" if self._error_flag is None else self.name_of(self._error_flag)
+        args = ", ".join(self.expr(a) for a in e.args)
+        return f"mc_checked_index({args}, {flag})"
+
     # ---- statements ----
 
     def stmt(self, s: S.Stmt) -> list[str]:

@@ -50,6 +50,15 @@ MC_FN void mc_flag_zero_division(uint64_t flag) {
     if (flag) *(volatile int32_t*)flag = 1;
 }
 
+/* An index read from a tensor, checked against the size of the dimension it indexes: out of
+   range, it stores `code` in the error flag (the host raises eager's IndexError) and gives 0,
+   so that the load it feeds stays in bounds. The sizes are never 0 (ir/error_flag.py). */
+MC_FN int64_t mc_checked_index(int64_t i, int64_t size, int64_t code, uint64_t flag) {
+    if ((uint64_t)i < (uint64_t)size) return i;
+    if (flag) *(volatile int32_t*)flag = (int32_t)code;
+    return 0;
+}
+
 /* Truncating (div, fmod: C's / and %) and flooring (floordiv, mod: Python's) division, checked
    (with a flag) and plain (flag 0). MIN / -1 overflows, and x86's idiv faults on it: -1 is
    handled apart, the quotient wrapping to MIN (as PyTorch's floor division gives) and the

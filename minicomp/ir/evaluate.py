@@ -363,6 +363,12 @@ def _call(name: str, args: list, dt: T.DataType, live=None):
     """Math functions through PyTorch's CPU kernels, so special values behave as PyTorch's."""
     import torch
 
+    if name == "checked_index":
+        index, size = args[0], args[1]
+        bad = (index < 0) | (index >= size)
+        if np.any(bad if live is None else bad & live):
+            raise IndexError("index out of range")
+        return np.where(bad, 0, index)
     if name in ("fmod",) and (dt.is_integer or dt.is_bool):
         return np.fmod(args[0], _divisor(args[1], live))
     if name in ("floor", "ceil", "trunc", "rint") and not dt.is_float:

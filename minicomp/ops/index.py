@@ -3,9 +3,10 @@
 Indices read from tensors follow PyTorch. Advanced indexing (index.Tensor) wraps a negative
 index once (index + size); index_select, gather and embedding do not wrap, since eager
 PyTorch rejects negative indices there. An index out of range raises an error in eager
-PyTorch; a kernel cannot raise, so here it is undefined behaviour, exactly as in PyTorch's
-CUDA kernels without device-side assertions. Nothing is clamped silently: a clamp would
-turn a bug into a wrong but plausible answer.
+PyTorch; a kernel cannot raise, so each index read from a tensor goes through checked_index
+(ir/error_flag.py): the load stays in bounds and the plan raises eager's error after the
+kernel. Nothing is clamped silently. A gather from a dimension of size 0 has no element to
+keep a load on: it stays an ATen call, which raises.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from minicomp.ir.compute import TensorNode, compute
+from minicomp.ir.error_flag import GATHER_OUT_OF_RANGE, checked_index
 from minicomp.ir.expr import Expr, cast, eq, logical_and, select
 from minicomp.ops.common import broadcast_index
 from minicomp.ops.registry import NotLowerable, register_lowering
@@ -31,6 +33,11 @@ def _element(index: TensorNode, idx) -> Expr:
     return index[()] if len(index.shape) == 0 else index[tuple(idx)]
 
 
+def _check_not_empty(size, op: str) -> None:
+    if size == 0:
+        raise NotLowerable(f"{op} from a dimension of size 0")
+
+
 @register_lowering(aten.index_select.default)
 def index_select(ctx, x, dim, index):
     _check_index_dtype(index, "index_select")
@@ -38,10 +45,11 @@ def index_select(ctx, x, dim, index):
     d = canon_dim(dim, rank)
     if rank == 0:
         return compute(ctx.name, ctx.out_shape, lambda *i: x[()])
+    _check_not_empty(x.shape[d], "index_select")
 
     def body(*i):
         idx = list(i)
-        idx[d] = _element(index, (i[d],))
+        idx[d] = checked_index(_element(index, (i[d],)), x.shape[d])
         return x[tuple(idx)]
 
     return compute(ctx.name, ctx.out_shape, body)
@@ -54,10 +62,11 @@ def gather(ctx, x, dim, index, *, sparse_grad=False):
     d = canon_dim(dim, rank)
     if rank == 0:
         return compute(ctx.name, ctx.out_shape, lambda *i: x[()])
+    _check_not_empty(x.shape[d], "gather")
 
     def body(*i):
         idx = list(i)
-        idx[d] = index[tuple(i)]
+        idx[d] = checked_index(index[tuple(i)], x.shape[d], GATHER_OUT_OF_RANGE)
         return x[tuple(idx)]
 
     return compute(ctx.name, ctx.out_shape, body)
@@ -70,9 +79,10 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
     if len(weight.shape) != 2:
         raise NotLowerable("embedding weight must be 2-d")
     k = len(indices.shape)
+    _check_not_empty(weight.shape[0], "embedding")
 
     def body(*i):
-        return weight[_element(indices, i[:k]), i[k]]
+        return weight[checked_index(_element(indices, i[:k]), weight.shape[0]), i[k]]
 
     return compute(ctx.name, ctx.out_shape, body)
 
@@ -101,6 +111,8 @@ def index(ctx, x, indices):
     first = used[0] if adjacent else 0
     b_shape = out[first : first + b_rank]
     rest = [k for k in range(rank) if indices[k] is None]
+    for k in used:
+        _check_not_empty(x.shape[k], "index")
 
     def body(*i):
         b_idx = i[first : first + b_rank]
@@ -112,7 +124,7 @@ def index(ctx, x, indices):
         for k in used:
             t = indices[k]
             v = _element(t, broadcast_index(t, b_shape, b_idx))
-            idx[k] = wrap_index(v, x.shape[k])
+            idx[k] = checked_index(wrap_index(v, x.shape[k]), x.shape[k])
         return x[tuple(idx)]
 
     return compute(ctx.name, out, body)

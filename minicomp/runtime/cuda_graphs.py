@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from minicomp.runtime.plan import ExternStep, KernelStep, Plan, ResetErrorFlag, Step
+from minicomp.runtime.plan import (
+    CheckErrorFlag,
+    ExternStep,
+    KernelStep,
+    Plan,
+    ResetErrorFlag,
+    Step,
+)
 
 MAX_CAPTURES = 8
 
@@ -57,6 +64,8 @@ def capturable(step: Step, devices: Sequence[str]) -> bool:
     """Whether `step` can be recorded in a CUDA graph; `devices` gives each slot's device."""
     if isinstance(step, (KernelStep, ResetErrorFlag)):
         return True
+    if isinstance(step, CheckErrorFlag):
+        return step.flag.on_device  # an asynchronous assert on cuda, a host read elsewhere
     if not isinstance(step, ExternStep):
         return False
     target = step.target

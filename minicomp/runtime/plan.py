@@ -6,10 +6,11 @@ each output a kernel writes is allocated just before the step that writes it; th
 ATen calls are dropped after the last step reading them, as eager PyTorch drops a tensor
 nothing refers to any more. `Plan.memory_stats` gives the resulting peak.
 
-Errors: kernels that may divide integers by zero take the address of the plan's ErrorFlag
-(ir/error_flag.py), bound like a size symbol; the plan zeroes it before the first such
-kernel and, after its last step, raises eager PyTorch's `RuntimeError: ZeroDivisionError`
-when a kernel set it. Plans without such kernels have neither step.
+Errors: kernels that may divide integers by zero or read an index out of range take the
+address of the plan's ErrorFlag (ir/error_flag.py), bound like a size symbol; the plan zeroes
+it before the first such kernel and, after its last step, raises eager PyTorch's error
+(`RuntimeError: ZeroDivisionError`, `IndexError: index out of range in self`) when a kernel
+stored a code in it. Plans without such kernels have neither step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from minicomp.ir.error_flag import ERROR_FLAG
+from minicomp.ir.error_flag import ERROR_FLAG, ERRORS
 from minicomp.runtime.memory import Interval, plan_offsets
 from minicomp.runtime.symbols import compile_dims
 
@@ -90,9 +91,9 @@ def _address(v: Any) -> int:
 
 
 class ErrorFlag:
-    """The int32 a plan's kernels set to 1 where they divide an integer by zero
-    (ir/error_flag.py): host memory for the cpu and cuda-emu targets, a device tensor
-    (allocated on first use, on the current device) for cuda."""
+    """The int32 a plan's kernels store an error code in (ir/error_flag.py): host memory
+    for the cpu and cuda-emu targets, a device tensor (allocated on first use, on the current
+    device) for cuda."""
 
     def __init__(self, device: str):
         self.device = device
@@ -115,14 +116,22 @@ class ErrorFlag:
         else:
             self._tensor.zero_()
 
-    def is_set(self) -> bool:
-        """Whether a kernel set the flag (on cuda, this waits for the kernels). Inside a CUDA
-        graph capture the plan did not start (the caller's own), nothing can be read: False."""
+    @property
+    def on_device(self) -> bool:
+        """Whether the flag is in device memory (cuda), where the host does not read it."""
+        return self._host is None
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The flag as a one-element int32 device tensor (cuda only)."""
+        self.address  # noqa: B018 - allocates it on first use
+        return self._tensor
+
+    def code(self) -> int:
+        """The code a kernel stored (0: none; on cuda, this waits for the kernels)."""
         if self._host is not None:
-            return self._host.value != 0
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        return bool(self._tensor.item())
+            return self._host.value
+        return int(self.tensor.item())
 
 
 @dataclass
@@ -140,17 +149,32 @@ class ResetErrorFlag(Step):
 
 @dataclass
 class CheckErrorFlag(Step):
-    """Raises eager PyTorch's error for an integer division by zero when a kernel set the
-    error flag. On cuda it reads device memory, so a CUDA graph ends before it."""
+    """Raises eager PyTorch's error for what a kernel stored in the error flag (an integer
+    division by zero, an index out of range: ERRORS).
+
+    On cuda it does not wait for the kernels: it launches PyTorch's asynchronous assert on the
+    flag, a device-side assert as eager's CUDA indexing kernels raise, reported at the next
+    synchronization. A host read would cost every call a synchronization (every model with an
+    embedding), and the check replays inside a CUDA graph."""
 
     flag: ErrorFlag
     name: str = "check_error_flag"
     outputs: Sequence[int] = ()
 
     def run(self, slots: list, env: Env) -> None:
-        if self.flag.is_set():
+        if self.flag.on_device:
+            torch._assert_async(self.flag.tensor == 0, DEVICE_ERROR)
+            return
+        code = self.flag.code()
+        if code:
             self.flag.reset()
-            raise RuntimeError("ZeroDivisionError")
+            error, message = ERRORS.get(code, (RuntimeError, f"a kernel reported error {code}"))
+            raise error(message)
+
+
+DEVICE_ERROR = "minicomp: a kernel reported " + " or ".join(
+    f"{error.__name__}: {message}" for error, message in ERRORS.values()
+)
 
 
 def _with_error_flag(

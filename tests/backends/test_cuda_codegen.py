@@ -12,7 +12,7 @@ from minicomp.backends.cuda.codegen import CudaRenderer, render_module
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
-from minicomp.ir.error_flag import ERROR_FLAG
+from minicomp.ir.error_flag import ERROR_FLAG, checked_index
 from minicomp.ir.func import Function, Module
 from minicomp.ir.types import (
     ALL_TYPES,
@@ -332,6 +332,7 @@ def helper_module() -> Module:
             d = E.Load(src, E.const(0))
             checked = [E.Binary(op, a, d) for op in ("div", "floordiv", "mod")]
             checked.append(E.Call("fmod", (a, d), dt))
+            checked.append(E.cast(checked_index(E.cast(d, i64), 7), dt))
             body = S.seq(*(S.Store(out, E.const(k), v) for k, v in enumerate(checked)))
             params = (a, src, out, ERROR_FLAG)
             kernels.append(Function(f"checked_{dt.short}", params, body))

@@ -11,7 +11,13 @@ from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.lowering import CompileRecord, compile_graph
 from minicomp.runtime import cuda_graphs
 from minicomp.runtime.cuda_graphs import GraphedPlan, capturable, segments
-from minicomp.runtime.plan import ExternStep, KernelStep
+from minicomp.runtime.plan import (
+    CheckErrorFlag,
+    ErrorFlag,
+    ExternStep,
+    KernelStep,
+    ResetErrorFlag,
+)
 
 
 class ReplayGraph:
@@ -159,6 +165,15 @@ def test_kernels_are_capturable_and_syncing_or_host_ops_are_not():
     steps = [kernel, extern(torch.ops.aten.mm.default), extern(torch.ops.aten.nonzero.default)]
     steps.append(kernel)
     assert [(ok, len(s)) for ok, s in segments(steps, cuda)] == [(True, 2), (False, 1), (True, 1)]
+
+
+def test_the_error_flag_check_is_captured_on_cuda_and_read_on_the_host_elsewhere():
+    # On cuda the check is an asynchronous assert (no synchronization, no graph break); the
+    # cpu and cuda-emu targets read host memory after the kernels.
+    cuda = ["cuda", "cuda"]
+    assert capturable(CheckErrorFlag(ErrorFlag("cuda")), cuda)
+    assert not capturable(CheckErrorFlag(ErrorFlag("cpu")), cuda)
+    assert capturable(ResetErrorFlag(ErrorFlag("cuda")), cuda)
 
 
 def test_an_input_in_another_layout_is_restrided_at_every_replay():
