@@ -16,7 +16,7 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
-from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.graph.layout import eager_stride_reads, layouts_for
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.runtime.plan import (
     ExternStep,
@@ -349,7 +349,7 @@ class PlanBuilder:
         outputs = g.output_values()
         inputs, binders, checked = [], [], []
         kernel_reads = {v for n in g.nodes if isinstance(n, _LAUNCHED) for v in n.inputs}
-        kernel_reads |= _strided_reads(g)
+        kernel_reads |= eager_stride_reads(g)
         for pos, v in enumerate(g.inputs):
             if isinstance(v, Var):
                 inputs.append(("symbol", v.name))
@@ -454,23 +454,6 @@ class PlanBuilder:
 
 # Operators the plan launches as kernels of its own module.
 _LAUNCHED = (FusedOp, KernelOp)
-
-
-_SELECT = torch.ops.aten.select.int
-
-
-def _strided_reads(graph: Graph) -> set[Value]:
-    """The values `aten.as_strided` calls view (through `aten.select` calls): their strides
-    must be the layout's, as for a kernel's inputs (dynamo.aten_contraction's operand views)."""
-    producers = graph.producers()
-    found = set()
-    for n in graph.nodes:
-        if isinstance(n, ExternOp) and n.target is torch.ops.aten.as_strided.default:
-            v = n.inputs[0]
-            while isinstance(p := producers.get(v), ExternOp) and p.target is _SELECT:
-                v = p.inputs[0]
-            found.add(v)
-    return found
 
 
 def _scalars_builder(scalars: list[tuple[Var, Expr]]) -> Callable[[dict], list]:

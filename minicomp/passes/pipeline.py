@@ -12,6 +12,7 @@ from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import constant_operand_layouts, fold_constants
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
+from minicomp.passes.graph.layout import contiguous_extern_inputs
 from minicomp.passes.graph.simplify_views import simplify_views
 from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.graph.split_reductions import split_reductions
@@ -20,7 +21,8 @@ GraphPass = Callable[[Graph], Graph]
 
 # Read top to bottom. Dead code goes first so later passes look at less; views collapse
 # before CSE, which then sees the canonical index maps; the last DCE drops what folding,
-# view collapsing and CSE left unread; views that ATen calls read then become aliases.
+# view collapsing and CSE left unread; views that ATen calls read then become aliases, and
+# the ATen calls that need contiguous arguments get copies of the others.
 DEFAULT_PASSES: list[GraphPass] = [
     eliminate_dead_code,
     simplify_views,
@@ -28,6 +30,7 @@ DEFAULT_PASSES: list[GraphPass] = [
     eliminate_common_subexpressions,
     eliminate_dead_code,
     alias_views,
+    contiguous_extern_inputs,
 ]
 
 # Passes every target runs first. Matrix products sharing their input fuse while they are

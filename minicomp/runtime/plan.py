@@ -272,7 +272,7 @@ class Plan:
             intervals, owners = [], []
             for k, info in enumerate(self.slots):
                 if info.workspace:
-                    nbytes = _nbytes(info.shape(env), info.dtype)
+                    nbytes = max(_nbytes(info.shape(env), info.dtype), _span_bytes(info, env))
                     first, last = self._lifetime(k)
                     intervals.append(Interval(nbytes, first, last))
                     owners.append(k)
@@ -357,8 +357,11 @@ class Plan:
             for k, off in offsets.items():
                 info = self.slots[k]
                 if info.as_tensor:
-                    nbytes = _nbytes(info.shape(env), info.dtype)
-                    slots[k] = ws[off : off + nbytes].view(info.dtype).view(info.shape(env))
+                    # With the slot's strides: an ATen call may need eager's (as_strided).
+                    shape, strides = info.shape(env), info.strides(env)
+                    nbytes = max(_nbytes(shape, info.dtype), _span_bytes(info, env))
+                    flat = ws[off : off + nbytes].view(info.dtype)
+                    slots[k] = flat.as_strided(shape, strides)
                 else:
                     slots[k] = base + off
             # Bare addresses keep no reference: the workspace lives as long as the slots.

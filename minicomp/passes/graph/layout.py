@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from minicomp.ir.compute import TensorInput, compute
 from minicomp.ir.expr import Dim, Expr, binary, dim_expr
@@ -22,11 +22,48 @@ def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     return tuple(reversed(out))
 
 
+def layout_constraint(n: ExternOp) -> str:
+    """What an ATen call needs of its tensor arguments' strides: "exact" (eager's: as_strided
+    reads storage, and ops tagged needs_exact_strides or needs_fixed_stride_order, custom ops
+    by default), "contiguous" (tagged needs_contiguous_strides) or "flexible"."""
+    import torch
+    from torch._library.utils import get_layout_constraint_tag
+
+    target = n.target
+    if target in (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default):
+        return "exact"
+    if not isinstance(target, torch._ops.OpOverload):
+        return "flexible"
+    tag = get_layout_constraint_tag(target)
+    if tag == getattr(torch.Tag, "needs_contiguous_strides", None):
+        return "contiguous"
+    if tag in (torch.Tag.needs_exact_strides, torch.Tag.needs_fixed_stride_order):
+        return "exact"
+    return "flexible"
+
+
+def eager_stride_reads(graph: Graph) -> set[Value]:
+    """The values ATen calls read with eager's strides (layout_constraint "exact"), looking
+    through the selects an as_strided call reads its storage by."""
+    import torch
+
+    select = torch.ops.aten.select.int
+    producers = graph.producers()
+    found = set()
+    for n in graph.nodes:
+        if isinstance(n, ExternOp) and layout_constraint(n) == "exact":
+            for v in n.inputs:
+                while isinstance(p := producers.get(v), ExternOp) and p.target is select:
+                    v = p.inputs[0]
+                found.add(v)
+    return found
+
+
 def layouts_for(graph: Graph) -> dict[str, tuple]:
     """Strides of every value: PyTorch's for graph inputs, outputs, constants, ATen-call
-    results and what strided kernel launches write; row-major for the intermediates minicomp
-    writes."""
-    outputs = graph.output_values()
+    results, the values ATen calls read with eager's strides (eager_stride_reads) and what
+    strided kernel launches write; row-major for the other intermediates minicomp writes."""
+    outputs = graph.output_values() | eager_stride_reads(graph)
     out: dict[str, tuple] = {}
     for v in graph.inputs:
         if isinstance(v, Value):
@@ -61,13 +98,27 @@ def contiguous_kernel_inputs(graph: Graph) -> Graph:
     (a transposed graph input, a strided ATen result or alias) is copied first by a compute op,
     which fusion then turns into (part of) a kernel. Strided launches read their inputs in
     place. Run it after the passes that drop identity copies."""
+    return _row_major_inputs(graph, lambda n: isinstance(n, KernelOp) and not n.strided)
+
+
+def contiguous_extern_inputs(graph: Graph) -> Graph:
+    """Make every tensor argument of an ATen call tagged needs_contiguous_strides row-major,
+    as contiguous_kernel_inputs does for kernel launches."""
+    return _row_major_inputs(
+        graph, lambda n: isinstance(n, ExternOp) and layout_constraint(n) == "contiguous"
+    )
+
+
+def _row_major_inputs(graph: Graph, needs: Callable[[Op], bool]) -> Graph:
+    """`graph` with a row-major copy of every input that is not row-major of the ops `needs`
+    selects."""
     layouts = layouts_for(graph)
     taken = {v.name for v in graph.inputs if isinstance(v, Value)} | set(graph.constants)
     taken |= {v.name for n in graph.nodes for v in n.outputs}
     copies: dict[Value, Value] = {}
     nodes: list[Op] = []
     for n in graph.nodes:
-        if isinstance(n, KernelOp) and not n.strided:
+        if needs(n):
             inputs = []
             for v in n.inputs:
                 if not is_row_major(v.shape, layouts[v.name]) and v not in copies:

@@ -1,0 +1,74 @@
+"""ATen calls get their tensor arguments with the strides they need: eager's for as_strided
+(which reads storage) and for custom ops (PyTorch's default, needs_exact_strides), row-major
+for ops tagged needs_contiguous_strides, whatever minicomp chose for flexible_layout."""
+
+import pytest
+import torch
+from helpers import assert_same, compile_minicomp
+
+# The strides each custom op was last called with, by op name.
+seen: dict[str, tuple[int, ...]] = {}
+
+
+def _strides_logging_op(name: str, tags: tuple):
+    @torch.library.custom_op(f"minicomp_tests::layout_{name}", mutates_args=(), tags=tags)
+    def op(x: torch.Tensor) -> torch.Tensor:
+        seen[name] = tuple(x.stride())
+        return x * 3
+
+    op.register_fake(lambda x: torch.empty_like(x))
+    return op
+
+
+OPS = {
+    "exact_by_default": _strides_logging_op("exact_by_default", ()),
+    "exact": _strides_logging_op("exact", (torch.Tag.needs_exact_strides,)),
+    "fixed_order": _strides_logging_op("fixed_order", (torch.Tag.needs_fixed_stride_order,)),
+    "contiguous": _strides_logging_op("contiguous", (torch.Tag.needs_contiguous_strides,)),
+}
+
+
+def transposed_intermediate(op, x):
+    return op(x.t() * 2) + 1
+
+
+def channels_last_intermediate(op, x):
+    return op(x.to(memory_format=torch.channels_last).sin()) - 1
+
+
+def transposed_input(op, x):
+    return op(x.t()) + 1
+
+
+CASES = {
+    transposed_intermediate: (4, 6),
+    channels_last_intermediate: (2, 3, 4, 5),
+    transposed_input: (4, 6),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", list(OPS))
+def test_custom_ops_get_the_strides_their_tag_asks_for(name, case, target):
+    op = OPS[name]
+    x = torch.randn(CASES[case])
+    expected = case(op, x)
+    eager_strides = seen.pop(name)
+    got = compile_minicomp(lambda x: case(op, x), target)(x)
+    assert_same(got, expected)
+    strides = seen.pop(name)
+    if name == "contiguous":
+        shape = expected.shape
+        assert strides == torch.empty(shape).stride()
+    else:
+        assert strides == eager_strides
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_as_strided_of_a_channels_last_intermediate_reads_eagers_elements(dynamic, target):
+    def strided_window(x):
+        y = x * 2  # channels-last, as its input
+        return y.as_strided((2, 3, 4), (1, 2, 7))
+
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    assert_same(compile_minicomp(strided_window, target, dynamic=dynamic)(x), strided_window(x))
