@@ -17,6 +17,7 @@ from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.group_fallback import KernelsFailed
 from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.dynamo.output_aliases import share_storages, shared_output_storages
 from minicomp.dynamo.overlap import find_overlapping_write
 
 log = logging.getLogger("minicomp")
@@ -69,11 +70,13 @@ def compile_aten_graph(
         return _boxed(gm)
     if frozen:
         return FrozenRunner(gm, plan, frozen, static, options, kind, records)
+    shared = shared_output_storages(gm)
 
     def run(args: list) -> Any:
+        env = plan.bind(args) if shared else None
         out = plan(*args)
         args.clear()
-        return out
+        return share_storages(out, shared, env) if shared else out
 
     run._boxed_call = True  # AOTAutograd passes a list it lets us free
     return run
@@ -279,6 +282,7 @@ class FrozenRunner:
         self.gm = gm
         self.positions = tuple(frozen)
         self.kept = [k for k in range(_placeholder_count(gm)) if k not in frozen]
+        self.shared = shared_output_storages(gm)
         self.plans: list[tuple[tuple, Callable]] = [(tuple(frozen.values()), plan)]
         self.compile = functools.partial(_compile, gm, options, kind, records, static=static)
         self.fallback = options.fallback
@@ -290,7 +294,10 @@ class FrozenRunner:
         if plan is None:
             out = self.gm(*args)
         else:
-            out = plan(*[args[k] for k in self.kept])
+            kept = [args[k] for k in self.kept]
+            env = plan.bind(kept) if self.shared else None
+            out = plan(*kept)
+            out = share_storages(out, self.shared, env) if self.shared else out
         args.clear()
         return out
 
