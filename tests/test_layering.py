@@ -1,0 +1,140 @@
+"""Imports point down the layers: a module imports only from lower layers or its own part.
+
+The layers, bottom to top (docs: ../shared/ARCHITECTURE.md, "Package layout"). Parts on one
+layer are siblings and import nothing of each other. Every import counts, the ones inside
+functions too: a lazy import does not make an upward dependency go away.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "minicomp"
+
+# (layer, part): a part is a module prefix; the longest prefix matching a module wins.
+LAYERS = {
+    "minicomp.ir": 0,
+    "minicomp.ops": 1,
+    # The script DSL's language (what templates are written in); building and launching
+    # script kernels and the PyTorch custom-op glue sit higher up.
+    "minicomp.script": 1,
+    "minicomp.passes.graph": 2,
+    "minicomp.passes.kernel": 2,
+    "minicomp.schedule": 2,
+    "minicomp.backends": 2,
+    "minicomp.config": 2.5,
+    "minicomp.passes.pipeline": 3,
+    "minicomp.passes.__init__": 3,
+    "minicomp.runtime": 3,
+    "minicomp.tune": 3,
+    "minicomp.script.launch": 4,
+    "minicomp.script.custom_op": 4,
+    "minicomp.script.__init__": 4.5,
+    "minicomp.dynamo": 5,
+    "minicomp.explain": 6,
+    "minicomp.bench": 6,
+    "minicomp.fuzz": 6,
+    "minicomp.cli": 7,
+    "minicomp.__init__": 8,
+    "minicomp.__main__": 8,
+}
+
+# Upward or sideways imports the code has today, each to be removed by issue 15; the test
+# fails when one is gone (delete its line) as when a new one appears.
+KNOWN = {
+    ("minicomp.backends.cpu.module", "minicomp.config"),
+    ("minicomp.backends.cuda.module", "minicomp.runtime.symbols"),
+    ("minicomp.dynamo.backend", "minicomp.explain"),
+    ("minicomp.passes.graph.layout", "minicomp.passes.kernel.simplify"),
+    ("minicomp.passes.graph.simplify_views", "minicomp.passes.kernel.simplify"),
+    ("minicomp.schedule.templates.problem", "minicomp.passes.graph.contraction"),
+    ("minicomp.script.function", "minicomp.backends.cuda.codegen"),
+    ("minicomp.script.function", "minicomp.passes.kernel.simplify_indices"),
+    ("minicomp.script.function", "minicomp.script.launch"),
+    ("minicomp.schedule.templates", "minicomp.config"),
+    ("minicomp.script.parser", "minicomp.runtime.symbols"),
+    ("minicomp.script.signature", "minicomp.backends"),
+    ("minicomp.script.signature", "minicomp.backends.c_names"),
+}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+
+
+def part_of(module: str) -> str:
+    """The longest LAYERS prefix of `module`."""
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return best
+
+
+MODULES = {module_name(p) for p in PACKAGE.rglob("*.py")}
+MODULES |= {m.removesuffix(".__init__") for m in MODULES}
+
+
+def imports_of(here: str, source: str) -> set[str]:
+    """The minicomp modules the module `here` (its `source`) imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: -node.level]
+                node_module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                node_module = node.module or ""
+            out.add(node_module)
+            # `from minicomp import config` imports the module minicomp.config.
+            out |= {f"{node_module}.{a.name}" for a in node.names}
+    return {m for m in out if m in MODULES and m.startswith("minicomp.")}
+
+
+def upward_imports(extra: dict[str, str] | None = None) -> set[tuple[str, str]]:
+    """(importer, imported) for every import that does not point down or stay in its part,
+    over the package's modules and `extra` (module name -> source)."""
+    sources = {module_name(p): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+    found = set()
+    for here, source in {**sources, **(extra or {})}.items():
+        src = part_of(here)
+        for target in imports_of(here, source):
+            if target == "minicomp":
+                continue
+            dst = part_of(target)
+            if dst == src:
+                continue
+            if LAYERS[dst] >= LAYERS[src]:
+                found.add((here.removesuffix(".__init__"), target.removesuffix(".__init__")))
+    return found
+
+
+def test_imports_point_down_the_layers():
+    found = upward_imports()
+    new = sorted(found - KNOWN)
+    gone = sorted(KNOWN - found)
+    assert not new, "imports pointing up or sideways:\n" + "\n".join(f"{a} -> {b}" for a, b in new)
+    assert not gone, "fixed, remove from KNOWN:\n" + "\n".join(f"{a} -> {b}" for a, b in gone)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from minicomp.dynamo import backend\n",
+        "def f():\n    import minicomp.dynamo.backend\n",  # a lazy import counts too
+        "from ..dynamo import backend\n",
+    ],
+)
+def test_an_upward_import_is_caught(source):
+    found = upward_imports({"minicomp.ir.planted": source})
+    assert ("minicomp.ir.planted", "minicomp.dynamo.backend") in found
+
+
+def test_a_sideways_import_is_caught():
+    found = upward_imports({"minicomp.schedule.planted": "from minicomp.backends import cache\n"})
+    assert ("minicomp.schedule.planted", "minicomp.backends.cache") in found
+
+
+@pytest.mark.parametrize("module", ["minicomp.ir.expr", "minicomp.schedule.templates.matmul"])
+def test_parts_are_found_by_longest_prefix(module):
+    assert LAYERS[part_of(module)] == LAYERS[".".join(module.split(".")[:2])]
