@@ -35,10 +35,37 @@ KEEP_WHOLE = (
 
 @functools.cache
 def decomposition_table() -> dict:
-    """The table AOTAutograd traces with."""
+    """The table AOTAutograd traces with. Decompositions of ops whose eager strides minicomp
+    knows (eager_strides.eager_strides_of) give their results those strides."""
     from torch._decomp import core_aten_decompositions
+
+    from minicomp.dynamo.eager_strides import eager_strides_of
 
     table = dict(core_aten_decompositions())
     for op in KEEP_WHOLE:
         table.pop(op, None)
+    for op, fn in table.items():
+        if eager_strides_of(op, (), {}, None, probe=True):
+            table[op] = _with_eager_strides(op, fn)
     return table
+
+
+def _with_eager_strides(op, fn):
+    """`fn`, a decomposition of `op`, with its result copied into eager's strides where they
+    differ: `roll` decomposes to a row-major index_select where eager's kernel keeps a
+    channels-last input so, masked_fill to a `where` laid out like its inputs where eager's
+    result is contiguous. The copy stays one only where the result is a graph output."""
+    from minicomp.dynamo.eager_strides import eager_strides_of
+
+    @functools.wraps(fn)
+    def decomposed(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if not isinstance(out, torch.Tensor) or out.layout != torch.strided:
+            return out
+        strides = eager_strides_of(op, args, kwargs, out)
+        if strides is None or tuple(out.stride()) == tuple(strides):
+            return out
+        dst = aten.empty_strided.default(out.shape, strides, dtype=out.dtype, device=out.device)
+        return aten.copy.default(dst, out)
+
+    return decomposed

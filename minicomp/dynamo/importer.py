@@ -537,5 +537,10 @@ def import_graph(
 ) -> Graph:
     """The graph IR of an ATen-level FX graph (from AOTAutograd); the placeholders at the
     positions `frozen` names become constants holding its tensors (options.freeze), and the
-    nodes `externs` names (with the reason why) stay ATen calls."""
+    nodes `externs` names (with the reason why) stay ATen calls. The fake tensors' strides
+    are first made eager's where PyTorch's fake implementations differ (restride_like_eager):
+    graph outputs keep them."""
+    from minicomp.dynamo.eager_strides import restride_like_eager
+
+    restride_like_eager(gm)
     return Importer(gm, frozen, externs).run()

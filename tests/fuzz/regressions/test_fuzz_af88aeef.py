@@ -15,7 +15,7 @@ SIGNATURE = {
     "targets": ["cpu", "cuda-emu"],
     "ops": ["copysign"],
 }
-# Why the test fails: what is wrong, in words.
+# What was wrong, in words (fixed: the test passes).
 REASON = (
     "copysign broadcasting a permuted 4-d tensor to 5 dims returns a contiguous result; eager "
     "keeps the input's layout (add, mul, atan2 do)"
@@ -34,7 +34,6 @@ def make_inputs():
     return a, b
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=REASON)
 @pytest.mark.parametrize("target", ["cpu", "cuda-emu"])
 def test_fuzz_af88aeef(target):
     check_against_eager(fn, make_inputs, target=target, dynamic=False, backward=False)
