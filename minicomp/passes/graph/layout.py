@@ -22,10 +22,17 @@ def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     return tuple(reversed(out))
 
 
+# ATen ops whose kernels check that their tensor arguments are contiguous without carrying
+# the needs_contiguous_strides tag: the composite that calls them (group_norm) makes them so
+# with a clone, which minicomp drops as an identity copy (simplify_views).
+_CHECKS_CONTIGUOUS = ("native_group_norm.default", "native_group_norm_backward.default")
+
+
 def layout_constraint(n: ExternOp) -> str:
     """What an ATen call needs of its tensor arguments' strides: "exact" (eager's: as_strided
     reads storage, and ops tagged needs_exact_strides or needs_fixed_stride_order, custom ops
-    by default), "contiguous" (tagged needs_contiguous_strides) or "flexible"."""
+    by default), "contiguous" (tagged needs_contiguous_strides, or kernels that check
+    contiguity: _CHECKS_CONTIGUOUS) or "flexible"."""
     import torch
     from torch._library.utils import get_layout_constraint_tag
 
@@ -34,6 +41,8 @@ def layout_constraint(n: ExternOp) -> str:
         return "exact"
     if not isinstance(target, torch._ops.OpOverload):
         return "flexible"
+    if target.namespace == "aten" and str(target).removeprefix("aten.") in _CHECKS_CONTIGUOUS:
+        return "contiguous"
     tag = get_layout_constraint_tag(target)
     if tag == getattr(torch.Tag, "needs_contiguous_strides", None):
         return "contiguous"
