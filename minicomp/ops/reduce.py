@@ -385,6 +385,10 @@ def linalg_vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
             root = s * binary("pow", t, const(1.0 / power, acc))
             special = eq(s, const(0.0, acc)) | call("isinf", s, dtype=T.boolean)
             t = select(special, s, root)
+            if power > 0:
+                # |x| >= 0, so a largest |x| of -inf (max's identity) means an empty
+                # reduction, whose norm is 0 (eager rejects empty ones of negative order).
+                t = select(eq(s, const(-math.inf, acc)), const(0.0, acc), t)
         return cast(t, out)
 
     return compute(ctx.name, ctx.out_shape, norm)

@@ -40,7 +40,8 @@ Reduction groups (ReduceStages over the inner loops, then row stores), by inner 
   so every lane holds the result; no shared memory and no barrier.
 Later stages (softmax's sum after its max) and the row stores follow in the same kernel,
 reading the broadcast accumulators; scalar row stores are written by one thread.
-argmax/argmin reduce (value, index) pairs (NaN first, ties to the smaller index).
+argmax/argmin reduce (value, index) pairs (NaN first, ties to the smaller index); the value and
+the index travel through shared arrays of their own, even when both are int64.
 Long reductions over few rows (a full `x.sum()`, or 2 rows of 2^22) arrive already split in
 two by the graph pass passes/graph/split_reductions.py (CUDA targets only): a partial group
 of R * C rows of CHUNK >= 2048 elements (a block each) and a final group reducing each row's
@@ -200,6 +201,12 @@ def vector_offset(
 def _grid_stride(var: Var, start: Expr, step: Expr, limit: Expr, body: Stmt) -> Stmt:
     """`for (var = start; var < limit; var += step) body` as a declaration and a while loop."""
     return seq(Declare(var, start), While(var < limit, seq(body, Assign(var, var + step))))
+
+
+def _slots(parts: Sequence[DataType]) -> list[tuple[DataType, int]]:
+    """Each partial's shared-array key: its type, and how many earlier partials of the stage
+    have that type (so (i64, 0) and (i64, 1) for an int64 argmax's value and index)."""
+    return [(dt, parts[:k].count(dt)) for k, dt in enumerate(parts)]
 
 
 def _pair_better(kind: str, ov: Expr, oi: Expr, bv: Expr, bi: Expr) -> Expr:
@@ -386,21 +393,24 @@ class CudaKernelBuilder:
     def block_rows(self, n: Dim) -> tuple[Stmt, Dim, int]:
         """One row per block: strided partials, then shared-memory block reductions."""
         op = self.op
-        types = [self.parts(st) for st in self.reduces]
-        smem: dict[DataType, Var] = {}
-        for parts in types:
-            for dt in parts:
-                smem.setdefault(dt, Var(f"smem_{dt.short}", PointerType(dt, "shared")))
+        # A stage's partials each get an array of their own, even two of one type (an int64
+        # argmax's value and index); stages share arrays, one after another, by (type, slot).
+        slots = [_slots(self.parts(st)) for st in self.reduces]
+        smem: dict[tuple[DataType, int], Var] = {}
+        for keys in slots:
+            for dt, k in keys:
+                name = f"smem_{dt.short}" + (f"_{k}" if k else "")
+                smem.setdefault((dt, k), Var(name, PointerType(dt, "shared")))
         looping = _loops(prod(op.outer_extents), 1)
         stmts: list[Stmt] = list(unravel(self.row, op.outer_vars, op.outer_extents))
         for k, st in enumerate(self.reduces):
-            later = {dt for parts in types[k + 1 :] for dt in parts}
-            reuse = looping or bool(later & set(types[k]))
-            stmts += self.block_stage(k, st, n, smem, reuse)
+            later = {key for keys in slots[k + 1 :] for key in keys}
+            reuse = looping or bool(later & set(slots[k]))
+            stmts += self.block_stage(k, st, n, [smem[key] for key in slots[k]], reuse)
         stmts += self.row_stores(self.tid, BLOCK, n)
         first, step = _launch("block_idx_x"), _launch("grid_dim_x")
         loop, grid = self.rows_loop(first, step, 1, seq(*stmts))
-        head = [DeclareArray(v, dt, WARPS, "shared") for dt, v in smem.items()]
+        head = [DeclareArray(v, dt, WARPS, "shared") for (dt, _), v in smem.items()]
         head += [
             Declare(self.tid, _launch("thread_idx_x")),
             Declare(self.lane, self.tid % WARP),
@@ -522,9 +532,10 @@ class CudaKernelBuilder:
             out += self.combine_step(st, accs, others, "shfl_xor_sync", d)
         return out
 
-    def block_stage(self, k: int, st: ReduceStage, n: Dim, smem, reuse: bool) -> list[Stmt]:
+    def block_stage(self, k: int, st: ReduceStage, n: Dim, arrays, reuse: bool) -> list[Stmt]:
+        """A block reduction of stage `st` through `arrays`, one `__shared__` array of WARPS
+        per accumulator (distinct arrays: a value and an index share no slot)."""
         accs, others = self.stage_vars(st, "_t")
-        arrays = [smem[v.dtype] for v in accs]
         out = self.accumulate(k, st, accs, self.tid, BLOCK, n)
         out += [Declare(v) for v in others]
         for d in _WARP_DELTAS:
@@ -543,10 +554,10 @@ class CudaKernelBuilder:
         for d in _PARTIAL_DELTAS:
             first_warp += self.combine_step(st, accs, others, "shfl_down_sync", d)
         result = accs[-1]
-        first_warp.append(If(eq(self.lane, 0), Store(smem[result.dtype], const(0), result)))
+        first_warp.append(If(eq(self.lane, 0), Store(arrays[-1], const(0), result)))
         out.append(If(eq(self.warp, 0), seq(*first_warp)))
         out.append(_sync())
-        out.append(Declare(st.var, Load(smem[result.dtype], const(0))))
+        out.append(Declare(st.var, Load(arrays[-1], const(0))))
         if reuse:
             out.append(_sync())
         return out

@@ -1,7 +1,9 @@
-"""Reduction lowerings evaluated by the reference evaluator against PyTorch eager."""
+"""Reduction lowerings evaluated by the reference evaluator against PyTorch eager; then a few
+compiled for each target, for what only generated kernels get wrong."""
 
 import pytest
 import torch
+from helpers import assert_same, compile_minicomp
 from helpers_lowering import FLOATS, INTS, SPECIALS, check_lowering, make_tensor
 
 aten = torch.ops.aten
@@ -157,3 +159,84 @@ def test_vector_norms_of_large_orders_neither_overflow_nor_underflow(ord):
 def test_linalg_vector_norm_in_another_dtype():
     x = make_tensor((4, 6), torch.float16, special=False)
     check_lowering(aten.linalg_vector_norm.default, x, 2, [1], False, dtype=torch.float32)
+
+
+# --- compiled ------------------------------------------------------------------------------
+
+
+def _ties_and_extremes(shape, dtype, seed) -> torch.Tensor:
+    """Few distinct values (ties everywhere), with the dtype's extremes (the identities of max
+    and min) among them, for integers; NaN and infinities among them, for floats."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, shape, generator=gen).to(dtype)
+    if dtype.is_floating_point:
+        lo, hi = float("-inf"), float("inf")
+    else:
+        lo, hi = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    pick = torch.randint(0, 12, shape, generator=gen)
+    x[pick == 0], x[pick == 1] = lo, hi
+    if dtype.is_floating_point:
+        x[(pick == 2) & (torch.rand(shape, generator=gen) < 0.1)] = float("nan")
+    return x
+
+
+def _lone_extremes(shape, dim, dtype, seed) -> torch.Tensor:
+    """Ties of small values, and the dtype's extremes once each, late along `dim` (so the
+    first of the ties and the extreme are in different threads and warps)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, shape, generator=gen).to(dtype)
+    flat = x.view(-1) if dim is None else x
+    along = 0 if dim is None else dim
+    n = flat.shape[along]
+    if dtype.is_floating_point:
+        lo, hi = float("-inf"), float("inf")
+    else:
+        lo, hi = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    flat.narrow(along, n * 2 // 3, 1).fill_(lo)
+    flat.narrow(along, n * 5 // 6, 1).fill_(hi)
+    return x
+
+
+ARG_CALLS = {
+    "argmax": lambda x, dim: x.argmax(dim, keepdim=dim is not None),
+    "argmin": lambda x, dim: torch.argmin(x, dim=dim),
+    "max.indices": lambda x, dim: x.max(dim=dim, keepdim=True),
+    "min.indices": lambda x, dim: x.min(dim=dim),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", list(ARG_CALLS))
+def test_compiled_argmax_argmin_take_the_first_of_ties(name, dtype, dynamic, target):
+    # Shapes that reach every CUDA reduction: a warp per short row, a block per long or
+    # symbolic one, a split over blocks for a long whole-tensor reduction.
+    call = ARG_CALLS[name]
+    cases = [((1, 2), -1), ((2, 2), 0), ((6, 8), None), ((3, 1500), 1), ((9000,), None)]
+    for k, (shape, dim) in enumerate(cases):
+        if dim is None and name.endswith("indices"):
+            continue  # max()/min() of a whole tensor return no index
+        compiled = compile_minicomp(lambda x, dim=dim: call(x, dim), target, dynamic)
+        for x in (
+            _ties_and_extremes(shape, dtype, seed=1000 * k + 7),
+            _lone_extremes(shape, dim, dtype, seed=1000 * k + 8),
+        ):
+            assert_same(compiled(x.clone()), call(x, dim), equal_nan=True)
+        if not dtype.is_floating_point:  # every element the extreme: index 0
+            y = torch.full(shape, torch.iinfo(dtype).max, dtype=dtype)
+            assert_same(compiled(y), call(y, dim))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("ord", [3, 0.5, 1, 2, 0, 7.5])
+def test_compiled_vector_norm_of_an_empty_reduction_is_zero(ord, dynamic, target):
+    # Eager's norm over no elements is 0 for any order that has one (not for negative orders
+    # or +-inf, which eager rejects), as is the norm of zeros.
+    compiled = compile_minicomp(
+        lambda x: torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)), target, dynamic
+    )
+    for shape in ((0, 1), (0, 3, 2), (2, 0, 4)):
+        x = torch.randn(shape)
+        assert_same(compiled(x), torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)))
+    x = torch.randn(3, 4, 2)
+    assert_same(compiled(x), torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)))

@@ -15,6 +15,7 @@ from schedule_graphs import full_2d_sum, one_group, poisoned, row_reduce, scale_
 
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
+from minicomp.ir import types as T
 from minicomp.ir.compute import reduce
 from minicomp.ir.evaluate import np_dtype, to_dtype
 from minicomp.ir.func import Function, Module
@@ -625,6 +626,44 @@ def test_argmax_with_ties_and_nan(kind, cols, runner):
     assert out.view(-1).tolist() == getattr(torch, kind)(x, dim=1).tolist()
 
 
+def int_argmax_input(kind, rows, cols, dtype) -> torch.Tensor:
+    """Integers with many ties, and rows at the dtype's extremes (max's and min's identities),
+    where the first best index is not 0."""
+    info = torch.iinfo(dtype)
+    best, worst = (info.max, info.min) if kind == "argmax" else (info.min, info.max)
+    x = torch.randint(-3, 4, (rows, cols), dtype=dtype)
+    x[1, :] = worst  # all equal to the identity: index 0
+    x[2, :] = best
+    x[3, :] = worst
+    x[3, cols - 40] = x[3, cols - 3] = best  # the extreme twice, late in the row
+    x[4, :] = 0
+    x[4, 70] = x[4, cols - 1] = best
+    x[5, :] = worst
+    x[5, cols - 1] = worst + (1 if kind == "argmax" else -1)
+    x[6, 33] = 9 if kind == "argmax" else -9
+    return x
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+@pytest.mark.parametrize("cols", [300, 3000])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_argmax_with_ties_and_extremes(kind, cols, dtype, runner):
+    # An int64 argmax's value and index are both int64: they must not share a shared array.
+    rows = 7
+    x = int_argmax_input(kind, rows, cols, dtype)
+    f = schedule(row_reduce(kind, rows=rows, cols=cols, dtype=T.from_torch(dtype)))
+    out = poisoned((rows, 1), torch.int64)
+    runner(f, {"x": x, "s": out})
+    assert out.view(-1).tolist() == getattr(torch, kind)(x, dim=1).tolist()
+
+
+def test_int64_argmax_keeps_values_and_indices_in_separate_shared_arrays():
+    f = schedule(row_reduce("argmax", rows=5, cols=3000, dtype=T.i64))
+    arrays = collect(f.body, S.DeclareArray)
+    assert [a.dtype.name for a in arrays] == ["int64", "int64"]
+    assert len({a.var.name for a in arrays}) == 2
+
+
 @pytest.mark.parametrize("kind", ["max", "min"])
 def test_max_and_min_propagate_nan(kind, runner):
     for cols in (100, 2000):
@@ -713,6 +752,8 @@ def every_test_kernel() -> list[Function]:
     ]
     for kind in ("argmax", "argmin", "max", "min"):
         kernels += [schedule(row_reduce(kind, rows=7, cols=c)) for c in (300, 3000)]
+    for kind in ("argmax", "argmin"):
+        kernels += [schedule(row_reduce(kind, rows=7, cols=c, dtype=T.i64)) for c in (300, 3000)]
     return [f.replace(name=f"kernel{k}") for k, f in enumerate(kernels)]
 
 

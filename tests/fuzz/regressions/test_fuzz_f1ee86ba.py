@@ -15,8 +15,11 @@ SIGNATURE = {
     "targets": ["cuda-emu"],
     "ops": ["argmin"],
 }
-# Why the test fails: what is wrong, in words.
-REASON = "cuda-emu, dynamic=True: argmin over an int64 row returns 0 where the minimum is at 1"
+# What was wrong, in words (fixed: the test passes).
+REASON = (
+    "cuda-emu, dynamic=True: argmin over an int64 row returned 0 where the minimum is at 1: the "
+    "block reduction kept an int64 value and its int64 index in one shared array"
+)
 
 
 def fn(a):
@@ -30,7 +33,6 @@ def make_inputs():
     return (a,)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=REASON)
 @pytest.mark.parametrize("target", ["cuda-emu"])
 def test_fuzz_f1ee86ba(target):
     check_against_eager(fn, make_inputs, target=target, dynamic=True, backward=False)
