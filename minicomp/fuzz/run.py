@@ -4,6 +4,7 @@ statement, keeping every named value."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -93,15 +94,29 @@ class Call:
     outputs: tuple[torch.Tensor, ...]
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
 def forward(fn: Callable, make_inputs: Callable, *, upcast: bool = False) -> Call:
-    """Call fn on fresh inputs (float64 ones with `upcast`)."""
+    """Call fn on fresh inputs (float64 ones with `upcast`, and float64 the default dtype
+    during the call: an integer promoted to float, as by reciprocal or true division, is
+    float64 too instead of a float32 that a float64 input then fails to meet in a matmul)."""
     inputs = tuple(make_inputs())
     if upcast:
         inputs = tuple(_double(t) for t in inputs)
     # Asked before the call: an input written in place by a grad-requiring value requires
     # grad after it, but it is no input to differentiate for.
     requires_grad = tuple(t.requires_grad for t in inputs)
-    return Call(inputs, requires_grad, tuple(fn(*inputs)))
+    with _default_dtype(torch.float64) if upcast else nullcontext():
+        outputs = tuple(fn(*inputs))
+    return Call(inputs, requires_grad, outputs)
 
 
 def gradients(call: Call) -> tuple[torch.Tensor | None, ...] | None:

@@ -55,6 +55,30 @@ def test_a_wrong_half_result_fails_though_eager_is_off_too():
         raise AssertionError("a wrong result passed")
 
 
+def _promoted_matmul(a, b):
+    # a.reciprocal() promotes the integers to the default float dtype; in float32 the
+    # product rounds 1e8 + 1 to 1e8, so eager says 0 where float64 says 1.
+    return ((a.reciprocal() @ b) - 1e8,)
+
+
+def _int_and_float_inputs():
+    return torch.tensor([[1, 1]]), torch.tensor([[1e8], [1.0]])
+
+
+def test_the_float64_run_promotes_integers_to_float64_too():
+    # The float64 run must not fail (float32 @ float64) and so leave eager's rounding unexcused.
+    compiled = _compiled_with_float([[1.0]])
+    check_against_eager(_promoted_matmul, _int_and_float_inputs, target="cpu", compiler=compiled)
+    assert torch.get_default_dtype() == torch.float32
+
+
+def _compiled_with_float(values):
+    def compile_(fn, target, dynamic):
+        return lambda a, b: (torch.tensor(values),)
+
+    return compile_
+
+
 def test_integers_compare_exactly_and_name_the_first_difference():
     kind, message = compare_tensor(torch.tensor([1, 2, 4]), torch.tensor([1, 2, 3]))
     assert kind == "values"

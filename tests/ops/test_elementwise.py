@@ -1,7 +1,10 @@
-"""Elementwise lowerings evaluated by the reference evaluator against PyTorch eager."""
+"""Elementwise lowerings evaluated by the reference evaluator against PyTorch eager; gelu's
+special values compiled for each target too."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from helpers import assert_same, compile_minicomp
 from helpers_lowering import FLOATS, INTS, SPECIALS, check_lowering, lower, make_tensor
 
 from minicomp.ir.evaluate import evaluate
@@ -349,3 +352,25 @@ def test_refused(op, dtype, args, kwargs):
     x = make_tensor((1, 2, 2, 2), dtype)
     with pytest.raises(NotLowerable):
         lower(op, (x, *args), kwargs, torch.empty(x.shape, dtype=dtype))
+
+
+GELU_SPECIALS = (
+    float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e-30, 3e38, -3e38, 1e13, -1e13, 20.0,
+    -20.0, -5.5, 2.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_compiled_gelu_of_special_values(approximate, dtype, dynamic, target):
+    # Eager's exact gelu (x/2 (1 + erf(x/sqrt 2))) is inf at +inf, nan at -inf and nan, in
+    # float64, in CUDA and on one element at a time; only its vectorized float32/bfloat16 CPU
+    # loop differs (nan at +inf, inf at 3e38: its fast erf), which minicomp does not copy. So
+    # the reference is eager element by element.
+    x = torch.tensor(GELU_SPECIALS, dtype=torch.float64).to(dtype)
+    expected = torch.stack([F.gelu(v.reshape(1), approximate=approximate)[0] for v in x])
+    compiled = compile_minicomp(lambda x: F.gelu(x, approximate=approximate), target, dynamic)
+    assert_same(compiled(x), expected, equal_nan=True)
+    y = torch.randn(3, 17, dtype=dtype) * 4
+    assert_same(compiled(y), F.gelu(y, approximate=approximate), equal_nan=True)
