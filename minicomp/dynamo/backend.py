@@ -17,7 +17,12 @@ from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.group_fallback import KernelsFailed
 from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.lowering import CompileRecord, compile_graph
-from minicomp.dynamo.output_aliases import share_storages, shared_output_storages
+from minicomp.dynamo.output_aliases import (
+    input_views,
+    share_storages,
+    shared_output_storages,
+    view_inputs,
+)
 from minicomp.dynamo.overlap import find_overlapping_write
 
 log = logging.getLogger("minicomp")
@@ -71,10 +76,12 @@ def compile_aten_graph(
     if frozen:
         return FrozenRunner(gm, plan, frozen, static, options, kind, records)
     shared = shared_output_storages(gm)
+    views = input_views(gm, _fw_metadata())
 
     def run(args: list) -> Any:
-        env = plan.bind(args) if shared else None
+        env = plan.bind(args) if shared or views else None
         out = plan(*args)
+        out = view_inputs(out, views, args, env) if views else out
         args.clear()
         return share_storages(out, shared, env) if shared else out
 
@@ -283,6 +290,7 @@ class FrozenRunner:
         self.positions = tuple(frozen)
         self.kept = [k for k in range(_placeholder_count(gm)) if k not in frozen]
         self.shared = shared_output_storages(gm)
+        self.views = input_views(gm, _fw_metadata())
         self.plans: list[tuple[tuple, Callable]] = [(tuple(frozen.values()), plan)]
         self.compile = functools.partial(_compile, gm, options, kind, records, static=static)
         self.fallback = options.fallback
@@ -295,8 +303,9 @@ class FrozenRunner:
             out = self.gm(*args)
         else:
             kept = [args[k] for k in self.kept]
-            env = plan.bind(kept) if self.shared else None
+            env = plan.bind(kept) if self.shared or self.views else None
             out = plan(*kept)
+            out = view_inputs(out, self.views, args, env) if self.views else out
             out = share_storages(out, self.shared, env) if self.shared else out
         args.clear()
         return out

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
@@ -90,6 +91,13 @@ class Importer:
         self.names: set[str] = set()
         self.values: dict[str, Value] = {}
         self.shape_env = _shape_env(gm)
+        self._size_points: list[dict[str, int]] | None = None
+
+    def size_points(self) -> list[dict[str, int]]:
+        """Assignments of the size symbols at which sizes the graph allows are compared."""
+        if self._size_points is None:
+            self._size_points = _size_points(self.shape_env)
+        return self._size_points
 
     def fresh(self, base: str) -> str:
         """A value name not used yet, derived from `base`."""
@@ -278,7 +286,7 @@ class Importer:
         if len(results) != len(outs):
             raise NotLowerable(f"lowering gave {len(results)} outputs, ATen {len(outs)}")
         for r, (_, t) in zip(results, outs):
-            _check_result(r, t)
+            _check_result(r, t, self.size_points())
         values = self.add_computes(n, results, outs)
         self.env[n] = _rebuild(n.meta.get("val"), iter(values))
 
@@ -467,27 +475,69 @@ def _bind_inputs(c: Compute, value_of: dict) -> Compute:
     return c.replace(body=_BindInputs(value_of).visit(c.body))
 
 
-def _check_result(r: Any, t: torch.Tensor) -> None:
+def _check_result(r: Any, t: torch.Tensor, points: Sequence[dict[str, int]] = ()) -> None:
     if not isinstance(r, TensorNode):
         raise NotLowerable(f"lowering returned {type(r).__name__}")
     if r.dtype != _dtype(t.dtype):
         raise NotLowerable(f"lowering gave dtype {r.dtype.name}, ATen {t.dtype}")
     want = shape_of(t.shape)
-    if len(want) != len(r.shape) or any(not _same_dim(a, b) for a, b in zip(r.shape, want)):
+    if len(want) != len(r.shape) or any(not _same_dim(a, b, points) for a, b in zip(r.shape, want)):
         raise NotLowerable(f"lowering gave shape {r.shape}, ATen {tuple(want)}")
 
 
-def _same_dim(a: Any, b: Any) -> bool:
+# Values the size symbols take, besides the traced ones, when sizes are compared.
+_SEEDS = (7, 13, 101)
+
+
+def _size_points(shape_env: Any) -> list[dict[str, int]]:
+    """Assignments of the graph's size symbols to compare sizes at: the values traced, then
+    the _SEEDS assignments that pass every guard of `shape_env`.
+
+    A size is only meaningful where the guards hold: reshape((22, -1, 6)) of an (1, s97, s69)
+    tensor has ATen size s69*s97 // (22*(s69*s97 // 132)), equal to 6 under the guard that
+    132 divides s69*s97 and a division by zero at s97 = 7, s69 = 10."""
+    if shape_env is None:
+        return []
+    hints = getattr(shape_env, "backed_var_to_val", None)
+    if hints is None:
+        hints = shape_env.var_to_val
+    symbols = sorted(hints, key=str)
+    points = [{str(k): int(v) for k, v in hints.items() if isinstance(v, sympy.Integer)}]
+    for seed in _SEEDS:
+        values = {k: sympy.Integer(seed + 3 * j) for j, k in enumerate(symbols)}
+        if all(_guard_holds(g.expr, values) for g in shape_env.guards):
+            points.append({str(k): int(v) for k, v in values.items()})
+    return points
+
+
+def _guard_holds(guard: Any, values: dict) -> bool:
+    """False only where `guard` evaluates to false at `values` (one it cannot evaluate, of
+    symbols without a value, holds)."""
+    try:
+        return guard.xreplace(values) is not sympy.false
+    except (ZeroDivisionError, TypeError, ValueError):
+        return False
+
+
+def _same_dim(a: Any, b: Any, points: Sequence[dict[str, int]] = ()) -> bool:
+    """Whether sizes `a` and `b` are equal: structurally, or by value at `points` (where the
+    graph's guards hold; _SEEDS when there are none), each symbol without a value there
+    taking a seed's. A point where either divides by zero is no evidence either way."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    # Symbolic: compare by value at a few assignments of the symbols.
+    if a == b:
+        return True
     from minicomp.runtime.symbols import evaluate_dim
 
-    names = {v.name for d in (a, b) if isinstance(d, Expr) for v in collect(d, Var)}
-    for seed in (7, 13, 101):
-        env = {n: seed + 3 * k for k, n in enumerate(sorted(names))}
-        if evaluate_dim(a, env) != evaluate_dim(b, env):
-            return False
+    names = sorted({v.name for d in (a, b) if isinstance(d, Expr) for v in collect(d, Var)})
+    for k, point in enumerate(points or [{}] * len(_SEEDS)):
+        seed = _SEEDS[k % len(_SEEDS)]
+        env = {n: point.get(n, seed + 3 * j) for j, n in enumerate(names)}
+        try:
+            if evaluate_dim(a, env) != evaluate_dim(b, env):
+                return False
+        except ZeroDivisionError:
+            continue
     return True
 
 

@@ -6,6 +6,13 @@ aliasing an intermediate when both need gradients; otherwise it relies on the co
 returning real aliases, as eager does. A plan computes each output into memory of its own, so
 each group of outputs whose ATen-graph values share a storage (and no input's) is moved into
 one fresh storage after the plan ran, each output at eager's strides and offset in it.
+
+An output aliasing a graph input AOTAutograd rebuilds from the real input: it replays the
+views recorded while tracing, but when their arguments are symbolic (dynamic shapes) it calls
+`input.as_strided` with the size, stride and storage offset of the tensor the compiled graph
+returned. A plan's own output starts at offset 0 of memory of its own, so AOTAutograd would
+read the input from its start: such an output is returned as a view of the real input at
+eager's size, strides and offset instead (see `InputView`).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from minicomp.dynamo.symbolic import shape_of
-from minicomp.runtime.symbols import compile_dims
+from minicomp.runtime.symbols import compile_dims, free_symbols
 
 
 @dataclass(frozen=True)
@@ -79,4 +86,70 @@ def share_storages(outs: list, groups: Sequence[SharedStorage], env: dict) -> li
             out = outs[pos]
             view = storage.view(out.dtype).as_strided(size, stride, offset)
             outs[pos] = view.copy_(out)
+    return outs
+
+
+@dataclass(frozen=True)
+class InputView:
+    """A user output that AOTAutograd rebuilds from graph input `input`: its position among
+    the graph's outputs, and its size, stride and storage offset relative to the input's
+    (in elements), of a symbol binding."""
+
+    position: int
+    input: int
+    rank: int
+    dims: Callable[[dict], tuple]  # binding -> (*size, *stride, offset - input's offset)
+    symbols: frozenset[str]
+
+
+def input_views(gm: torch.fx.GraphModule, meta: Any) -> list[InputView]:
+    """The outputs of the ATen graph `gm` that AOTAutograd's metadata `meta` (None outside
+    AOTAutograd) says alias a graph input, with the input of the same storage and dtype.
+
+    Only user outputs: a value saved for the backward stays a copy, as an input mutated
+    after the forward must not change it."""
+    if meta is None:
+        return []
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    nodes = list(gm.graph.nodes)
+    placeholders = [n.meta.get("val") for n in nodes if n.op == "placeholder"]
+    (out_node,) = [n for n in nodes if n.op == "output"]
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    first = meta.num_mutated_inp_runtime_indices
+    views = []
+    for j, info in enumerate(meta.output_info):
+        pos = first + j
+        if info.output_type != OutputType.alias_of_input or pos >= len(outs):
+            continue
+        arg = outs[pos]
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        key = _storage(val)
+        if key is None or val.is_complex():
+            continue
+        inputs = [
+            k
+            for k, p in enumerate(placeholders)
+            if _storage(p) is not None and _storage(p) == key and p.dtype == val.dtype
+        ]
+        if len(inputs) != 1:
+            continue
+        base = placeholders[inputs[0]]
+        dims = shape_of([*val.shape, *val.stride(), val.storage_offset() - base.storage_offset()])
+        views.append(
+            InputView(pos, inputs[0], val.dim(), compile_dims(dims), frozenset(free_symbols(dims)))
+        )
+    return views
+
+
+def view_inputs(outs: list, views: Sequence[InputView], args: Sequence, env: dict) -> list:
+    """`outs` with each of `views` replaced by its view of the real input in `args`. One
+    whose sizes use a symbol the binding lacks (an unbacked one) is left as computed."""
+    for v in views:
+        if not v.symbols <= env.keys():
+            continue
+        dims = v.dims(env)
+        size, stride, offset = dims[: v.rank], dims[v.rank : 2 * v.rank], dims[2 * v.rank]
+        base = args[v.input]
+        outs[v.position] = base.as_strided(size, stride, base.storage_offset() + offset)
     return outs

@@ -132,6 +132,38 @@ def test_symbolic_placeholders_become_size_vars(target):
         torch.testing.assert_close(compiled(x), f(x))
 
 
+# Reshapes with sizes written in the code (Dynamo makes a closure's ints symbols too).
+GUARDED_RESHAPES = {
+    "22x-1x6": (lambda x: x.reshape((22, -1, 6)) * 1, (1, 33, 4)),
+    "10x-1x4": (lambda x: x.reshape((10, -1, 4)) * 1, (2, 15, 4)),
+    "-1x15x7": (lambda x: x.reshape((-1, 15, 7)) * 1, (3, 5, 7)),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.int32])
+@pytest.mark.parametrize("case", GUARDED_RESHAPES)
+def test_reshape_whose_size_holds_only_under_the_guards(case, dtype, dynamic, target):
+    """Dynamic reshape((22, -1, 6)) of (1, s97, s69) has ATen size s69*s97 // (22*(s69*s97 //
+    132)) last: 6 where the guard 132 | s69*s97 holds, a division by zero at other sizes. The
+    lowering's shape is compared with it only where the guards hold."""
+    f, shape = GUARDED_RESHAPES[case]
+    x = (torch.randn(shape) * 4).to(dtype)
+    check_compiled(f, x, target=target, dynamic=dynamic)
+
+
+def test_lowering_with_a_wrong_symbolic_shape_falls_back(monkeypatch):
+    from minicomp.ir.compute import compute
+
+    def wrong(ctx, x):
+        return compute("neg", (x.shape[0] + 1,), lambda i: x[0])
+
+    registry.lowering_for(aten.neg.default)
+    monkeypatch.setitem(registry._LOWERINGS, aten.neg.default, wrong)
+    g = imported(lambda x: -x + 1, torch.randn(4), dynamic=True)
+    assert "shape" in externs(g)["neg.default"].reason
+
+
 # --- multi-output lowerings ----------------------------------------------------------------
 
 

@@ -58,3 +58,56 @@ def test_outputs_of_separate_tensors_stay_separate(target):
     x = torch.randn(3, 4)
     a, b = compile_minicomp(two_results, target)(x)
     assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+
+
+def last_chunk(x):
+    return x.chunk(3, dim=0)[-1]
+
+
+def last_column_flattened(x):
+    return x.select(3, -1).flatten(1, 2)
+
+
+def first_unbound_flattened(x):
+    return x.unbind(3)[0].flatten(1, 2)
+
+
+def middle_columns(x):
+    return x.narrow(1, 1, 2)
+
+
+def transposed_tail(x):
+    return x[1:].t()
+
+
+# Each view of an input with the shapes it is called at (size-1 dims as the fuzzer found).
+INPUT_VIEWS = [
+    (last_chunk, [(2, 1), (5, 3)]),
+    (last_column_flattened, [(1, 1, 2, 2), (1, 1, 3, 3)]),
+    (first_unbound_flattened, [(1, 1, 2, 1), (1, 1, 4, 1)]),
+    (middle_columns, [(5, 4), (7, 6)]),
+    (transposed_tail, [(5, 4), (7, 6)]),
+]
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("fn, shapes", INPUT_VIEWS, ids=[f.__name__ for f, _ in INPUT_VIEWS])
+def test_a_view_of_an_input_is_that_view_of_it(fn, shapes, dynamic, sliced, target):
+    """AOTAutograd rebuilds an output aliasing an input by as_strided of the input with the
+    compiled output's size, stride and storage offset when the views' arguments are symbolic:
+    the compiled output must be at eager's offset into the input, not at offset 0."""
+    compiled = compile_minicomp(fn, target, dynamic=dynamic)
+    for shape in shapes:
+        # `sliced`: the input itself starts past its storage's start, with gaps in its rows.
+        base = torch.randn(*shape[:-1], 2 * shape[-1] + 1)
+        x, x_eager = (
+            base.clone()[..., 1::2] if sliced else base.clone()[..., : shape[-1]] for _ in range(2)
+        )
+        out, expected = compiled(x), fn(x_eager)
+        assert_same(out, expected)
+        assert out.storage_offset() == expected.storage_offset()
+        # A write through the output lands where eager's does.
+        out.fill_(123.0)
+        expected.fill_(123.0)
+        assert torch.equal(x, x_eager)

@@ -15,7 +15,7 @@ SIGNATURE = {
     "targets": ["cpu", "cuda-emu"],
     "ops": ["flatten", "select"],
 }
-# Why the test fails: what is wrong, in words.
+# What was wrong, in words (fixed: the test passes).
 REASON = (
     "dynamic=True: x.select(3, -1).flatten(1, 2) reads from offset 0 instead of the view's storage "
     "offset (as in fc063808)"
@@ -34,7 +34,6 @@ def make_inputs():
     return (a,)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=REASON)
 @pytest.mark.parametrize("target", ["cpu", "cuda-emu"])
 def test_fuzz_04a83717(target):
     check_against_eager(fn, make_inputs, target=target, dynamic=True, backward=False)

@@ -15,7 +15,7 @@ SIGNATURE = {
     "targets": ["cpu", "cuda-emu"],
     "ops": ["reshape"],
 }
-# Why the test fails: what is wrong, in words.
+# What was wrong, in words (fixed: the test passes).
 REASON = (
     "dynamic=True: reshape((22, -1, 6)) of a (1, 33, 4) bool tensor raises ZeroDivisionError in "
     "the importer's size check (runtime/symbols.py evaluate_dim)"
@@ -33,7 +33,6 @@ def make_inputs():
     return (a,)
 
 
-@pytest.mark.xfail(strict=True, reason=REASON)
 @pytest.mark.parametrize("target", ["cpu", "cuda-emu"])
 def test_fuzz_458235a7(target):
     check_against_eager(fn, make_inputs, target=target, dynamic=True, backward=False)

@@ -15,7 +15,7 @@ SIGNATURE = {
     "targets": ["cpu", "cuda-emu"],
     "ops": ["chunk"],
 }
-# Why the test fails: what is wrong, in words.
+# What was wrong, in words (fixed: the test passes).
 REASON = (
     "dynamic=True: x.chunk(3, dim=0)[-1] returns the first chunk, not the last (the view's storage "
     "offset is lost)"
@@ -33,7 +33,6 @@ def make_inputs():
     return (a,)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=REASON)
 @pytest.mark.parametrize("target", ["cpu", "cuda-emu"])
 def test_fuzz_65299c88(target):
     check_against_eager(fn, make_inputs, target=target, dynamic=True, backward=False)
