@@ -1,6 +1,7 @@
 """One bench cell: the error measure, failures kept per cell, timing and memory meters."""
 
 import math
+import mmap
 import time
 
 import pytest
@@ -104,9 +105,12 @@ def test_minicomp_cell_compiles_cold_then_warm_in_a_private_cache(tmp_path, monk
 def test_cpu_memory_meter_sees_a_large_allocation():
     meter = measure.MemoryMeter("cpu")
     with meter:
-        block = torch.ones(16 * 1024 * 1024)  # 64 MiB, fresh pages from the system
+        # 64 MiB of fresh pages from the system: an anonymous mapping, touched. (A tensor of
+        # that size may reuse pages a long-lived test process freed but still holds.)
+        block = mmap.mmap(-1, 64 * 1024 * 1024)
+        block.write(b"\1" * len(block))
         time.sleep(0.05)
-        del block
+        block.close()
     assert meter.method == "rss-sampled"
     assert meter.peak_bytes >= 48 * 1024 * 1024
 
