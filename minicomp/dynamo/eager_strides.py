@@ -315,17 +315,23 @@ def _restrided(t: torch.Tensor, strides: Sequence) -> torch.Tensor:
     return t.as_strided(t.shape, tuple(strides), t.storage_offset())
 
 
-def _same_strides(a: Any, b: Any) -> bool:
+def _tensors_agree(a: Any, b: Any, same: Callable[[torch.Tensor, torch.Tensor], bool]) -> bool:
+    """Whether `a` and `b` have tensors at the same places, each pair `same`."""
     la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
     if len(la) != len(lb):
         return False
     for x, y in zip(la, lb):
         if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
             return False
-        if isinstance(x, torch.Tensor) and x.layout == torch.strided:
-            if tuple(x.stride()) != tuple(y.stride()):
-                return False
+        if isinstance(x, torch.Tensor) and not same(x, y):
+            return False
     return True
+
+
+def _same_strides(a: Any, b: Any) -> bool:
+    return _tensors_agree(
+        a, b, lambda x, y: x.layout != torch.strided or tuple(x.stride()) == tuple(y.stride())
+    )
 
 
 def restride_like_eager(gm: torch.fx.GraphModule) -> None:
@@ -387,15 +393,7 @@ def _fake_mode(gm: torch.fx.GraphModule) -> Any:
 
 
 def _same_shapes(a: Any, b: Any) -> bool:
-    la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if isinstance(x, torch.Tensor) and (x.dtype != y.dtype or x.shape != y.shape):
-            return False
-    return True
+    return _tensors_agree(a, b, lambda x, y: x.dtype == y.dtype and x.shape == y.shape)
 
 
 def _adopt_strides(val: Any, rerun: Any) -> Any:

@@ -105,9 +105,7 @@ class ErrorFlag:
         """Where the int32 is: the argument the kernels get."""
         if self._host is not None:
             return ctypes.addressof(self._host)
-        if self._tensor is None:
-            self._tensor = torch.zeros(1, dtype=torch.int32, device=self.device)
-        return self._tensor.data_ptr()
+        return self.tensor.data_ptr()
 
     def reset(self) -> None:
         """Set the flag to 0 (on cuda, in stream order)."""
@@ -123,8 +121,9 @@ class ErrorFlag:
 
     @property
     def tensor(self) -> torch.Tensor:
-        """The flag as a one-element int32 device tensor (cuda only)."""
-        self.address  # noqa: B018 - allocates it on first use
+        """The flag as a one-element int32 device tensor (cuda only; allocated on first use)."""
+        if self._tensor is None:
+            self._tensor = torch.zeros(1, dtype=torch.int32, device=self.device)
         return self._tensor
 
     def code(self) -> int:
