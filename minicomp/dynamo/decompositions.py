@@ -12,7 +12,7 @@ aten = torch.ops.aten
 # fused attention ops `scaled_dot_product_attention` dispatches to (PyTorch picks one for the
 # inputs' device, dtype and arguments; the math fallback it picks otherwise still
 # decomposes). Each stays one ATen node: the cuda targets launch the attention template for
-# it (dynamo/attention.py), the cpu target calls it, and a training graph's backward
+# it (passes/graph/attention.py), the cpu target calls it, and a training graph's backward
 # calls its ATen backward, which reads the forward's output and logsumexp.
 _FUSED_ATTENTION = (
     "_scaled_dot_product_flash_attention_for_cpu",

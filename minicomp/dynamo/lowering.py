@@ -591,7 +591,7 @@ def compile_graph(
     positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
     in place.
     """
-    from minicomp.dynamo.attention import lower_attention
+    from minicomp.passes.graph.attention import lower_attention
     from minicomp.dynamo.importer import has_script_ops, lower_script_ops
     from minicomp.passes.graph.fusion import fuse
     from minicomp.passes.graph.layout import contiguous_kernel_inputs
@@ -622,8 +622,8 @@ def compile_graph(
         notice_untuned(target, options.search_space)
     choose = make_chooser(options, target, layouts, device_index)
     if target in ("cuda", "cuda-emu"):
-        from minicomp.dynamo.aten_contraction import tune_contractions
-        from minicomp.dynamo.attention import tune_attention
+        from minicomp.passes.graph.aten_contraction import tune_contractions
+        from minicomp.passes.graph.attention import tune_attention
 
         graph = record.graph = tune_attention(graph, choose)
         tuned = tune_contractions(

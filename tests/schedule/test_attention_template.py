@@ -1,4 +1,4 @@
-"""Fused attention on the CUDA targets (schedule/templates/attention.py, dynamo/attention.py):
+"""Fused attention on the CUDA targets (schedule/templates/attention.py, passes/graph/attention.py):
 scaled_dot_product_attention compiled by torch.compile on cuda-emu against float64 PyTorch, in
 f16 and bf16, head dims 64 and 128, with causal and additive masks, Sq != Sk, transposed,
 misaligned and strided inputs, grouped-query heads, symbolic lengths and training; the calls
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from helpers import check_compiled
 
 import minicomp
-from minicomp.dynamo.attention import attention_problem, sdpa_ops, tune_attention
+from minicomp.passes.graph.attention import attention_problem, sdpa_ops, tune_attention
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
 from minicomp.ir.graph import ExternOp, KernelOp
@@ -364,7 +364,7 @@ def test_cuda_training_forward_stays_aten():
     stays PyTorch's (the template has no such state to give)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from minicomp.dynamo.attention import lower_attention
+    from minicomp.passes.graph.attention import lower_attention
     from minicomp.dynamo.importer import import_graph
 
     q, k, v = qkv(2, 2, 40, 40, 64, torch.float16)

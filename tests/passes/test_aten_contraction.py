@@ -9,7 +9,7 @@ from helpers import check_compiled
 import minicomp
 from minicomp import config
 from minicomp.dynamo import lowering
-from minicomp.dynamo.aten_contraction import aten_candidate, aten_rewrite, tune_contractions
+from minicomp.passes.graph.aten_contraction import aten_candidate, aten_rewrite, tune_contractions
 from minicomp.dynamo.backend import recording
 from minicomp.ir.graph import ExternOp, FusedOp
 from minicomp.ir.types import to_torch
