@@ -23,7 +23,7 @@ from test_cuda_launch import build_fake_driver  # noqa: E402
 from minicomp.backends.cuda import driver, module  # noqa: E402
 from minicomp.dynamo.backend import recording  # noqa: E402
 from minicomp.ir.func import Module  # noqa: E402
-from minicomp.runtime.symbols import launch_dims  # noqa: E402
+from minicomp.ir.symbols import launch_dims  # noqa: E402
 
 
 def kernels(fn, *args, dynamic=False):

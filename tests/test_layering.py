@@ -49,13 +49,11 @@ LAYERS = {
 KNOWN = {
     ("minicomp.backends.cpu.module", "minicomp.config"),
     ("minicomp.passes.graph.aten_contraction", "minicomp.dynamo.lowering"),
-    ("minicomp.backends.cuda.module", "minicomp.runtime.symbols"),
     ("minicomp.dynamo.backend", "minicomp.explain"),
     ("minicomp.schedule.templates.problem", "minicomp.passes.graph.contraction"),
     ("minicomp.script.function", "minicomp.backends.cuda.codegen"),
     ("minicomp.script.function", "minicomp.passes.kernel.simplify_indices"),
     ("minicomp.script.function", "minicomp.script.launch"),
-    ("minicomp.script.parser", "minicomp.runtime.symbols"),
     ("minicomp.script.signature", "minicomp.backends"),
     ("minicomp.script.signature", "minicomp.backends.c_names"),
 }

@@ -527,7 +527,7 @@ def _same_dim(a: Any, b: Any, points: Sequence[dict[str, int]] = ()) -> bool:
         return a == b
     if a == b:
         return True
-    from minicomp.runtime.symbols import evaluate_dim
+    from minicomp.ir.symbols import evaluate_dim
 
     names = sorted({v.name for d in (a, b) if isinstance(d, Expr) for v in collect(d, Var)})
     for k, point in enumerate(points or [{}] * len(_SEEDS)):

@@ -16,6 +16,7 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
+from minicomp.ir.symbols import free_symbols, launch_dims
 from minicomp.passes.graph.layout import eager_stride_reads, layouts_for
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.runtime.plan import (
@@ -27,7 +28,6 @@ from minicomp.runtime.plan import (
     Step,
     dims_fn,
 )
-from minicomp.runtime.symbols import free_symbols, launch_dims
 
 
 @dataclass

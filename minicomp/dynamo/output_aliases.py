@@ -25,7 +25,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from minicomp.dynamo.symbolic import shape_of
-from minicomp.runtime.symbols import compile_dims, free_symbols
+from minicomp.ir.symbols import compile_dims, free_symbols
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from minicomp.ir.error_flag import ERROR_FLAG, ERRORS
+from minicomp.ir.symbols import compile_dims
 from minicomp.runtime.memory import Interval, plan_offsets
-from minicomp.runtime.symbols import compile_dims
 
 Env = dict
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from minicomp.ir import expr as E
+from minicomp.ir.symbols import compile_dims, launch_dims
 from minicomp.ir.types import bf16, f16, to_torch
-from minicomp.runtime.symbols import compile_dims, launch_dims
 from minicomp.script.conversions import fits
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import TARGETS, ScriptFunction

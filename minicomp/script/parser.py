@@ -19,8 +19,8 @@ from minicomp.ir import stmt as S
 from minicomp.ir.expr import Expr, Var
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Mutator, collect, substitute
+from minicomp.ir.symbols import python_source
 from minicomp.ir.types import DataType, PointerType, i64
-from minicomp.runtime.symbols import python_source
 from minicomp.script import calls, lang
 from minicomp.script import conversions as C
 from minicomp.script.errors import Issue

@@ -20,8 +20,8 @@ from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
 from minicomp.ir.printer import expr_str
+from minicomp.ir.symbols import launch_dims
 from minicomp.ir.types import PointerType, bf16, f16, f32, i8, i32, i64
-from minicomp.runtime.symbols import launch_dims
 
 ARCHS = ("sm_80", "sm_90")
 # Quotes, backslashes, a tab, a trigraph, %%, a control byte followed by a digit (an octal

@@ -13,8 +13,8 @@ import torch
 from minicomp.backends.cuda import driver, module
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
+from minicomp.ir.symbols import launch_dims
 from minicomp.ir.types import DataType
-from minicomp.runtime.symbols import launch_dims
 
 pytest.importorskip("minicomp.backends.cuda.nvrtc")
 

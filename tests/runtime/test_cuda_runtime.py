@@ -14,9 +14,9 @@ from minicomp.dynamo.backend import recording
 from minicomp.ir import expr as E
 from minicomp.ir.func import Function
 from minicomp.ir.stmt import seq
+from minicomp.ir.symbols import launch_dims
 from minicomp.ir.types import PointerType, f32, i64
 from minicomp.runtime.cuda_graphs import GraphedPlan
-from minicomp.runtime.symbols import launch_dims
 
 gpu = pytest.mark.gpu
 

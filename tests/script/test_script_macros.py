@@ -8,7 +8,7 @@ from minicomp.backends.cuda.emu import build_emulated
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir import types as T
-from minicomp.runtime.symbols import launch_dims
+from minicomp.ir.symbols import launch_dims
 from minicomp.script import ScriptError, attrs, blockIdx, f32, script, threadIdx
 from minicomp.script.lang import macro
 

@@ -12,7 +12,7 @@ from minicomp.ir import stmt as S
 from minicomp.ir import types as T
 from minicomp.ir.expr import Var
 from minicomp.ir.functor import collect
-from minicomp.runtime.symbols import compile_dims
+from minicomp.ir.symbols import compile_dims
 from minicomp.script import (
     attrs,
     blockIdx,

@@ -11,8 +11,8 @@ from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.nvrtc import CudaBinary, compile_cuda, supported_archs
 from minicomp.ir import expr as E
 from minicomp.ir.func import Function, Module
+from minicomp.ir.symbols import compile_dims
 from minicomp.ir.types import DataType
-from minicomp.runtime.symbols import compile_dims
 
 
 def pick_arch(device_index: int) -> str:

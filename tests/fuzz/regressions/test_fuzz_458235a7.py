@@ -18,7 +18,7 @@ SIGNATURE = {
 # What was wrong, in words (fixed: the test passes).
 REASON = (
     "dynamic=True: reshape((22, -1, 6)) of a (1, 33, 4) bool tensor raises ZeroDivisionError in "
-    "the importer's size check (runtime/symbols.py evaluate_dim)"
+    "the importer's size check (ir/symbols.py evaluate_dim)"
 )
 
 
