@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from minicomp.ir.compute import TensorInput, compute
 from minicomp.ir.expr import Dim, Expr, binary, dim_expr
 from minicomp.ir.graph import ComputeOp, ExternOp, Graph, KernelOp, Op, TensorType, Value
+from minicomp.ir.simplify import simplify_expr
 
 
 def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
@@ -91,7 +92,6 @@ def layouts_for(graph: Graph) -> dict[str, tuple]:
 def is_row_major(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
     """Whether `strides` are row-major for `shape` (size-1 dims may have any stride; symbolic
     strides must match after simplification, so the answer may be a conservative no)."""
-    from minicomp.passes.kernel.simplify import simplify_expr
 
     def norm(d: Dim) -> Dim:
         return simplify_expr(d) if isinstance(d, Expr) else d

@@ -6,8 +6,8 @@ from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput
 from minicomp.ir.expr import Var, dim_expr
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, Value
+from minicomp.ir.simplify import simplify_expr
 from minicomp.passes.graph.rewrite import rename_op, rename_values
-from minicomp.passes.kernel.simplify import simplify_expr
 
 
 def simplify_views(graph: Graph) -> Graph:

@@ -6,8 +6,8 @@ from minicomp.ir.expr import Const, Expr, Load, Var, binary
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Mutator
 from minicomp.ir.node import Node
+from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.stmt import For, Store
-from minicomp.passes.kernel.simplify import simplify_expr
 
 
 class _IndexSimplifier(Mutator):

@@ -7,9 +7,9 @@ from minicomp.ir.compute import compute
 from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import Var, const, size_var
 from minicomp.ir.functor import substitute
+from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.types import f32, i64
 from minicomp.ops.shape import ravel, unravel
-from minicomp.passes.kernel.simplify import simplify_expr
 
 i, j, k = Var("i", i64), Var("j", i64), Var("k", i64)
 s = size_var("s")
