@@ -50,7 +50,6 @@ KNOWN = {
     ("minicomp.backends.cpu.module", "minicomp.config"),
     ("minicomp.passes.graph.aten_contraction", "minicomp.dynamo.lowering"),
     ("minicomp.dynamo.backend", "minicomp.explain"),
-    ("minicomp.schedule.templates.problem", "minicomp.passes.graph.contraction"),
     ("minicomp.script.function", "minicomp.backends.cuda.codegen"),
     ("minicomp.script.function", "minicomp.passes.kernel.simplify_indices"),
     ("minicomp.script.function", "minicomp.script.launch"),

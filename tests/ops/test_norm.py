@@ -159,8 +159,8 @@ def test_batch_norm_inference_compiled(target, dtype, affine, layout):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_conv_batch_norm_relu_is_one_template_kernel(channels_last):
+    from minicomp.ir.contraction import match_contraction
     from minicomp.ir.graph import FusedOp
-    from minicomp.passes.graph.contraction import match_contraction
 
     torch.manual_seed(0)
     nn = torch.nn

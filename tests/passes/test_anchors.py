@@ -8,8 +8,8 @@ from helpers import check_compiled
 
 import minicomp
 from minicomp.dynamo.backend import recording
+from minicomp.ir.contraction import match_contraction
 from minicomp.ir.graph import ExternOp, FusedOp
-from minicomp.passes.graph.contraction import match_contraction
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}

@@ -410,7 +410,7 @@ def sibling_reductions(contractions: bool) -> Graph:
 
 
 def test_sibling_contractions_stay_separate_kernels_and_the_consumer_joins_the_later():
-    from minicomp.passes.graph.contraction import match_contraction
+    from minicomp.ir.contraction import match_contraction
 
     g = sibling_reductions(contractions=True)
     f = fuse(g)
@@ -437,7 +437,7 @@ def test_sibling_reductions_that_are_no_contractions_still_share_a_kernel():
 def _contraction_kernels(records) -> list[FusedOp]:
     """Every fused group of `records` holding a reduction; each asserted to be a contraction
     that a matmul template computed."""
-    from minicomp.passes.graph.contraction import match_contraction
+    from minicomp.ir.contraction import match_contraction
 
     found = []
     for record in records:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from helpers import check_compiled
 
 from minicomp.dynamo.backend import recording
+from minicomp.ir.contraction import match_contraction
 from minicomp.ir.graph import ExternOp, FusedOp
-from minicomp.passes.graph.contraction import match_contraction
 
 TARGET = "cuda-emu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3}

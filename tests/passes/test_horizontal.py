@@ -10,9 +10,9 @@ from graph_builder import GraphBuilder
 from helpers import assert_same, clone_inputs
 
 from minicomp.dynamo.backend import recording
+from minicomp.ir.contraction import match_contraction
 from minicomp.ir.evaluate import evaluate
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, FusedOp, Graph
-from minicomp.passes.graph.contraction import match_contraction
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built here; nothing is downloaded

@@ -10,7 +10,7 @@ into a compute op, a sum over K of a product, in the accumulator type (f32 for f
 computed in the accumulator type before the final cast. Fusion then groups injective producers
 (transposes, casts) into the product's operands and injective consumers (the bias, an
 activation, a residual) after it, and the CUDA scheduler recognises the fused group as a
-contraction (minicomp.passes.graph.contraction) that a matmul template computes.
+contraction (minicomp.ir.contraction) that a matmul template computes.
 
 `convolution` (1 to 3 spatial dims, not transposed, any stride, padding, dilation and groups)
 becomes a sum over the input channels of its group and the kernel taps, the padding a guard:

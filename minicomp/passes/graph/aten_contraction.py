@@ -48,10 +48,10 @@ import torch
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorElement, TensorInput
+from minicomp.ir.contraction import Axis, Contraction
 from minicomp.ir.expr import Binary, Cast, Const, Dim, Expr, Var, cast, const, dim_expr, prod
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Op, TensorType, Value
-from minicomp.passes.graph.contraction import Axis, Contraction
 from minicomp.passes.graph.layout import contiguous_strides
 from minicomp.passes.graph.rewrite import fresh_name
 from minicomp.schedule.templates.problem import (

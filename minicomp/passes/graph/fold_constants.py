@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from minicomp.ir.compute import Reduce, TensorElement, TensorInput
+from minicomp.ir.contraction import product_sides
 from minicomp.ir.expr import Cast, Const, Expr, Var
 from minicomp.ir.functor import collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph
-from minicomp.passes.graph.contraction import product_sides
 
 # Bigger results stay computed at run time when they are bigger than what they read: a
 # folded broadcast would only fill memory. A result no bigger than its inputs (a weight's
@@ -220,7 +220,7 @@ def constant_operand_layouts(graph: Graph) -> Graph:
 
 def _product_operands(n: ComputeOp):
     """(operand element, its side's axes, the K axes) for each operand of `n` when `n` is a
-    sum of a product (see passes/graph/contraction.py) whose operand reads one tensor element
+    sum of a product (see ir/contraction.py) whose operand reads one tensor element
     at plain indices (possibly widened by a cast)."""
     d = n.definition
     reduces = collect(d.body, Reduce)

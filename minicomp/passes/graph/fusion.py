@@ -4,7 +4,7 @@ Groups merge greedily, each op's producers into its group in graph order, while 
 group has a loop nest (passes/graph/loop_nest.py) and the groups stay a DAG
 (passes/graph/group_dag.py; an op using a data-dependent size follows the ATen call binding
 it). One more rule keeps matrix products whole: a group that is a contraction
-(minicomp.passes.graph.contraction: one sum of a product, which the matmul and convolution
+(minicomp.ir.contraction: one sum of a product, which the matmul and convolution
 templates compute) never merges with another group holding a reduction. Two sibling
 products over equal K extents (`x @ w1 + x @ w2`, a ResNet block's last convolution and its
 projection shortcut) would otherwise share a loop nest with two sums, which is no contraction
@@ -15,10 +15,10 @@ several reductions that are no contractions (softmax, layer norm) fuse as before
 
 from __future__ import annotations
 
+from minicomp.ir.contraction import match_contraction
 from minicomp.ir.expr import Var
 from minicomp.ir.functor import collect
 from minicomp.ir.graph import ComputeOp, ExternOp, FusedOp, Graph, Op
-from minicomp.passes.graph.contraction import match_contraction
 from minicomp.passes.graph.group_dag import GroupDag
 from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest, try_loop_nest
 

@@ -5,7 +5,7 @@ A matmul template gives each BM x BN tile of C (per batch) one block, which walk
 product such as (M=16, N=1024, K=16384) or (64 x 64 x 65536) has a handful of tiles, so a
 handful of the GPU's 132 SMs do all the work while the rest idle. This pass rewrites a
 compute op that is a contraction (one `sum` over K of a product `a * b`, classified into
-batch, M and N axes by minicomp.passes.graph.contraction.product_sides, exactly as the
+batch, M and N axes by minicomp.ir.contraction.product_sides, exactly as the
 template will see the fused group) into two:
 
 - partial, shape (S, *out_shape): element (s, ...) is the same sum over the chunk
@@ -64,11 +64,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minicomp.ir.compute import Compute, Reduce, TensorInput
+from minicomp.ir.contraction import product_sides
 from minicomp.ir.expr import Cast, Expr, Var, const, minimum, prod, select
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
-from minicomp.passes.graph.contraction import product_sides
 from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
 
 # The GPU the thresholds are set for (an H100 has 132 SMs).

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorElement
+from minicomp.ir.contraction import Axis, Contraction
 from minicomp.ir.expr import (
     Binary,
     Cast,
@@ -58,7 +59,6 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp
 from minicomp.ir.printer import expr_str
 from minicomp.ir.stmt import If, Stmt, Store, seq
-from minicomp.passes.graph.contraction import Axis, Contraction
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
 from minicomp.script.lang import Macro, macro
 from minicomp.script.values import TensorRef
@@ -462,7 +462,7 @@ def _plain_text(p: PlainOperand | None) -> str:
 def matmul_problem(op: FusedOp, layouts: Mapping[str, Strides]) -> MatmulProblem | None:
     """The MatmulProblem of fused group `op`, or None when it is not a contraction a template
     computes."""
-    from minicomp.passes.graph.contraction import match_contraction
+    from minicomp.ir.contraction import match_contraction
 
     c = match_contraction(op)
     return None if c is None else MatmulProblem.from_contraction(c, layouts)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import minicomp
+from minicomp.ir.contraction import match_contraction
 from minicomp.ir.graph import FusedOp
-from minicomp.passes.graph.contraction import match_contraction
 
 
 def _groups(fn, *args):
