@@ -1,13 +1,20 @@
-"""Constant folding: before/expected graph pairs and a numeric check of the folded graph."""
+"""Constant folding and constant operand layouts: before/expected graph pairs, and numeric
+checks of folded graphs."""
 
-import numpy as np
 import torch
-from graph_builder import GraphBuilder, assert_graph_equal, assert_same_results
+from graph_builder import GraphBuilder, assert_same_results
+from helpers_graph import assert_graph_equal
 
 from minicomp.ir import types as T
 from minicomp.ir.compute import reduce
 from minicomp.ir.expr import cast, const
-from minicomp.passes.graph.fold_constants import MAX_FOLDED_ELEMENTS, fold_constants
+from minicomp.passes.graph.fold_constants import (
+    MAX_FOLDED_ELEMENTS,
+    constant_operand_layouts,
+    fold_constants,
+)
+
+aten = torch.ops.aten
 
 
 def _chain(b: GraphBuilder, c_value: torch.Tensor):
@@ -84,6 +91,80 @@ def test_output_value_folds_to_constant():
     c = b.constant("c", torch.tensor([1.0, -2.0, 3.0]))
     y = b.compute("y", (3,), lambda i: c[i] * c[i])
     b.output(y)
+
+    # The graph returns the constant; c stays until dead-code elimination.
+    e = GraphBuilder()
+    e.constant("c", torch.tensor([1.0, -2.0, 3.0]))
+    e.output(e.constant("y", torch.tensor([1.0, 4.0, 9.0])))
+    assert_graph_equal(fold_constants(b.build()), e.build())
+
+
+def test_a_view_of_a_constant_folds_to_a_view_of_its_memory():
+    w = torch.randn(4, 8)
+    b = GraphBuilder()
+    x = b.input("x", (2, 8))
+    c = b.constant("w", w)
+    wt = b.compute("wt", (8, 4), lambda i, j: c[j, i])
+    b.output(b.extern("y", aten.mm.default, [x, wt], (2, 4)))
     folded = fold_constants(b.build())
-    assert folded.nodes == () and folded.outputs == (b.values["y"],)
-    np.testing.assert_array_equal(folded.constants["y"].numpy(), [1.0, 4.0, 9.0])
+
+    e = GraphBuilder()
+    x = e.input("x", (2, 8))
+    e.constant("w", w)
+    wt = e.constant("wt", w.t())  # strides (1, 8)
+    e.output(e.extern("y", aten.mm.default, [x, wt], (2, 4)))
+    assert_graph_equal(folded, e.build())
+    assert folded.constants["wt"].data_ptr() == w.data_ptr()  # no copy
+
+
+def test_aten_calls_reading_only_constants_are_called_once():
+    c = torch.randn(3, 3)
+    b = GraphBuilder()
+    x = b.input("x", (3, 3))
+    cv = b.constant("c", c)
+    m = b.extern("m", aten.mm.default, [cv, cv], (3, 3))
+    r = b.extern("r", aten.rand_like.default, [cv], (3, 3))  # random: drawn on every call
+    mx = b.extern("mx", aten.mm.default, [x, cv], (3, 3))  # reads an input
+    b.output(b.compute("y", (3, 3), lambda i, j: m[i, j] + r[i, j] + mx[i, j]))
+
+    e = GraphBuilder()
+    x = e.input("x", (3, 3))
+    cv = e.constant("c", c)
+    m = e.constant("m", c @ c)
+    r = e.extern("r", aten.rand_like.default, [cv], (3, 3))
+    mx = e.extern("mx", aten.mm.default, [x, cv], (3, 3))
+    e.output(e.compute("y", (3, 3), lambda i, j: m[i, j] + r[i, j] + mx[i, j]))
+    assert_graph_equal(fold_constants(b.build()), e.build())
+
+
+# --- constant_operand_layouts ----------------------------------------------------------------
+
+
+def _product_of_constant(w: torch.Tensor) -> GraphBuilder:
+    """y[i, o] = sum over (c, r) of x[i, c, r] * w[o, c, r]: w's K axes are (c, r)."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5))
+    cw = b.constant("w", w)
+    b.output(
+        b.compute(
+            "y", (2, 4), lambda i, o: reduce("sum", (3, 5), lambda c, r: x[i, c, r] * cw[o, c, r])
+        )
+    )
+    return b
+
+
+def test_a_constant_operand_neither_k_nor_mn_major_is_copied_k_major():
+    # w laid out (o, r, c), as a channels-last weight: K = (c, r) is no single strided run.
+    w = torch.randn(4, 5, 3).permute(0, 2, 1)
+    g = _product_of_constant(w).build()
+
+    after = constant_operand_layouts(g)
+    assert_graph_equal(after, _product_of_constant(w.contiguous()).build())
+
+
+def test_constant_operands_read_plainly_keep_their_layout():
+    k_major = _product_of_constant(torch.randn(4, 3, 5)).build()
+    assert constant_operand_layouts(k_major) is k_major
+    # MN-major (o innermost) is plain too: the templates read both orientations.
+    mn_major = _product_of_constant(torch.randn(3, 5, 4).permute(2, 0, 1)).build()
+    assert constant_operand_layouts(mn_major) is mn_major
