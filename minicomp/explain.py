@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minicomp import config
-from minicomp.ir.graph import ExternOp, FusedOp
-from minicomp.ir.printer import function_str
+from minicomp.ir.graph import ExternOp
+from minicomp.record import report
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Explanation:
         return out
 
     def __str__(self) -> str:
-        return "\n".join(_report(r) for r in self.records) + "\n" + self.summary()
+        return "\n".join(report(r) for r in self.records) + "\n" + self.summary()
 
     def summary(self) -> str:
         """One line of counts."""
@@ -49,41 +49,6 @@ class Explanation:
             f"minicomp: {self.aten_op_count} ATen ops -> {self.kernel_count} kernels, "
             f"{len(self.fallbacks)} ops run by ATen"
         )
-
-
-def _section(title: str, body: str) -> str:
-    return f"==== {title} ====\n{body.rstrip()}\n"
-
-
-def report(r) -> str:
-    """The stage-by-stage text of one CompileRecord."""
-    return _report(r)
-
-
-def _report(r) -> str:
-    parts = [_section(f"{r.kind} graph: ATen ({r.aten_op_count} ops)", r.aten_graph)]
-    for name, seconds, text in r.passes:
-        parts.append(_section(f"graph IR after {name} ({seconds * 1e3:.1f} ms)", text))
-    if r.graph is not None:
-        groups = [n for n in r.graph.nodes if isinstance(n, FusedOp)]
-        lines = [f"{g.name}: {', '.join(g.members)}" for g in groups]
-        parts.append(_section(f"fused groups ({len(groups)})", "\n".join(lines) or "(none)"))
-        externs = [n for n in r.graph.nodes if isinstance(n, ExternOp)]
-        lines = [f"{n.name}: {n.reason}" for n in externs]
-        parts.append(_section(f"ops run by ATen ({len(externs)})", "\n".join(lines) or "(none)"))
-    for k in r.kernels:
-        parts.append(_section(f"kernel IR: {k.name}", function_str(k)))
-    if r.source:
-        parts.append(_section("generated source", r.source))
-    if r.times:
-        parts.append(
-            _section(
-                "compile time", "\n".join(f"{k}: {v * 1e3:.1f} ms" for k, v in r.times.items())
-            )
-        )
-    if r.error:
-        parts.append(_section("fell back to eager", r.error))
-    return "\n".join(parts)
 
 
 def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any) -> Explanation:

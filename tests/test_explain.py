@@ -98,15 +98,15 @@ def test_fallbacks_name_linalg_inv():
 
 
 def test_a_graph_that_fails_to_compile_is_reported(monkeypatch):
-    from minicomp.dynamo import lowering
+    from minicomp import compiler
 
     def boom(*args, **kwargs):
-        raise RuntimeError("simulated scheduler failure")
+        raise RuntimeError("simulated tuner failure")
 
-    monkeypatch.setattr(lowering, "schedule_graph", boom)
+    monkeypatch.setattr(compiler, "make_chooser", boom)
     with pytest.warns(UserWarning):
         e = minicomp.explain(lambda x: x.sin() + 1, torch.randn(4), options={"target": "cpu"})
-    assert "simulated scheduler failure" in e.fallbacks["<whole graph>"]
+    assert "simulated tuner failure" in e.fallbacks["<whole graph>"]
     assert "==== fell back to eager ====" in str(e)
     assert e.kernel_count == 0
 

@@ -13,10 +13,9 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
+from minicomp.compiler import compile_graph
 from minicomp.dynamo.decompositions import decomposition_table
-from minicomp.dynamo.group_fallback import KernelsFailed
 from minicomp.dynamo.importer import import_graph
-from minicomp.dynamo.lowering import CompileRecord, compile_graph
 from minicomp.dynamo.output_aliases import (
     input_views,
     share_storages,
@@ -24,6 +23,8 @@ from minicomp.dynamo.output_aliases import (
     view_inputs,
 )
 from minicomp.dynamo.overlap import find_overlapping_write
+from minicomp.passes.graph.group_fallback import KernelsFailed
+from minicomp.record import CompileRecord, report
 
 log = logging.getLogger("minicomp")
 
@@ -130,8 +131,6 @@ def _compile(
         )
         return None
     if options.verbose > 1:
-        from minicomp.explain import report
-
         print(report(record))
     elif options.verbose:
         log.warning(

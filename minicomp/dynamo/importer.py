@@ -17,6 +17,7 @@ from minicomp.ir.expr import Expr, Var
 from minicomp.ir.functor import Mutator, collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
 from minicomp.ops.registry import LoweringContext, NotLowerable, lowering_for
+from minicomp.script.custom_op import registered_op
 
 
 def tensor_type(t: torch.Tensor) -> TensorType:
@@ -223,7 +224,7 @@ class Importer:
             # Its output's size is known only once it ran (nonzero, a boolean mask index).
             self.extern(n, outs, UNBACKED_REASON, binds=binds)
             return
-        if _script_op(n.target) is not None:
+        if registered_op(n.target) is not None:
             # Whether the plan launches the kernel itself depends on the target, known later.
             self.extern(n, outs, SCRIPT_OP_REASON)
             return
@@ -401,34 +402,6 @@ SCRIPT_OP_REASON = (
     "script kernel op: launched natively on the cuda and cuda-emu targets; the cpu target calls "
     "the op"
 )
-
-
-def _script_op(target: Any):
-    from minicomp.script.custom_op import registered_op
-
-    return registered_op(target)
-
-
-def has_script_ops(graph: Graph) -> bool:
-    """Whether `graph` calls ops registered from script kernels (minicomp.script.custom_op)."""
-    return any(isinstance(n, ExternOp) and _script_op(n.target) for n in graph.nodes)
-
-
-def lower_script_ops(graph: Graph) -> Graph:
-    """Calls of ops registered from script kernels as launches of their kernels (KernelOps);
-    a call the plan cannot launch stays an ATen call whose reason says why."""
-    from minicomp.script.custom_op import NotNative
-
-    nodes = []
-    for n in graph.nodes:
-        op = _script_op(n.target) if isinstance(n, ExternOp) else None
-        if op is not None:
-            try:
-                n = op.kernel_op(n)
-            except NotNative as e:
-                n = n.replace(reason=f"script kernel op not launched natively: {e}")
-        nodes.append(n)
-    return graph.replace(nodes=tuple(nodes))
 
 
 _COMPUTABLE = {T.f16, T.bf16, T.f32, T.f64, T.i8, T.i16, T.i32, T.i64, T.u8, T.boolean}

@@ -1,4 +1,5 @@
-"""The pass manager: run a flat list of graph passes in order, optionally tracing each one."""
+"""The pass manager: the passes every target runs, and running a flat list of graph passes in
+order, optionally tracing each one."""
 
 from __future__ import annotations
 
@@ -7,15 +8,12 @@ from collections.abc import Callable, Sequence
 
 from minicomp.ir.graph import Graph
 from minicomp.passes.graph.alias_views import alias_views
-from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
-from minicomp.passes.graph.fold_constants import constant_operand_layouts, fold_constants
+from minicomp.passes.graph.fold_constants import fold_constants
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
 from minicomp.passes.graph.layout import contiguous_extern_inputs
 from minicomp.passes.graph.simplify_views import simplify_views
-from minicomp.passes.graph.split_k import split_k
-from minicomp.passes.graph.split_reductions import split_reductions
 
 GraphPass = Callable[[Graph], Graph]
 
@@ -34,33 +32,9 @@ DEFAULT_PASSES: list[GraphPass] = [
 ]
 
 # Passes every target runs first. Matrix products sharing their input fuse while they are
-# still ATen calls, before the CUDA targets lower them (lower_anchors).
+# still ATen calls, before the CUDA targets lower them (lower_anchors). Each target
+# (minicomp/targets.py) puts its own passes around these and the default ones.
 FIRST_PASSES: list[GraphPass] = [fuse_matmuls_sharing_input]
-
-# Passes a target runs before the default ones: ops it computes whole, which the others then
-# see as compute ops (views feeding them fuse instead of becoming aliases).
-TARGET_FIRST_PASSES: dict[str, list[GraphPass]] = {
-    "cuda": [lower_anchors],
-    "cuda-emu": [lower_anchors],
-}
-
-# Passes a target adds after the default ones (before fusion). Attention calls become kernel
-# launches last: views they read are zero-copy aliases by then, and every layout is final
-# (the launch takes its tensors' strides). split_k precedes split_reductions, which would
-# split a long-K product with few outputs as a row reduction that no matmul template computes.
-# Constant operands of products take the layout the templates read before split_k rewrites
-# the products' indices.
-TARGET_PASSES: dict[str, list[GraphPass]] = {
-    "cuda": [constant_operand_layouts, split_k, split_reductions],
-    "cuda-emu": [constant_operand_layouts, split_k, split_reductions],
-}
-
-
-def passes_for(target: str) -> list[GraphPass]:
-    """The graph passes run before fusion when compiling for `target`."""
-    first = FIRST_PASSES + TARGET_FIRST_PASSES.get(target, [])
-    return first + list(DEFAULT_PASSES) + TARGET_PASSES.get(target, [])
-
 
 def run_passes(graph: Graph, passes: Sequence[GraphPass], *, trace: list | None = None) -> Graph:
     """`graph` after each pass in turn.

@@ -22,7 +22,7 @@ from typing import Any
 from minicomp.ir import expr as E
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Mutator
-from minicomp.ir.graph import ArgRef, ExternOp, KernelOp
+from minicomp.ir.graph import ArgRef, ExternOp, Graph, KernelOp
 from minicomp.ir.types import to_torch
 from minicomp.passes.graph.layout import is_row_major
 from minicomp.script.conversions import fits
@@ -340,6 +340,26 @@ def registered_op(target: Any) -> CustomOp | None:
         return None
     op = _registry.get(schema.name)
     return op if op is not None and op.opoverload is target else None
+
+
+def has_script_ops(graph: Graph) -> bool:
+    """Whether `graph` calls ops registered from script kernels."""
+    return any(isinstance(n, ExternOp) and registered_op(n.target) for n in graph.nodes)
+
+
+def lower_script_ops(graph: Graph) -> Graph:
+    """Calls of ops registered from script kernels as launches of their kernels (KernelOps);
+    a call the plan cannot launch stays an ATen call whose reason says why."""
+    nodes = []
+    for n in graph.nodes:
+        op = registered_op(n.target) if isinstance(n, ExternOp) else None
+        if op is not None:
+            try:
+                n = op.kernel_op(n)
+            except NotNative as e:
+                n = n.replace(reason=f"script kernel op not launched natively: {e}")
+        nodes.append(n)
+    return graph.replace(nodes=tuple(nodes))
 
 
 def custom_op(

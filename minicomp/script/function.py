@@ -13,8 +13,6 @@ from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.script.errors import Source
 from minicomp.script.signature import Signature, c_name, parse_signature
 
-TARGETS = ("cuda", "cuda-emu")
-
 
 class _State:
     """What every view of one script function shares: source, signature, IR and builds."""
@@ -67,14 +65,13 @@ class ScriptFunction:
     are ScriptErrors at the script's line). Calling a kernel with torch tensors and Python
     numbers launches it: on `cuda` for CUDA tensors, in the emulator (`cuda-emu`) for CPU
     tensors, or on the target given by `with_target` (or the `target` option when it names
-    one of them). Each target's build is made once per kernel and reused.
+    one of them; minicomp.targets.script_target). Each target's build is made once per
+    kernel and reused.
     """
 
     def __init__(
         self, fn, target: str | None = None, *, params: tuple = (), _state: _State | None = None
     ):
-        if target not in (None, *TARGETS):
-            raise ValueError(f"a script kernel runs on {' or '.join(TARGETS)}, not {target!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.target = target

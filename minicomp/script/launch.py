@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from minicomp import config
+from minicomp.backends.c_like import half_bits
+from minicomp.backends.cuda.emu import MAX_DYNAMIC_SHARED
+from minicomp.backends.cuda.module import dynamic_shared_bytes
 from minicomp.ir import expr as E
 from minicomp.ir.symbols import compile_dims, launch_dims
 from minicomp.ir.types import bf16, f16, to_torch
 from minicomp.script.conversions import fits
 from minicomp.script.errors import ScriptError
-from minicomp.script.function import TARGETS, ScriptFunction
+from minicomp.script.function import ScriptFunction
 from minicomp.script.signature import Param, Signature
+from minicomp.targets import script_target
 
 
 def _size_symbol(d) -> str | None:
@@ -44,8 +51,6 @@ class Binder:
         self.order = [p.name for p in f.params]
         self.function = f
         self.dims = launch_dims(f)
-        from minicomp.backends.cuda.module import dynamic_shared_bytes
-
         shared = dynamic_shared_bytes(f)
         self.shared = shared if callable(shared) else lambda args: shared
 
@@ -121,14 +126,10 @@ class Binder:
             except (TypeError, ValueError):
                 raise self.error(p, f"{what}, not {_kind(value)}") from None
         if dt in (f16, bf16):
-            from minicomp.backends.c_like import half_bits
-
             return half_bits(float(value), dt)
         return float(value)
 
     def tensor(self, p: Param, t, sizes: dict, checks: list) -> tuple[Any, Any]:
-        import torch
-
         if p.kind == "pointer" and isinstance(t, int) and not isinstance(t, bool):
             return t, None
         if not isinstance(t, torch.Tensor):
@@ -176,50 +177,8 @@ def _kind(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def choose_target(requested: str | None, device) -> str:
-    """The target of a launch: the kernel's own, the `target` option when it names a script
-    target, else by where the tensors are."""
-    from minicomp import config
-
-    target = requested
-    if target is None and config.get("target") in TARGETS:
-        target = config.get("target")
-    if target is None:
-        if device is None:
-            import torch
-
-            return "cuda" if torch.cuda.is_available() else "cuda-emu"
-        return "cuda" if device.type == "cuda" else "cuda-emu"
-    return target
-
-
 def _address(value) -> Any:
     return value.data_ptr() if hasattr(value, "data_ptr") else value
-
-
-def _builder(sf: ScriptFunction, binder: Binder, target: str, device, checks: bool) -> Callable:
-    """A callable running the kernel on `target` with IR-ordered arguments (tensors given as
-    tensors: a checked emulator build checks the accesses to them)."""
-    from minicomp import config
-
-    module = sf.module
-    name = binder.function.name
-    cache_dir = config.get("cache_dir")
-    if target == "cuda-emu":
-        from minicomp.backends.cuda.emu import build_emulated
-
-        emu = build_emulated(sf.source, [binder.function], cache_dir=cache_dir, checks=checks)
-        # The emulator flushes the kernels' printf output before a launch returns.
-        return lambda args, grid, block, shared: emu.launch(name, grid, block, args, shared)
-    import torch
-
-    from minicomp.backends.cuda.module import build
-
-    index = device.index if device is not None else torch.cuda.current_device()
-    cuda = build(module, device_index=index, cache_dir=cache_dir, arch=config.get("arch"))
-    # The launcher evaluates the dynamic shared memory size itself.
-    launcher = cuda.kernel(name, binder.dims)
-    return lambda args, grid, block, shared: launcher(*map(_address, args))
 
 
 def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
@@ -238,22 +197,25 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
             state.launcher = Binder(sf)
         binder = state.launcher
     values, device = binder.bind(args, kwargs)
-    target = choose_target(sf.target, device)
-    if device is not None and (device.type == "cuda") != (target == "cuda"):
-        where = "CUDA tensors" if target == "cuda" else "CPU tensors"
+    options = config.resolve()
+    target = script_target(sf.target, device, options)
+    if device is not None and device.type != target.device:
+        where = "CUDA tensors" if target.device == "cuda" else "CPU tensors"
         raise ScriptError(
-            f"the {target} target runs {sig.py_name} on {where}, but its tensors are on {device}",
+            f"the {target.name} target runs {sig.py_name} on {where}, but its tensors are on "
+            f"{device}",
             state.source.filename,
             sig.lineno,
         )
-    from minicomp import config
-
-    checks = target == "cuda-emu" and config.get("emu_checks")
-    key = (target, device.index if device is not None and device.type == "cuda" else None, checks)
+    checks = target.emulated and options.emu_checks
+    key = (target.name, device.index if device is not None and device.type == "cuda" else None)
+    key += (checks,)
     with state.lock:
         run = state.builds.get(key)
         if run is None:
-            run = state.builds[key] = _builder(sf, binder, target, device, checks)
+            run = state.builds[key] = target.build_script(
+                sf.module, binder.function, options, device, checks
+            )
     addresses = [_address(v) for v in values]
     grid, block = binder.dims(addresses)
     shared = binder.shared(addresses)

@@ -13,7 +13,7 @@
    ATen implementation when the runner has one. The fastest wins and is stored.
 
 Everything target-specific -- rendering, compiling, loading, making inputs, running ATen --
-sits behind the injected :class:`Runner` (dynamo/lowering.py makes one for the cuda target),
+sits behind the injected :class:`Runner` (tune/cuda_runner.py is the cuda target's),
 so this module imports no backend. The time budget (the ``tune_budget`` option) bounds one
 call: candidates not measured when it runs out are skipped, and the best one so far wins.
 """

@@ -10,7 +10,7 @@ from helpers import check_compiled, compile_minicomp
 from torch._dynamo.backends.common import aot_autograd
 
 import minicomp
-from minicomp.dynamo import lowering
+from minicomp import compiler
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.importer import import_graph
 from minicomp.ir.compute import Compute
@@ -200,22 +200,24 @@ def test_max_dim_values_and_indices_are_mapped(target):
 # --- failures while compiling a graph ------------------------------------------------------
 
 
-def _fail_scheduling(monkeypatch):
-    def boom(*args, **kwargs):
-        raise RuntimeError("simulated scheduler failure")
+def _fail_planning(monkeypatch):
+    """Make building the plan fail: a failure of the graph as a whole, no kernel's."""
 
-    monkeypatch.setattr(lowering, "schedule_graph", boom)
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated planning failure")
+
+    monkeypatch.setattr(compiler, "PlanBuilder", boom)
 
 
 def test_fallback_error_raises_on_a_compile_failure(monkeypatch, target):
-    _fail_scheduling(monkeypatch)
+    _fail_planning(monkeypatch)
     compiled = compile_minicomp(lambda x: torch.sin(x) + 1, target)  # fallback="error"
-    with pytest.raises(Exception, match="simulated scheduler failure"):
+    with pytest.raises(Exception, match="simulated planning failure"):
         compiled(torch.randn(4))
 
 
 def test_default_fallback_runs_eagerly_with_a_warning(monkeypatch, target):
-    _fail_scheduling(monkeypatch)
+    _fail_planning(monkeypatch)
 
     def f(x):
         return torch.sin(x) + 1
@@ -223,7 +225,7 @@ def test_default_fallback_runs_eagerly_with_a_warning(monkeypatch, target):
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="minicomp", options={"target": target})
     x = torch.randn(4)
-    with pytest.warns(UserWarning, match="runs it eagerly.*simulated scheduler failure"):
+    with pytest.warns(UserWarning, match="runs it eagerly.*simulated planning failure"):
         out = compiled(x)
     torch.testing.assert_close(out, f(x))
     torch._dynamo.reset()

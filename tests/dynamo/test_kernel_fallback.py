@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch._dynamo
 
-from minicomp.dynamo import lowering
+from minicomp import compiler
 from minicomp.dynamo.backend import KernelFallbackWarning, recording
 from minicomp.ir.graph import ExternOp, FusedOp
+from minicomp.targets import TARGETS
 
 
 def sine_then_cube(x, y):
@@ -23,23 +24,24 @@ def _compile(fn, target, **options):
 def _fail_kernels_with(monkeypatch, name: str, what: str):
     """Make scheduling ("schedule") or building ("build") fail for kernels of ops named so."""
     if what == "schedule":
-        schedule = lowering.schedule_group
+        schedule = compiler.schedule_group
 
         def failing_schedule(op, *args, **kwargs):
             if any(name in member for member in op.members):
                 raise RuntimeError(f"simulated scheduler failure on {name}")
             return schedule(op, *args, **kwargs)
 
-        monkeypatch.setattr(lowering, "schedule_group", failing_schedule)
+        monkeypatch.setattr(compiler, "schedule_group", failing_schedule)
         return
-    build = lowering.build_kernels
 
-    def failing_build(kernels, *args, **kwargs):
-        if any(name in k.name for k in kernels):
-            raise RuntimeError(f"simulated compiler crash on {name}")
-        return build(kernels, *args, **kwargs)
+    for target in TARGETS.values():
 
-    monkeypatch.setattr(lowering, "build_kernels", failing_build)
+        def failing_build(kernels, *args, build=target.build, **kwargs):
+            if any(name in k.name for k in kernels):
+                raise RuntimeError(f"simulated compiler crash on {name}")
+            return build(kernels, *args, **kwargs)
+
+        monkeypatch.setattr(target, "build", failing_build)
 
 
 @pytest.mark.parametrize("what", ["schedule", "build"])

@@ -20,7 +20,8 @@ import minicomp
 from minicomp.dynamo.backend import recording
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.importer import import_graph
-from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.compiler import compile_graph
+from minicomp.record import CompileRecord
 from minicomp.runtime.cuda_graphs import GraphedPlan, segments
 
 IN_CHILD = os.environ.get("MINICOMP_DIVISION_CHILD") == "1"

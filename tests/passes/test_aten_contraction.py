@@ -7,14 +7,15 @@ import torch
 from helpers import check_compiled
 
 import minicomp
-from minicomp import config
-from minicomp.dynamo import lowering
-from minicomp.passes.graph.aten_contraction import aten_candidate, aten_rewrite, tune_contractions
+from minicomp import compiler, config
 from minicomp.dynamo.backend import recording
 from minicomp.ir.graph import ExternOp, FusedOp
 from minicomp.ir.types import to_torch
+from minicomp.passes.graph.aten_contraction import aten_candidate, aten_rewrite, tune_contractions
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.schedule.templates.problem import matmul_problem
+from minicomp.targets import get_target
+from minicomp.tune.chooser import make_chooser
 from minicomp.tune.tuner import Choice, Workload, outputs_match
 
 TARGET = "cuda-emu"
@@ -25,7 +26,7 @@ def _prefer_aten(asked: list):
     """A make_chooser whose choosers say ATen won wherever it is a candidate (recording each
     question in `asked`), and give the template's heuristic config elsewhere."""
 
-    def make_chooser(options, target, layouts, device_index=None):
+    def make_chooser(options, runner_for):
         def choose(template, problem, op, aten=None):
             asked.append((op.name, aten is not None))
             config = template.heuristic(problem)
@@ -42,7 +43,7 @@ def _compile_preferring_aten(monkeypatch, fn, *args, dtype):
     """Compile `fn` on cuda-emu with ATen winning every tuning question, check it against
     float64 eager, and return (the CompileRecord, the questions asked)."""
     asked: list = []
-    monkeypatch.setattr(lowering, "make_chooser", _prefer_aten(asked))
+    monkeypatch.setattr(compiler, "make_chooser", _prefer_aten(asked))
     records: list = []
     tol = TOLERANCE[dtype]
     with recording(records), torch.no_grad():
@@ -193,7 +194,7 @@ def test_aten_candidate_on_a_cpu_workload(name):
     assert {v.name for v in op.inputs} <= {v.name for v in graph.inputs}
     rewrite = aten_rewrite(matmul_problem(op, layouts), set())
     assert (rewrite.epilogue is not None) == epilogue
-    run = aten_candidate(rewrite, layouts, target="cpu")
+    run = aten_candidate(rewrite, layouts, target=get_target("cpu"))
     w = _workload(op, layouts, args)
     for t in w.outputs:
         t.fill_(float("nan"))
@@ -209,8 +210,9 @@ def test_tune_contractions_asks_once_per_group():
     x, w = torch.randn(6, 8), torch.randn(8, 5)
     graph, layouts, op = _fused_group(lambda x, w: torch.relu(x @ w), x, w)
     options = config.resolve({"target": TARGET})
-    choose = lowering.make_chooser(options, TARGET, layouts)
-    assert tune_contractions(graph, choose, layouts, options=options, target=TARGET) is graph
+    choose = make_chooser(options, get_target(TARGET).runner_factory(layouts, options, None))
+    tuned = tune_contractions(graph, choose, layouts, options=options, target=get_target(TARGET))
+    assert tuned is graph
     from minicomp.schedule.templates import select_template
 
     problem = matmul_problem(op, layouts)
@@ -240,7 +242,7 @@ class _EmulatedRunner:
         if self.loaded:
             raise RuntimeError("one config is enough here")
         self.loaded += 1
-        fns, _ = lowering.build_kernels([kernel], TARGET, self.options)
+        fns, _ = get_target(TARGET).build([kernel], self.options)
         fn = fns[kernel.name]
         return lambda w: fn(*(t.data_ptr() for t in (*w.inputs, *w.outputs)))
 
@@ -278,7 +280,7 @@ def test_tuner_checks_and_times_the_aten_candidate(tmp_path):
             template, problem, options=options, runner=runner, database=database, progress=False
         )
 
-    tuned = tune_contractions(graph, choose, layouts, options=options, target="cpu")
+    tuned = tune_contractions(graph, choose, layouts, options=options, target=get_target("cpu"))
     (gemm,) = [n for n in tuned.nodes if isinstance(n, ExternOp) and n.name.endswith("_gemm")]
     assert "10.0 us against 20.0 us" in gemm.reason
     problem = matmul_problem(op, layouts)

@@ -7,7 +7,8 @@ import torch
 from graph_builder import GraphBuilder, evaluate_graph, random_inputs
 
 from minicomp import config
-from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.compiler import compile_graph
+from minicomp.record import CompileRecord
 from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
 from minicomp.ir.graph import ExternOp, FusedOp, Graph, ReduceStage, StoreStage, Value

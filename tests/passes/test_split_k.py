@@ -20,7 +20,7 @@ from minicomp.ir.graph import ComputeOp, Graph
 from minicomp.passes.graph import split_k as split_k_module
 from minicomp.passes.graph.split_k import KSplit, plan_split, split_k
 from minicomp.passes.graph.split_reductions import split_reductions
-from minicomp.passes.pipeline import passes_for
+from minicomp.targets import get_target
 
 EMU = "cuda-emu"
 
@@ -128,9 +128,9 @@ def test_which_products_split():
 
 def test_the_pass_runs_for_the_cuda_targets_before_split_reductions():
     for target in ("cuda", "cuda-emu"):
-        passes = passes_for(target)
+        passes = get_target(target).passes
         assert passes.index(split_k) < passes.index(split_reductions)
-    assert split_k not in passes_for("cpu")
+    assert split_k not in get_target("cpu").passes
 
 
 # --- what the split looks like --------------------------------------------------------------

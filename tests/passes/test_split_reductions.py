@@ -9,8 +9,8 @@ from helpers import check_compiled, compile_minicomp
 
 import minicomp
 from minicomp import config
+from minicomp.compiler import compile_graph
 from minicomp.dynamo.backend import recording
-from minicomp.dynamo.lowering import CompileRecord, compile_graph
 from minicomp.ir import types as T
 from minicomp.ir.compute import reduce
 from minicomp.ir.expr import Expr, cast
@@ -21,7 +21,8 @@ from minicomp.passes.graph.split_reductions import (
     chunk_size,
     split_reductions,
 )
-from minicomp.passes.pipeline import passes_for
+from minicomp.record import CompileRecord
+from minicomp.targets import get_target
 
 EMU = "cuda-emu"
 # Just above the threshold, and not a multiple of any chunk (the guarded path).
@@ -100,8 +101,8 @@ def test_short_rows_many_rows_and_symbolic_rows_are_left_alone():
 
 def test_the_pass_runs_for_the_cuda_targets_only():
     for target in ("cuda", "cuda-emu"):
-        assert split_reductions in passes_for(target)
-    assert split_reductions not in passes_for("cpu")
+        assert split_reductions in get_target(target).passes
+    assert split_reductions not in get_target("cpu").passes
 
 
 # --- what the split looks like --------------------------------------------------------------

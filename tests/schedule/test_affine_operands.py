@@ -13,7 +13,8 @@ from schedule_graphs import one_group
 import minicomp
 from minicomp import config
 from minicomp.dynamo.backend import recording
-from minicomp.dynamo.lowering import CompileRecord, compile_graph
+from minicomp.compiler import compile_graph
+from minicomp.record import CompileRecord
 from minicomp.ir import types as T
 from minicomp.ir.compute import reduce
 from minicomp.ir.expr import cast, minimum

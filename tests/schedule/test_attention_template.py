@@ -309,7 +309,8 @@ def compile_aten(fn, *args):
 
     from minicomp import config
     from minicomp.dynamo.importer import import_graph
-    from minicomp.dynamo.lowering import CompileRecord, compile_graph
+    from minicomp.compiler import compile_graph
+    from minicomp.record import CompileRecord
 
     gm = make_fx(fn, tracing_mode="fake")(*args)
     record = CompileRecord()

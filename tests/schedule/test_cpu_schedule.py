@@ -8,7 +8,7 @@ from graph_builder import GraphBuilder
 from schedule_graphs import broadcast_add, full_2d_sum, one_group, poisoned, row_reduce, scale_graph
 
 from minicomp.backends.cpu.module import build
-from minicomp.dynamo.lowering import layouts_for
+from minicomp.passes.graph.layout import layouts_for
 from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
 from minicomp.ir.func import Function, Module

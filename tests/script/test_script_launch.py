@@ -12,7 +12,7 @@ from minicomp.ir.functor import collect
 from minicomp.ir.stmt import If
 from minicomp.script import attrs, blockIdx, dim, f32, i32, i64, ptr, threadIdx
 from minicomp.script.function import ScriptFunction
-from minicomp.script.launch import choose_target
+from minicomp.targets import script_target
 
 
 @ms
@@ -64,15 +64,24 @@ def test_empty_grid_launches_nothing():
     scale_rows.with_target("cuda-emu")(x, torch.empty_like(x), s=1.0)
 
 
-def test_choose_target():
-    assert choose_target(None, torch.device("cpu")) == "cuda-emu"
-    assert choose_target("cuda-emu", None) == "cuda-emu"
+def _script_target(requested, device):
+    return script_target(requested, device, minicomp.config.resolve()).name
+
+
+def test_script_target():
+    assert _script_target(None, torch.device("cpu")) == "cuda-emu"
+    assert _script_target("cuda-emu", None) == "cuda-emu"
     with minicomp.config.patch(target="cuda"):
-        assert choose_target(None, torch.device("cpu")) == "cuda"
+        assert _script_target(None, torch.device("cpu")) == "cuda"
     with minicomp.config.patch(target="cpu"):
-        assert choose_target(None, torch.device("cpu")) == "cuda-emu"
-    with pytest.raises(ValueError, match="cuda or cuda-emu"):
-        scale_rows.with_target("cpu")
+        assert _script_target(None, torch.device("cpu")) == "cuda-emu"
+
+
+@pytest.mark.parametrize("name, message", [("cpu", "cuda or cuda-emu"), ("tpu", "unknown target")])
+def test_a_kernel_on_a_target_without_script_kernels_is_refused(name, message):
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=message):
+        scale_rows.with_target(name)(x, torch.empty_like(x), s=1.0)
 
 
 def test_ir_module_and_source():

@@ -442,7 +442,7 @@ def test_only_static_float_groups_are_measured():
     from graph_builder import GraphBuilder
     from schedule_graphs import one_group
 
-    from minicomp.dynamo.lowering import CudaRunner
+    from minicomp.tune.cuda_runner import CudaRunner
     from minicomp.ir import types as T
     from minicomp.ir.expr import size_var
     from minicomp.passes.graph.layout import layouts_for

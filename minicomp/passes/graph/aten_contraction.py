@@ -30,11 +30,10 @@ Operand indices may be loop variables, constants (a `select`), or a variable spl
 reshape into `(v // d) % m` digits whose strides keep it one stride (`x.view(B * S, K)` of a
 contiguous x); a symbolic divisor, or any other index, leaves the group to the template.
 
-`tune_contractions` (run by dynamo.lowering.compile_graph on the CUDA targets, where
-tune_attention runs) asks the chooser about each eligible group with the ATen candidate: a
-function of a tune.tuner.Workload running these ATen calls and the compiled epilogue kernel,
-which is what would run in its place, so the tuner times the pair against the template's
-configs. When the Choice says ATen won, the group is replaced by the rewrite.
+`tune_contractions` (run by the CUDA targets' tune_graph, after tune_attention) asks the
+chooser about each eligible group with the ATen candidate: a function of a tune.tuner.Workload
+running these ATen calls and the compiled epilogue kernel, which is what would run in its
+place, so the tuner times the pair against the template's configs. When the Choice says ATen won, the group is replaced by the rewrite.
 """
 
 from __future__ import annotations
@@ -54,10 +53,13 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Op, TensorType, Value
 from minicomp.passes.graph.layout import contiguous_strides
 from minicomp.passes.graph.rewrite import fresh_name
+from minicomp.passes.kernel.simplify_indices import simplify_indices
+from minicomp.schedule.templates import select_template
 from minicomp.schedule.templates.problem import (
     MatmulProblem,
     flat_stride,
     is_unit,
+    matmul_problem,
     strip_widening,
 )
 
@@ -413,21 +415,19 @@ def tune_contractions(
     layouts: Mapping[str, tuple],
     *,
     options: Options | None = None,
-    target: str = "cuda",
+    target: Any,
     device_index: int | None = None,
 ) -> Graph:
     """`graph` with each eligible contraction group that ATen computes faster replaced by the
     rewrite (module docstring).
 
-    `choose` is dynamo.lowering's make_chooser: on the cuda target with search space 1 or 2
+    `choose` is tune.chooser's make_chooser: on the cuda target with search space 1 or 2
     it times the template's configs and the ATen candidate (whose epilogue kernel is built
-    for `target`, with `options`, on CUDA device `device_index`); elsewhere it returns the
+    for `target`, a minicomp.targets.Target, with `options`, on CUDA device `device_index`);
+    elsewhere it returns the
     template's heuristic and nothing changes. The template is picked as the CUDA scheduler
     picks it, so its later choose() call asks about the same problem.
     """
-    from minicomp.schedule.templates import select_template
-    from minicomp.schedule.templates.problem import matmul_problem
-
     names = _names(graph)
     nodes: list[Op] = []
     changed = False
@@ -461,14 +461,14 @@ def aten_candidate(
     rewrite: AtenRewrite,
     layouts: Mapping[str, tuple],
     *,
-    target: str = "cuda",
+    target: Any,
     options: Options | None = None,
     device_index: int | None = None,
 ) -> Callable:
     """The tuner's ATen candidate for `rewrite.op`: a function of a tune.tuner.Workload (the
     group's inputs, then its outputs, as tensors with the group's layouts and static sizes)
-    running the rewrite's ATen calls and its epilogue kernel, built for `target` on the
-    first call, writing the group's outputs."""
+    running the rewrite's ATen calls and its epilogue kernel, built for `target` (a
+    minicomp.targets.Target) on the first call, writing the group's outputs."""
     op = rewrite.op
     launch_epilogue: list[Callable] = []
 
@@ -521,24 +521,20 @@ def _arguments(n: ExternOp, env: dict) -> list:
 def epilogue_launcher(
     rewrite: AtenRewrite,
     layouts: Mapping[str, tuple],
-    target: str,
+    target: Any,
     options: Options | None = None,
     device_index: int | None = None,
 ) -> Callable[[list], None]:
-    """The rewrite's epilogue kernel built for `target`, as a function of its tensors (its
-    inputs, then its outputs, in the rewrite's layouts)."""
-    from minicomp.dynamo.lowering import build_kernels, schedule_graph
-    from minicomp.passes.kernel.simplify_indices import simplify_indices
-
+    """The rewrite's epilogue kernel built for `target` (a minicomp.targets.Target), as a
+    function of its tensors (its inputs, then its outputs, in the rewrite's layouts)."""
     ep = rewrite.epilogue
     options = options if options is not None else Options()
     strides = dict(layouts)
     strides[rewrite.acc.name] = contiguous_strides(rewrite.acc.shape)
-    graph = Graph(ep.inputs, (ep,), ep.outputs)
-    (kernel,) = [simplify_indices(k) for k in schedule_graph(graph, target, strides, None, options)]
+    kernel = simplify_indices(target.schedule(ep, strides, None, options))
     if any(isinstance(p.type, T.DataType) for p in kernel.params):
         raise ValueError(f"{ep.name} takes symbolic sizes; the ATen candidate needs static ones")
-    fns, _ = build_kernels([kernel], target, options, device_index)
+    fns, _ = target.build([kernel], options, device_index)
     fn = fns[kernel.name]
 
     def launch(tensors: list) -> None:

@@ -108,7 +108,7 @@ def _remember(function: Function, entry: tuple) -> None:
 
 
 def tune_attention(graph: Graph, choose: Callable) -> Graph:
-    """`graph` with each attention launch's config chosen by `choose` (dynamo.lowering's
+    """`graph` with each attention launch's config chosen by `choose` (tune.chooser's
     make_chooser: on the cuda target with search space 1 or 2 the tuner times the
     template's candidates, and PyTorch's attention beside them; elsewhere the heuristic's
     config, which the launch already has)."""

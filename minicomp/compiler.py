@@ -1,0 +1,209 @@
+"""The compiler: graph IR in, a runnable plan out.
+
+`compile_graph` reads top to bottom as the stages of the data flow:
+
+    target     resolved once from the options and where the graph's tensors are
+    passes     the target's graph passes, then fusion into groups (passes/)
+    tune       the tuning decisions that rewrite the graph: fused attention's config, ATen's
+               GEMM or a template for each product (tune/, on the targets that time kernels)
+    schedule   one kernel function per fused group (schedule/), indices simplified
+    build      the kernels compiled into one binary by the target (backends/)
+    plan       a slot per value and a step per operator (runtime/), run as the target says
+
+Where scheduling or building fails and the fallback option allows it, KernelsFailed names the
+ATen ops of the groups that fail on their own, and the caller compiles again with those ops
+left to ATen (passes/graph/group_fallback.py; dynamo/backend.py compiles again).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from minicomp.config import Options
+from minicomp.ir import types as T
+from minicomp.ir.func import Function
+from minicomp.ir.graph import FusedOp, Graph, KernelOp, Value
+from minicomp.passes.graph.fusion import fuse
+from minicomp.passes.graph.group_fallback import failed, failing_subset
+from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.kernel.simplify_indices import simplify_indices
+from minicomp.passes.pipeline import run_passes
+from minicomp.record import CompileRecord
+from minicomp.runtime.plan_builder import PlanBuilder
+from minicomp.targets import Target, resolve_target
+from minicomp.tune.chooser import make_chooser
+from minicomp.tune.tuner import notice_untuned
+
+
+def compile_graph(
+    graph: Graph,
+    options: Options,
+    record: CompileRecord,
+    *,
+    device_index: int | None = None,
+    static_inputs: Sequence[int] = (),
+) -> Callable:
+    """The plan running `graph`: passes and fusion, one kernel per group, built and linked.
+
+    `device_index` is the CUDA device the graph's tensors are on; `static_inputs` are the
+    positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
+    in place.
+    """
+    t0 = time.perf_counter()
+    target = resolve_target(options.target, graph_devices(graph))
+    record.target = target.name
+    record.options = options
+    trace = record.passes if record.trace else None
+
+    graph = unfused = run_passes(graph, target.passes_for(graph), trace=trace)
+    graph = run_passes(graph, [fuse], trace=trace)
+    graph = record.graph = place_constants(graph, target)
+    layouts = layouts_for(graph)
+    t1 = time.perf_counter()
+
+    runner_for = target.runner_factory(layouts, options, device_index)
+    if runner_for is None and options.search_space > 0:
+        notice_untuned(target.name, options.search_space)
+    choose = make_chooser(options, runner_for)
+    tuned = target.tune_graph(graph, choose, layouts, options, device_index)
+    if tuned is not graph:
+        graph = record.graph = tuned
+        layouts = layouts_for(graph)
+
+    groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
+    kernels = _schedule(graph, target, layouts, choose, options, unfused)
+    launched, device_functions = _script_functions(graph)
+    record.kernels = kernels + launched
+    t2 = time.perf_counter()
+
+    try:
+        fns, record.source = target.build(
+            kernels + launched, options, device_index, device_functions
+        )
+    except Exception as e:
+        if options.fallback == "error":
+            raise
+        raise _build_failure(groups, kernels, unfused, e, target, options, device_index) from e
+    t3 = time.perf_counter()
+    record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
+
+    symbols = {
+        k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)] for k in kernels
+    }
+    builder = PlanBuilder(graph, layouts, fns, symbols)
+    plan = builder.build()
+    # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
+    return target.finish(plan, options, static_inputs, replayable=not builder.late)
+
+
+def graph_devices(graph: Graph) -> set[str]:
+    """The device types of every tensor value of the graph."""
+    values = [v for v in graph.inputs if isinstance(v, Value)]
+    values += [v for n in graph.nodes for v in n.outputs]
+    return {v.type.device for v in values}
+
+
+def place_constants(graph: Graph, target: Target) -> Graph:
+    """`graph` with the constants its kernels read moved to the target's device (PyTorch lets
+    a CPU scalar tensor meet CUDA tensors; a kernel cannot read host memory); raises
+    ValueError for a kernel reading a graph input on another device."""
+    want = target.device
+    moved = dict(graph.constants)
+    changed = False
+    for n in graph.nodes:
+        if not isinstance(n, (FusedOp, KernelOp)):
+            continue
+        for v in (*n.inputs, *n.outputs):
+            if v.type.device == want:
+                continue
+            t = moved.get(v.name)
+            if t is None:
+                raise ValueError(
+                    f"kernel {n.name} would touch {v.name} on {v.type.device}, but the "
+                    f"{target.name} target runs kernels on {want} tensors"
+                )
+            moved[v.name], changed = t.to(want), True
+    return graph.replace(constants=moved) if changed else graph
+
+
+def schedule_group(
+    op: FusedOp,
+    target: Target,
+    layouts: dict,
+    choose: Callable | None = None,
+    options: Options | None = None,
+) -> Function:
+    """The kernel function of one fused group, its indices simplified."""
+    return simplify_indices(target.schedule(op, layouts, choose, options))
+
+
+def _schedule(
+    graph: Graph,
+    target: Target,
+    layouts: dict,
+    choose: Callable,
+    options: Options,
+    unfused: Graph,
+) -> list[Function]:
+    """One kernel per fused group of `graph`. Where scheduling fails, raises KernelsFailed
+    naming the ATen ops of the groups that fail on their own (the error itself with
+    options.fallback "error", or when no group does)."""
+    groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
+    try:
+        return [schedule_group(g, target, layouts, choose, options) for g in groups]
+    except Exception as e:
+        if options.fallback == "error":
+            raise
+        cause = e
+
+    def schedules(g: FusedOp) -> bool:
+        try:
+            schedule_group(g, target, layouts, choose, options)
+        except Exception:
+            return False
+        return True
+
+    bad = [g for g in groups if not schedules(g)]
+    if not bad:
+        raise cause
+    raise failed(bad, unfused, cause) from cause
+
+
+def _build_failure(
+    groups: list[FusedOp],
+    kernels: list[Function],
+    unfused: Graph,
+    cause: Exception,
+    target: Target,
+    options: Options,
+    device_index: int | None,
+) -> Exception:
+    """What to raise when building the graph's kernels raised `cause`: KernelsFailed naming
+    the ATen ops of the kernels that fail to build on their own, else `cause`."""
+
+    def builds(some: Sequence[Function]) -> bool:
+        try:
+            target.build(list(some), options, device_index)
+        except Exception:
+            return False
+        return True
+
+    bad = {k.name for k in failing_subset(kernels, builds)} if kernels else set()
+    if not bad:
+        return cause
+    return failed([g for g, k in zip(groups, kernels) if k.name in bad], unfused, cause)
+
+
+def _script_functions(graph: Graph) -> tuple[list[Function], list[Function]]:
+    """The kernels the graph's KernelOps launch and the device functions they call, each once
+    (an op called twice launches one compiled kernel)."""
+    kernels: dict[str, Function] = {}
+    device: dict[str, Function] = {}
+    for n in graph.nodes:
+        if not isinstance(n, KernelOp):
+            continue
+        for f, found in [(n.function, kernels)] + [(c, device) for c in n.callees]:
+            if found.setdefault(f.name, f) != f:
+                raise ValueError(f"two different kernel functions are named {f.name}")
+    return list(kernels.values()), list(device.values())

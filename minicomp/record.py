@@ -1,0 +1,66 @@
+"""What happened while compiling one graph, and its stage-by-stage text.
+
+The compiler fills a CompileRecord as it goes; the torch.compile backend keeps the records
+its callers ask for, and `minicomp.explain` and the verbose log print them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from minicomp.config import Options
+from minicomp.ir.func import Function
+from minicomp.ir.graph import ExternOp, FusedOp, Graph
+from minicomp.ir.printer import function_str
+
+
+@dataclass
+class CompileRecord:
+    """What happened while compiling one graph; `report` prints it."""
+
+    kind: str = "forward"
+    aten_graph: str = ""
+    aten_op_count: int = 0
+    passes: list = field(default_factory=list)  # (name, seconds, graph text)
+    graph: Graph | None = None
+    kernels: list[Function] = field(default_factory=list)
+    source: str = ""
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    times: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    target: str = ""  # the name of the target the graph was compiled for
+    plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
+    trace: bool = False  # keep the graph text after every pass (explain, verbose)
+    options: Options | None = None  # what the graph was compiled with
+
+
+def _section(title: str, body: str) -> str:
+    return f"==== {title} ====\n{body.rstrip()}\n"
+
+
+def report(r: CompileRecord) -> str:
+    """The stage-by-stage text of one CompileRecord."""
+    parts = [_section(f"{r.kind} graph: ATen ({r.aten_op_count} ops)", r.aten_graph)]
+    for name, seconds, text in r.passes:
+        parts.append(_section(f"graph IR after {name} ({seconds * 1e3:.1f} ms)", text))
+    if r.graph is not None:
+        groups = [n for n in r.graph.nodes if isinstance(n, FusedOp)]
+        lines = [f"{g.name}: {', '.join(g.members)}" for g in groups]
+        parts.append(_section(f"fused groups ({len(groups)})", "\n".join(lines) or "(none)"))
+        externs = [n for n in r.graph.nodes if isinstance(n, ExternOp)]
+        lines = [f"{n.name}: {n.reason}" for n in externs]
+        parts.append(_section(f"ops run by ATen ({len(externs)})", "\n".join(lines) or "(none)"))
+    for k in r.kernels:
+        parts.append(_section(f"kernel IR: {k.name}", function_str(k)))
+    if r.source:
+        parts.append(_section("generated source", r.source))
+    if r.times:
+        parts.append(
+            _section(
+                "compile time", "\n".join(f"{k}: {v * 1e3:.1f} ms" for k, v in r.times.items())
+            )
+        )
+    if r.error:
+        parts.append(_section("fell back to eager", r.error))
+    return "\n".join(parts)

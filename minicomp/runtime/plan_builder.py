@@ -1,0 +1,222 @@
+"""From a scheduled graph and its built kernels to an execution plan: a slot for every value,
+a step for every operator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicomp.backends.c_like import half_bits
+from minicomp.ir import types as T
+from minicomp.ir.expr import Const, Expr, Var
+from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
+from minicomp.ir.symbols import free_symbols, launch_dims
+from minicomp.passes.graph.layout import eager_stride_reads
+from minicomp.runtime.plan import (
+    ExternStep,
+    KernelStep,
+    LaunchStep,
+    Plan,
+    SlotInfo,
+    Step,
+    dims_fn,
+)
+from minicomp.script.conversions import fits
+
+
+class PlanBuilder:
+    """Assigns a slot to every value and turns operators into plan steps."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        layouts: dict,
+        kernels: dict[str, Callable],
+        symbols: dict[str, list[str]],
+    ):
+        self.graph = graph
+        self.layouts = layouts
+        self.kernels = kernels
+        self.symbols = symbols
+        self.slot: dict[str, int] = {}
+        self.slots: list[SlotInfo] = []
+        # Symbols ATen calls bind while the plan runs: values sized by them cannot live in
+        # the workspace, which is laid out when a call starts.
+        self.late = {s for n in graph.nodes if isinstance(n, ExternOp) for s, _ in n.binds}
+
+    def add_slot(self, v: Value, workspace: bool = False, strides: tuple | None = None) -> int:
+        k = len(self.slots)
+        self.slot[v.name] = k
+        self.slots.append(
+            SlotInfo(
+                v.name,
+                dims_fn(v.shape),
+                dims_fn(self.layouts[v.name] if strides is None else strides),
+                T.to_torch(v.dtype),
+                v.type.device,
+                workspace,
+            )
+        )
+        return k
+
+    def add_constant_slot(self, name: str, t: torch.Tensor) -> int:
+        k = len(self.slots)
+        self.slot[name] = k
+        info = SlotInfo(
+            name, dims_fn(t.shape), dims_fn(self.layouts[name]), t.dtype, t.device.type
+        )
+        self.slots.append(info)
+        return k
+
+    def build(self) -> Plan:
+        g = self.graph
+        outputs = g.output_values()
+        inputs, binders, checked = [], [], []
+        kernel_reads = {v for n in g.nodes if isinstance(n, _LAUNCHED) for v in n.inputs}
+        kernel_reads |= eager_stride_reads(g)
+        for pos, v in enumerate(g.inputs):
+            if isinstance(v, Var):
+                inputs.append(("symbol", v.name))
+                continue
+            k = self.add_slot(v)
+            inputs.append(("tensor", k))
+            if v in kernel_reads:
+                checked.append(k)
+            for d, size in enumerate(v.shape):
+                if isinstance(size, Var):
+                    binders.append((pos, d, size.name))
+        constants = {}
+        returned = {v.name: v for v in outputs}
+        for name, t in g.constants.items():
+            # A returned constant is copied out with the strides PyTorch gave the value.
+            v = returned.get(name)
+            if v is not None and v.type.strides is not None:
+                constants[self.add_slot(v, strides=v.type.strides)] = t
+            else:
+                constants[self.add_constant_slot(name, t)] = t
+        steps: list[Step] = []
+        fresh = []
+        for n in g.nodes:
+            for v in n.outputs:
+                if v.name in self.slot:
+                    continue
+                internal = isinstance(n, _LAUNCHED) and v not in outputs and not self.is_late(v)
+                k = self.add_slot(v, workspace=internal)
+                if isinstance(n, _LAUNCHED) and not internal:
+                    fresh.append(k)
+            if isinstance(n, FusedOp):
+                steps.append(self.kernel_step(n))
+            elif isinstance(n, KernelOp):
+                steps.append(self.launch_step(n))
+            else:
+                steps.append(self.extern_step(n))
+        extern_reads = {k for s in steps if isinstance(s, ExternStep) for k in s.reads}
+        for k, info in enumerate(self.slots):
+            # Workspace intermediates only kernels read are passed as bare addresses.
+            info.as_tensor = not info.workspace or k in extern_reads
+        outs = []
+        for o in g.outputs:
+            if o is None:
+                outs.append(("none", None))
+            elif isinstance(o, Value):
+                outs.append(("slot", self.slot[o.name]))
+            elif isinstance(o, Expr):
+                fn = dims_fn([o])
+                outs.append(("size", lambda env, fn=fn: fn(env)[0]))
+            else:
+                outs.append(("size", lambda env, o=o: o))
+        return Plan(self.slots, inputs, steps, outs, constants, fresh, binders, checked)
+
+    def is_late(self, v: Value) -> bool:
+        """Whether the size or layout of `v` uses a symbol bound while the plan runs."""
+        return bool(self.late) and not self.late.isdisjoint(
+            free_symbols((*v.shape, *self.layouts[v.name]))
+        )
+
+    def kernel_step(self, n: FusedOp) -> KernelStep:
+        buffers = [self.slot[v.name] for v in n.inputs + n.outputs]
+        outputs = [self.slot[v.name] for v in n.outputs]
+        return KernelStep(n.name, self.kernels[n.name], buffers, outputs, self.symbols[n.name])
+
+    def launch_step(self, n: KernelOp) -> LaunchStep:
+        values = n.inputs + n.outputs
+        pairs = list(zip(n.function.params, n.args))
+        buffers = [self.slot[values[a.index].name] for _, a in pairs if isinstance(a, ArgRef)]
+        scalars = [(p, a) for p, a in pairs if not isinstance(a, ArgRef)]
+        if any(isinstance(a, ArgRef) for _, a in pairs[len(buffers) :]):
+            raise ValueError(f"kernel {n.function.name} takes a pointer after a scalar")
+        outputs = [self.slot[v.name] for v in n.outputs]
+        fn = self.kernels[n.function.name]
+        return LaunchStep(
+            n.name, fn, buffers, outputs, (), _scalars_builder(scalars), launch_dims(n.function)
+        )
+
+    def extern_step(self, n: ExternOp) -> ExternStep:
+        reads = [self.slot[v.name] for v in n.inputs]
+        args_fn = _args_builder(n, reads)
+        expected = [
+            dims_fn(v.type.strides) if v.type.strides is not None else None for v in n.outputs
+        ]
+        schema = getattr(n.target, "_schema", None)
+        view_like = (
+            getattr(n.target, "is_view", False)
+            or schema is not None
+            and any(r.alias_info is not None for r in schema.returns)
+        )
+        return ExternStep(
+            n.name,
+            n.target,
+            args_fn,
+            [self.slot[v.name] for v in n.outputs],
+            n.result_paths,
+            expected,
+            reads,
+            reads if view_like else [],
+            n.binds,
+        )
+
+
+# Operators the plan launches as kernels of its own module.
+_LAUNCHED = (FusedOp, KernelOp)
+
+
+def _scalars_builder(scalars: list[tuple[Var, Expr]]) -> Callable[[dict], list]:
+    """A function of the size binding giving a kernel's scalar arguments, in the form its
+    launcher takes (f16 and bf16 as their bits; integers checked to fit)."""
+    getters = []
+    for p, a in scalars:
+        dt = p.type
+        if isinstance(a, Const):
+            value = half_bits(float(a.value), dt) if dt in (T.f16, T.bf16) else a.value
+            getters.append(lambda env, value=value: value)
+            continue
+        size = dims_fn([a])
+
+        def get(env: dict, size=size, dt=dt, name=p.name) -> int:
+            value = size(env)[0]
+            if not fits(value, dt):
+                raise ValueError(f"kernel argument {name} = {value} does not fit in {dt.name}")
+            return value
+
+        getters.append(get)
+    return lambda env: [g(env) for g in getters]
+
+
+def _args_builder(n: ExternOp, reads: list[int]) -> Callable:
+    def conv(a: Any, slots: list, env: dict) -> Any:
+        if isinstance(a, ArgRef):
+            return slots[reads[a.index]]
+        if isinstance(a, Expr):
+            return dims_fn([a])(env)[0]
+        if isinstance(a, tuple):
+            return [conv(x, slots, env) for x in a]
+        return a
+
+    def build(slots: list, env: dict) -> tuple:
+        args = tuple(conv(a, slots, env) for a in n.args)
+        kwargs = {k: conv(v, slots, env) for k, v in n.kwargs}
+        return args, kwargs
+
+    return build

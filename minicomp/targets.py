@@ -1,0 +1,309 @@
+"""The places minicomp compiles for, one object each.
+
+A target decides everything that differs between them: the graph passes it runs before
+fusion, how it schedules a fused group into a kernel, how it builds kernels (C compiler,
+emulator, NVRTC), whether it can time kernels to tune them, what runs the finished plan, and
+how a script kernel launched from Python builds on it. The compiler (minicomp/compiler.py)
+and the script launcher ask the target; nothing else branches on a target's name.
+
+Adding a target is one class here and one line in TARGETS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from minicomp.backends.cpu import module as cpu_module
+from minicomp.backends.cuda import module as cuda_module
+from minicomp.backends.cuda.codegen import render_module
+from minicomp.backends.cuda.emu import build_emulated
+from minicomp.config import Options
+from minicomp.ir.func import Function, Module
+from minicomp.ir.graph import FusedOp, Graph
+from minicomp.ir.symbols import launch_dims
+from minicomp.passes.graph.anchors import lower_anchors
+from minicomp.passes.graph.aten_contraction import tune_contractions
+from minicomp.passes.graph.attention import lower_attention, tune_attention
+from minicomp.passes.graph.fold_constants import constant_operand_layouts
+from minicomp.passes.graph.layout import contiguous_kernel_inputs
+from minicomp.passes.graph.split_k import split_k
+from minicomp.passes.graph.split_reductions import split_reductions
+from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES, GraphPass
+from minicomp.runtime.cuda_graphs import GraphedPlan
+from minicomp.runtime.plan import Plan
+from minicomp.schedule.cpu import schedule_cpu
+from minicomp.schedule.cuda import schedule_cuda
+from minicomp.script.custom_op import has_script_ops, lower_script_ops
+from minicomp.tune.chooser import RunnerFactory
+from minicomp.tune.cuda_runner import CudaRunner
+
+# A built kernel: called with its parameters (buffer addresses, then scalars).
+Kernels = dict[str, Callable]
+# A built script kernel: called with its IR-ordered arguments (tensors as tensors), the grid,
+# the block and the dynamic shared memory bytes.
+ScriptLauncher = Callable[[Sequence, tuple, tuple, int], None]
+
+
+class Target:
+    """What compiling for one place decides (this base class: a host target)."""
+
+    name: str = ""
+    # The device type of the tensors its kernels read and write.
+    device: str = "cpu"
+    # Whether it compiles CUDA C: the CUDA templates and script kernels run on it.
+    runs_cuda: bool = False
+    # Whether it runs CUDA C on the host (the emu_checks option then checks its accesses).
+    emulated: bool = False
+    # The graph passes it runs before fusion (script-op graphs: passes_for).
+    passes: tuple[GraphPass, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<target {self.name}>"
+
+    def check_devices(self, devices: set[str]) -> None:
+        """Raise ValueError when this target cannot run kernels on a graph whose tensors are on
+        `devices`."""
+        if "cuda" in devices:
+            raise ValueError(
+                f"target {self.name!r} runs kernels on CPU tensors, but this graph has tensors "
+                "on cuda; use target='cuda' (or 'auto')"
+            )
+
+    def passes_for(self, graph: Graph) -> list[GraphPass]:
+        """The graph passes run before fusion when compiling `graph`."""
+        return list(self.passes)
+
+    def schedule(
+        self, op: FusedOp, layouts: dict, choose: Callable | None, options: Options | None
+    ) -> Function:
+        """The kernel function of one fused group."""
+        raise NotImplementedError
+
+    def build(
+        self,
+        kernels: Sequence[Function],
+        options: Options,
+        device_index: int | None = None,
+        device_functions: Sequence[Function] = (),
+    ) -> tuple[Kernels, str]:
+        """Compile the kernels (and the device functions they call) into one binary; callables
+        by kernel name, and the source. A callable takes the kernel's parameters."""
+        raise NotImplementedError
+
+    def runner_factory(
+        self, layouts: dict, options: Options, device_index: int | None
+    ) -> RunnerFactory | None:
+        """What times a group's candidate kernels for the tuner; None where kernels cannot be
+        timed."""
+        return None
+
+    def tune_graph(
+        self,
+        graph: Graph,
+        choose: Callable,
+        layouts: dict,
+        options: Options,
+        device_index: int | None,
+    ) -> Graph:
+        """`graph` after the tuning decisions that rewrite it (a template or ATen's kernel)."""
+        return graph
+
+    def finish(
+        self, plan: Plan, options: Options, static_inputs: Sequence[int], replayable: bool
+    ) -> Callable:
+        """What runs the plan: the plan itself, or a wrapper around it. `replayable`: no size
+        of the plan depends on data it computes; `static_inputs` are the positions of inputs
+        with stable addresses (parameters, buffers)."""
+        return plan
+
+    def build_script(
+        self, module: Module, function: Function, options: Options, device: Any, checks: bool
+    ) -> ScriptLauncher:
+        """A script kernel `function` of `module` built to launch from Python."""
+        raise ValueError(f"the {self.name} target does not run script kernels")
+
+
+class CpuTarget(Target):
+    """Kernels as C functions compiled by the host C compiler, on CPU tensors."""
+
+    name = "cpu"
+    passes = (*FIRST_PASSES, *DEFAULT_PASSES)
+
+    def schedule(self, op, layouts, choose, options):
+        return schedule_cpu(op, layouts)
+
+    def build(self, kernels, options, device_index=None, device_functions=()):
+        if not kernels:
+            return {}, ""
+        module = Module("graph", (*device_functions, *kernels))
+        cflags = options.cflags + (" -g" if options.debug else "")
+        lib = cpu_module.build(module, cc=options.cc, cflags=cflags, cache_dir=options.cache_dir)
+        return {k.name: lib.kernel(k.name) for k in kernels}, lib.source
+
+
+class CudaSourceTarget(Target):
+    """What the targets compiling CUDA C share: the CUDA scheduler and its templates, fused
+    attention, ATen's GEMM as a tuning candidate, script kernels."""
+
+    runs_cuda = True
+    # Ops computed whole (anchors) are lowered first, so the default passes see them as
+    # compute ops; fused attention becomes kernel launches last, when views it reads are
+    # zero-copy aliases and every layout is final. Constant operands of products take the
+    # layout the templates read before split_k rewrites the products' indices; split_k
+    # precedes split_reductions, which would split a long-K product with few outputs as a
+    # row reduction that no matmul template computes.
+    passes = (
+        *FIRST_PASSES,
+        lower_anchors,
+        *DEFAULT_PASSES,
+        constant_operand_layouts,
+        split_k,
+        split_reductions,
+        lower_attention,
+    )
+
+    def passes_for(self, graph):
+        if not has_script_ops(graph):
+            return list(self.passes)
+        # Script-kernel ops launch first, so the default passes see their tensors; their
+        # launches read row-major inputs.
+        return [lower_script_ops, *self.passes, contiguous_kernel_inputs]
+
+    def schedule(self, op, layouts, choose, options):
+        return schedule_cuda(op, layouts, choose, options)
+
+    def tune_graph(self, graph, choose, layouts, options, device_index):
+        graph = tune_attention(graph, choose)
+        return tune_contractions(
+            graph, choose, layouts, options=options, target=self, device_index=device_index
+        )
+
+
+class CudaEmuTarget(CudaSourceTarget):
+    """The CUDA C kernels run by the emulator on the host, on CPU tensors: how CUDA kernels
+    are checked without a GPU."""
+
+    name = "cuda-emu"
+    emulated = True
+
+    def build(self, kernels, options, device_index=None, device_functions=()):
+        if not kernels:
+            return {}, ""
+        source = render_module(Module("graph", (*device_functions, *kernels)))
+        emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
+        return {k.name: _emulated_launcher(emu, k) for k in kernels}, source
+
+    def build_script(self, module, function, options, device, checks):
+        name = function.name
+        source = render_module(module)
+        emu = build_emulated(source, [function], cache_dir=options.cache_dir, checks=checks)
+        # The emulator flushes the kernels' printf output before a launch returns.
+        return lambda args, grid, block, shared: emu.launch(name, grid, block, args, shared)
+
+
+class CudaTarget(CudaSourceTarget):
+    """CUDA C compiled by NVRTC, launched on the GPU, the plan replayed as CUDA graphs."""
+
+    name = "cuda"
+    device = "cuda"
+
+    def check_devices(self, devices):
+        if devices and "cuda" not in devices:
+            raise ValueError(
+                f"target 'cuda' needs tensors on a CUDA device; this graph's are on "
+                f"{', '.join(sorted(devices))}; use target='cpu' or 'cuda-emu' (or 'auto')"
+            )
+
+    def build(self, kernels, options, device_index=None, device_functions=()):
+        if not kernels:
+            return {}, ""
+        module = Module("graph", (*device_functions, *kernels))
+        index = torch.cuda.current_device() if device_index is None else device_index
+        cuda = cuda_module.build(
+            module, device_index=index, cache_dir=options.cache_dir, arch=options.arch
+        )
+        return {k.name: cuda.kernel(k.name, launch_dims(k)) for k in kernels}, cuda.source
+
+    def runner_factory(self, layouts, options, device_index):
+        def runner_for(op: FusedOp, aten: Callable | None) -> CudaRunner | None:
+            if not CudaRunner.can_measure(op, layouts):
+                return None
+            return CudaRunner(op, layouts, options, device_index, aten)
+
+        return runner_for
+
+    def finish(self, plan, options, static_inputs, replayable):
+        if options.cuda_graphs and replayable:
+            return GraphedPlan(plan, static_inputs)
+        return plan
+
+    def build_script(self, module, function, options, device, checks):
+        index = device.index if device is not None else torch.cuda.current_device()
+        cuda = cuda_module.build(
+            module, device_index=index, cache_dir=options.cache_dir, arch=options.arch
+        )
+        # The launcher evaluates the dynamic shared memory size itself.
+        launcher = cuda.kernel(function.name, launch_dims(function))
+        return lambda args, grid, block, shared: launcher(*map(_address, args))
+
+
+def _address(value: Any) -> Any:
+    return value.data_ptr() if hasattr(value, "data_ptr") else value
+
+
+def _emulated_launcher(emu: Any, kernel: Function) -> Callable:
+    """A callable launching `kernel` in the emulator, its grid (and dynamic shared memory)
+    computed from the sizes."""
+    name, dims = kernel.name, launch_dims(kernel)
+    shared = cuda_module.dynamic_shared_bytes(kernel)
+
+    def launch(*args: Any) -> None:
+        grid, block = dims(args)
+        nbytes = shared(args) if callable(shared) else shared
+        if nbytes:
+            emu.launch(name, grid, block, args, nbytes)
+        else:
+            emu.launch(name, grid, block, args)
+
+    return launch
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (CpuTarget(), CudaTarget(), CudaEmuTarget())}
+
+
+def get_target(name: str) -> Target:
+    """The target called `name`; ValueError naming the known ones for any other."""
+    target = TARGETS.get(name)
+    if target is None:
+        raise ValueError(f"unknown target {name!r}; the targets are {', '.join(TARGETS)}")
+    return target
+
+
+def resolve_target(requested: str, devices: set[str]) -> Target:
+    """The target that runs a graph whose tensors are on `devices`: `requested`, or for "auto"
+    cuda when some tensor is on a CUDA device, else cpu. Raises ValueError when the target
+    cannot run the graph's tensors where they are."""
+    if requested == "auto":
+        return TARGETS["cuda" if "cuda" in devices else "cpu"]
+    target = get_target(requested)
+    target.check_devices(devices)
+    return target
+
+
+def script_target(requested: str | None, device: Any, options: Options) -> Target:
+    """The target a script kernel launches on: its own, the `target` option when that one
+    runs script kernels, else by where its tensors are (CUDA tensors on the GPU, CPU tensors
+    in the emulator; with no tensor, the GPU when there is one)."""
+    if requested is None and options.target in TARGETS and TARGETS[options.target].runs_cuda:
+        requested = options.target
+    if requested is not None:
+        target = get_target(requested)
+        if not target.runs_cuda:
+            runs = " or ".join(t.name for t in TARGETS.values() if t.runs_cuda)
+            raise ValueError(f"a script kernel runs on {runs}, not {requested!r}")
+        return target
+    on_gpu = torch.cuda.is_available() if device is None else device.type == "cuda"
+    return TARGETS["cuda" if on_gpu else "cuda-emu"]
