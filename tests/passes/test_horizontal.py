@@ -8,6 +8,7 @@ import pytest
 import torch
 from graph_builder import GraphBuilder
 from helpers import assert_same, clone_inputs
+from helpers_graph import PassGraphBuilder, assert_graph_equal
 
 from minicomp.dynamo.backend import recording
 from minicomp.ir.contraction import match_contraction
@@ -42,34 +43,52 @@ def transposed(b: GraphBuilder, name: str, w: torch.Tensor):
     return b.compute(f"{name}_t", (k, n), lambda i, j: c[j, i])
 
 
-def attention_projections(b: GraphBuilder, x, widths: tuple[int, ...], k: int):
-    outs = []
-    for q, n in enumerate(widths):
-        wt = transposed(b, f"w{q}", torch.randn(n, k))
-        bias = b.constant(f"b{q}", torch.randn(n))
-        outs.append(b.extern(f"y{q}", aten.addmm.default, [bias, x, wt], (6, n)))
-    return outs
-
-
 def products(graph: Graph) -> list[ExternOp]:
     return [n for n in graph.nodes if isinstance(n, ExternOp) and "mm" in str(n.target)]
 
 
+MM = "matrix product"  # the reason an importer gives its ATen calls
+FUSED = "matrix product; one product for {} products sharing their input"
+
+
 def test_projections_with_bias_become_one_product_over_k_major_weights():
-    b = GraphBuilder()
+    # Query, key and value projections (grouped heads: key and value narrower).
+    torch.manual_seed(0)
+    weights = [torch.randn(n, 16) for n in (8, 4, 4)]
+    biases = [torch.randn(n) for n in (8, 4, 4)]
+    b = PassGraphBuilder()
     x = b.input("x", (6, 16))
-    outs = attention_projections(b, x, (8, 4, 4), 16)  # query, key, value (grouped heads)
+    outs = []
+    for q, (w, bias) in enumerate(zip(weights, biases)):
+        wt = transposed(b, f"w{q}", w)
+        bq = b.constant(f"b{q}", bias)
+        outs.append(b.extern(f"y{q}", aten.addmm.default, [bq, x, wt], (6, len(bias)), reason=MM))
     b.output(*outs)
     g = b.build()
-    fused = fuse_matmuls_sharing_input(g)
 
-    (product,) = products(fused)
-    bias, a, weight = (fused.constants.get(v.name, v) for v in product.inputs)
-    assert a.name == "x" and weight.shape == (16, 16) and bias.shape == (16,)
-    # The transposed weights concatenate along N keeping K contiguous (one [16, 16] block).
-    assert weight.stride() == (1, 16)
-    slices = [n for n in fused.nodes if isinstance(n, ComputeOp) and n.name == "slice"]
-    assert [n.outputs[0] for n in slices] == [g.producers()[o].outputs[0] for o in g.outputs]
+    # One addmm over the weights concatenated along N, laid out K-major as each transpose
+    # reads its weight (one [16, 16] block, strides (1, 16)), then a slice per projection.
+    # The transposes stay for dead-code elimination.
+    e = PassGraphBuilder()
+    x = e.input("x", (6, 16))
+    for q, bias in enumerate(biases):
+        e.constant(f"b{q}", bias)
+    transposed(e, "w0", weights[0])
+    bias = e.constant("y0_hbias", torch.cat(biases), strides=(1,))
+    weight = e.constant("y0_hweight", torch.cat(weights).t(), strides=(1, 16))
+    wide = e.extern(
+        "y0_hcat", aten.addmm.default, [bias, x, weight], (6, 16),
+        op="y0", strides=(16, 1), reason=FUSED.format(3),
+    )  # fmt: skip
+    y0 = e.compute("y0", (6, 8), lambda i, j: wide[i, j], op="slice")
+    y1 = e.compute("y1", (6, 4), lambda i, j: wide[i, j + 8], op="slice")
+    y2 = e.compute("y2", (6, 4), lambda i, j: wide[i, j + 12], op="slice")
+    transposed(e, "w1", weights[1])
+    transposed(e, "w2", weights[2])
+    e.output(y0, y1, y2)
+
+    fused = fuse_matmuls_sharing_input(g)
+    assert_graph_equal(fused, e.build())
     inputs = {"x": torch.randn(6, 16)}
     for got, want in zip(run_graph(fused, inputs), run_graph(g, inputs)):
         torch.testing.assert_close(got, want)
@@ -77,21 +96,63 @@ def test_projections_with_bias_become_one_product_over_k_major_weights():
 
 def test_products_without_bias_over_n_major_weights():
     # GPT-2's Conv1D keeps its weight as [K, N]: the product reads it as it is.
-    b = GraphBuilder()
+    w1, w2 = torch.randn(16, 5), torch.randn(16, 7)
+    b = PassGraphBuilder()
     x = b.input("x", (6, 16))
-    w1, w2 = b.constant("w1", torch.randn(16, 5)), b.constant("w2", torch.randn(16, 7))
-    y1 = b.extern("y1", aten.mm.default, [x, w1], (6, 5))
-    y2 = b.extern("y2", aten.mm.default, [x, w2], (6, 7))
-    y = b.compute("y", (6, 5), lambda i, j: y1[i, j] * y2[i, j + 2])
-    b.output(y)
+    c1, c2 = b.constant("w1", w1), b.constant("w2", w2)
+    y1 = b.extern("y1", aten.mm.default, [x, c1], (6, 5), reason=MM)
+    y2 = b.extern("y2", aten.mm.default, [x, c2], (6, 7), reason=MM)
+    b.output(b.compute("y", (6, 5), lambda i, j: y1[i, j] * y2[i, j + 2]))
     g = b.build()
-    fused = fuse_matmuls_sharing_input(g)
 
-    (product,) = products(fused)
-    weight = fused.constants[product.inputs[1].name]
-    assert weight.shape == (16, 12) and weight.is_contiguous()
+    e = PassGraphBuilder()
+    x = e.input("x", (6, 16))
+    e.constant("w1", w1)
+    e.constant("w2", w2)
+    weight = e.constant("y1_hweight", torch.cat([w1, w2], 1), strides=(12, 1))
+    wide = e.extern(
+        "y1_hcat", aten.mm.default, [x, weight], (6, 12),
+        op="y1", strides=(12, 1), reason=FUSED.format(2),
+    )  # fmt: skip
+    y1 = e.compute("y1", (6, 5), lambda i, j: wide[i, j], op="slice")
+    y2 = e.compute("y2", (6, 7), lambda i, j: wide[i, j + 5], op="slice")
+    e.output(e.compute("y", (6, 5), lambda i, j: y1[i, j] * y2[i, j + 2]))
+
+    fused = fuse_matmuls_sharing_input(g)
+    assert_graph_equal(fused, e.build())
     inputs = {"x": torch.randn(6, 16)}
     torch.testing.assert_close(run_graph(fused, inputs)[0], run_graph(g, inputs)[0])
+
+
+def test_equal_views_of_one_activation_count_as_one_input():
+    # Each linear of a 3-D input flattens it with a view of its own.
+    w1, w2 = torch.randn(16, 4), torch.randn(16, 4)
+    b = PassGraphBuilder()
+    x = b.input("x", (2, 3, 16))
+    outs = []
+    for q, w in ((1, w1), (2, w2)):
+        flat = b.compute(f"flat{q}", (6, 16), lambda i, k: x[i // 3, i % 3, k])
+        wq = b.constant(f"w{q}", w)
+        outs.append(b.extern(f"y{q}", aten.mm.default, [flat, wq], (6, 4), reason=MM))
+    b.output(*outs)
+    g = b.build()
+
+    # The product reads the first view; the second is left unread.
+    e = PassGraphBuilder()
+    x = e.input("x", (2, 3, 16))
+    e.constant("w1", w1)
+    e.constant("w2", w2)
+    flat1 = e.compute("flat1", (6, 16), lambda i, k: x[i // 3, i % 3, k])
+    weight = e.constant("y1_hweight", torch.cat([w1, w2], 1), strides=(8, 1))
+    wide = e.extern(
+        "y1_hcat", aten.mm.default, [flat1, weight], (6, 8),
+        op="y1", strides=(8, 1), reason=FUSED.format(2),
+    )  # fmt: skip
+    y1 = e.compute("y1", (6, 4), lambda i, j: wide[i, j], op="slice")
+    y2 = e.compute("y2", (6, 4), lambda i, j: wide[i, j + 4], op="slice")
+    e.compute("flat2", (6, 16), lambda i, k: x[i // 3, i % 3, k])
+    e.output(y1, y2)
+    assert_graph_equal(fuse_matmuls_sharing_input(g), e.build())
 
 
 def test_left_alone_unless_constant_weights_share_input_dtype_and_scaling():
@@ -105,6 +166,7 @@ def test_left_alone_unless_constant_weights_share_input_dtype_and_scaling():
         b.extern("other_dtype", aten.mm.default, [x, w16], (6, 4)),
         b.extern("other_input", aten.mm.default, [z, w32], (6, 4)),
         b.extern("scaled", aten.addmm.default, [bias, x, w32], (6, 4), kwargs=(("beta", 0.5),)),
+        b.extern("unscaled", aten.addmm.default, [bias, x, w32], (6, 4)),  # fuses with none
         b.extern("plain", aten.mm.default, [x, w32], (6, 4)),
     ]
     b.output(*outs)
