@@ -227,8 +227,6 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
 
 def _check_block(sf: ScriptFunction, f, threads: int, shared: int) -> None:
     """Refuse a block over the kernel's launch bounds or the dynamic shared memory limit."""
-    from minicomp.backends.cuda.emu import MAX_DYNAMIC_SHARED
-
     sig = sf.signature()
     bound = f.attr("launch_bounds")
     if bound is not None and threads > bound:

@@ -124,7 +124,7 @@ def test_computed_prologue_stays_fused(monkeypatch):
 
 
 def test_explain_shows_why_aten_runs(monkeypatch):
-    monkeypatch.setattr(lowering, "make_chooser", _prefer_aten([]))
+    monkeypatch.setattr(compiler, "make_chooser", _prefer_aten([]))
     x, w, b = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
     torch._dynamo.reset()
     with torch.no_grad():
