@@ -6,6 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_same, compile_minicomp
+from helpers_graph import PassGraphBuilder, assert_graph_equal
+
+from minicomp.ir.graph import ArgRef
+from minicomp.passes.graph.layout import contiguous_extern_inputs
+
+aten = torch.ops.aten
 
 # The strides each custom op was last called with, by op name.
 seen: dict[str, tuple[int, ...]] = {}
@@ -92,3 +98,52 @@ def test_group_norm_of_a_non_contiguous_input(case, dynamic, target):
 
     x = GROUP_NORM_INPUTS[case]()
     assert_same(compile_minicomp(fn, target, dynamic=dynamic)(x), fn(x))
+
+
+# --- the pass, on graphs built by hand ---------------------------------------------------------
+
+
+def group_norm(b: PassGraphBuilder, name: str, x, shape, strides=None):
+    """native_group_norm of x (N, C) in 2 groups, its mean and rstd results left out: it
+    checks that its input is contiguous (layout.py's _CHECKS_CONTIGUOUS)."""
+    args = (ArgRef(0), None, None, *shape, 1, 2, 1e-5)
+    return b.extern(name, aten.native_group_norm.default, [x], shape, args=args, strides=strides)
+
+
+def test_calls_that_need_contiguous_arguments_get_row_major_copies():
+    b = PassGraphBuilder()
+    x = b.input("x", (4, 6), strides=(1, 4))  # a transposed tensor handed in
+    y = b.input("y", (6, 4))
+    taken = b.compute("x_contiguous", (6, 4), lambda i, j: y[i, j] * 2.0)  # the name is taken
+    yt = b.extern("yt", aten.t.default, [y], (4, 6), strides=(1, 4))  # a strided ATen result
+    outs = [group_norm(b, f"g{k}", v, (4, 6)) for k, v in enumerate((x, x, yt))]
+    b.output(*outs, taken)
+
+    # One copy of each value, made where the first call needs it; both calls of x read it.
+    e = PassGraphBuilder()
+    x = e.input("x", (4, 6), strides=(1, 4))
+    y = e.input("y", (6, 4))
+    taken = e.compute("x_contiguous", (6, 4), lambda i, j: y[i, j] * 2.0)
+    yt = e.extern("yt", aten.t.default, [y], (4, 6), strides=(1, 4))
+    x_copy = e.compute(
+        "x_contiguous_1", (4, 6), lambda i, j: x[i, j], op="contiguous", strides=(6, 1)
+    )
+    g0 = group_norm(e, "g0", x_copy, (4, 6))
+    g1 = group_norm(e, "g1", x_copy, (4, 6))
+    yt_copy = e.compute(
+        "yt_contiguous", (4, 6), lambda i, j: yt[i, j], op="contiguous", strides=(6, 1)
+    )
+    e.output(g0, g1, group_norm(e, "g2", yt_copy, (4, 6)), taken)
+    assert_graph_equal(contiguous_extern_inputs(b.build()), e.build())
+
+
+def test_flexible_calls_and_row_major_arguments_are_left_alone():
+    b = PassGraphBuilder()
+    x = b.input("x", (4, 6), strides=(1, 4))
+    w = b.input("w", (6, 3))
+    col = b.input("col", (4, 1), strides=(1, 7))  # a size-1 dim may have any stride
+    product = b.extern("product", aten.mm.default, [x, w], (4, 3))  # reads any layout
+    doubled = b.compute("doubled", (4, 6), lambda i, j: x[i, j] * 2.0)  # minicomp's: row-major
+    b.output(product, group_norm(b, "g0", col, (4, 1)), group_norm(b, "g1", doubled, (4, 6)))
+    g = b.build()
+    assert contiguous_extern_inputs(g) is g
