@@ -1,19 +1,22 @@
 """Two-pass reductions (CUDA targets): which reductions split, into what, and that split graphs
 and compiled cuda-emu functions compute what unsplit ones and PyTorch eager do."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from graph_builder import GraphBuilder, evaluate_graph, random_inputs
 from helpers import check_compiled, compile_minicomp
+from helpers_graph import PassGraphBuilder, assert_graph_equal
 
 import minicomp
 from minicomp import config
 from minicomp.compiler import compile_graph
 from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
-from minicomp.ir.compute import reduce
-from minicomp.ir.expr import Expr, cast
+from minicomp.ir.compute import Compute, Reduce, reduce
+from minicomp.ir.expr import Expr, Var, cast, minimum, select
 from minicomp.ir.graph import ComputeOp, FusedOp, Graph
 from minicomp.passes.graph.split_reductions import (
     MIN_LENGTH,
@@ -108,29 +111,72 @@ def test_the_pass_runs_for_the_cuda_targets_only():
 # --- what the split looks like --------------------------------------------------------------
 
 
+# The variables the pass adds: the chunk (c), the element within it (k), and the chunk the
+# final reduction runs over (j).
+c, k, j = (Var(name, T.i64) for name in "ckj")
+
+
 def test_full_sum_splits_into_partials_and_a_final_reduction():
+    # 32771 elements: 17 chunks of 2048, the last one holding 3.
     g = full_reduction("sum", (ODD,))
-    s = assert_split_close(g)
-    partial, final = computes(s)
-    assert partial.outputs[0].shape == (17,) and partial.inputs == g.nodes[0].inputs
-    assert final.outputs == g.nodes[0].outputs and final.inputs == partial.outputs
-    assert s.outputs == g.outputs
-    # Reads past the end sit in the untaken branch of a Select, clamped into bounds.
-    assert "min(" in repr(partial.definition.body)
+
+    # Each partial sums one chunk; elements past the end read a clamped index in the untaken
+    # branch of a select, which gives the sum's identity. Both ops keep the original's name.
+    e = PassGraphBuilder()
+    x = e.input("x", (ODD,))
+    at = c * 2048 + k
+    element = select(at < ODD, x[minimum(at, ODD - 1)], 0.0)
+    partial = Compute("out_partial", (17,), (c,), Reduce("sum", (k,), (2048,), element))
+    partial = e.add(partial, op="out")
+    e.output(e.add(Compute("out", (), (), Reduce("sum", (j,), (17,), partial[j]))))
+    assert_graph_equal(split_reductions(g), e.build())
+    assert_split_close(g)
+
+
+def test_chunks_that_tile_the_reduction_need_no_guard():
+    g = full_reduction("sum", (2**16,))  # 32 chunks of 2048
+
+    e = PassGraphBuilder()
+    x = e.input("x", (2**16,))
+    partial = Compute("out_partial", (32,), (c,), Reduce("sum", (k,), (2048,), x[c * 2048 + k]))
+    partial = e.add(partial, op="out")
+    e.output(e.add(Compute("out", (), (), Reduce("sum", (j,), (32,), partial[j]))))
+    assert_graph_equal(split_reductions(g), e.build())
 
 
 def test_row_sum_keeps_its_rows_and_its_accumulator_type():
-    g = row_reduction("sum", 2, 2**17 + 100, T.f16, acc=T.f32)
-    s = assert_split_close(g)
-    partial, final = computes(s)
-    # f16 rows accumulate in f32: so do the partials, and the final op casts back.
-    assert partial.outputs[0].type.dtype == T.f32
-    assert partial.outputs[0].shape == (2, 1, 65)
-    assert final.outputs[0].type.dtype == T.f16
+    # Two rows of 131172 f16 elements, summed in f32: 65 chunks of 2048 per row.
+    n = 2**17 + 100
+    g = row_reduction("sum", 2, n, T.f16, acc=T.f32)
+
+    # The partials are f32 sums, the chunk index last; the final op sums them and casts back.
+    e = PassGraphBuilder()
+    x = e.input("x", (2, n), T.f16)
+    i0, i1 = Var("i0", T.i64), Var("i1", T.i64)
+    at = c * 2048 + k
+    element = select(at < n, cast(x[i0, minimum(at, n - 1)], T.f32), 0.0)
+    partial = Compute("out_partial", (2, 1, 65), (i0, i1, c), Reduce("sum", (k,), (2048,), element))
+    partial = e.add(partial, op="out")
+    total = Reduce("sum", (j,), (65,), partial[i0, i1, j])
+    e.output(e.add(Compute("out", (2, 1), (i0, i1), cast(total, T.f16))))
+    assert_graph_equal(split_reductions(g), e.build())
+    assert_split_close(g)
 
 
 def test_reduction_over_several_axes_unravels_the_chunk_index():
-    assert_split_close(full_reduction("sum", (37, 1, 1031)))
+    # 37 x 1 x 1031 = 38147 elements: 19 chunks of 2048, each element found back by its
+    # row-major coordinates (the unit axis reads 0).
+    g = full_reduction("sum", (37, 1, 1031))
+
+    e = PassGraphBuilder()
+    x = e.input("x", (37, 1, 1031))
+    at = minimum(c * 2048 + k, 38146)
+    element = select(c * 2048 + k < 38147, x[at // 1031, 0, at % 1031], 0.0)
+    partial = Compute("out_partial", (19,), (c,), Reduce("sum", (k,), (2048,), element))
+    partial = e.add(partial, op="out")
+    e.output(e.add(Compute("out", (), (), Reduce("sum", (j,), (19,), partial[j]))))
+    assert_graph_equal(split_reductions(g), e.build())
+    assert_split_close(g)
     assert_split_close(full_reduction("max", (1031, 37)), exact=True)
 
 
@@ -146,6 +192,23 @@ def test_guarded_elements_are_the_identity(kind):
     acc = T.boolean if kind in ("any", "all") else None
     g = row_reduction(kind, 3, ODD, acc=acc)
     assert_split_close(g, {"x": x}, exact=kind != "prod")
+
+
+def test_argmax_splits_into_chunk_argmaxes_and_the_best_of_their_values():
+    g = row_reduction("argmax", 2, ODD, keep_rows=False)
+
+    # Each partial is the flat index of its chunk's best element (past the end: -inf, which
+    # never wins); the final op takes the partial index whose element value is best.
+    e = PassGraphBuilder()
+    x = e.input("x", (2, ODD))
+    i0 = Var("i0", T.i64)
+    at = c * 2048 + k
+    element = select(at < ODD, x[i0, minimum(at, ODD - 1)], -math.inf)
+    best_in_chunk = Reduce("argmax", (k,), (2048,), element) + c * 2048
+    partial = e.add(Compute("out_partial", (2, 17), (i0, c), best_in_chunk), op="out")
+    best_chunk = Reduce("argmax", (j,), (17,), x[i0, partial[i0, j]])
+    e.output(e.add(Compute("out", (2,), (i0,), partial[i0, best_chunk])))
+    assert_graph_equal(split_reductions(g), e.build())
 
 
 @pytest.mark.parametrize("kind", ["argmax", "argmin"])
@@ -165,10 +228,18 @@ def test_symbolic_length_splits_into_a_symbolic_number_of_chunks():
     x = b.input("x", (n,))
     b.output(b.compute("out", (), lambda: reduce("sum", (n,), lambda k: x[k])))
     g = b.build()
-    s = split_reductions(g)
-    partial, _ = computes(s)
-    (chunks,) = partial.outputs[0].shape
-    assert isinstance(chunks, Expr)
+
+    # Chunks of SYMBOLIC_CHUNK (4096), ceil(n / 4096) of them, every one guarded.
+    e = PassGraphBuilder()
+    n = e.symbol("n")
+    x = e.input("x", (n,))
+    chunks = (n + 4095) // 4096
+    at = c * 4096 + k
+    element = select(at < n, x[minimum(at, n - 1)], 0.0)
+    partial = Compute("out_partial", (chunks,), (c,), Reduce("sum", (k,), (4096,), element))
+    partial = e.add(partial, op="out")
+    e.output(e.add(Compute("out", (), (), Reduce("sum", (j,), (chunks,), partial[j]))))
+    assert_graph_equal(split_reductions(g), e.build())
     for size in (5000, 3 * SYMBOLIC_CHUNK, 70001):
         assert_split_close(g, n=size)
 
