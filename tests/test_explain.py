@@ -148,8 +148,8 @@ def test_a_transformer_block_shows_fused_epilogues_and_one_attention_kernel():
     # Only zero-copy views (q, k and v picked out of the projection) stay with ATen.
     assert all("zero-copy view" in n.name for n in nodes if isinstance(n, ExternOp))
     (attention,) = [n for n in nodes if isinstance(n, KernelOp)]
-    assert attention.function.attr("template", "").startswith("attention")
-    templates = {k.name: k.attr("template", "") for k in record.kernels}
+    assert (attention.function.attrs.template or "").startswith("attention")
+    templates = {k.name: (k.attrs.template or "") for k in record.kernels}
     groups = {n.name: n.members for n in nodes if isinstance(n, FusedOp)}
     matmuls = [name for name, t in templates.items() if t.startswith("matmul_tc")]
     assert len(matmuls) == 4  # qkv, proj, up, down

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from minicomp.ir.expr import Var
+from minicomp.ir.expr import Dim, Expr, Var
 from minicomp.ir.node import Node, node
 from minicomp.ir.stmt import Stmt
 from minicomp.ir.types import DataType
@@ -13,27 +11,86 @@ FUNC_KINDS = ("kernel", "device", "host")
 
 
 @node
-class Function(Node):
-    """A function: a `kernel` (entry point launched by the runtime), `device` or `host` helper.
+class LaunchAttrs(Node):
+    """How a kernel is launched and compiled on the CUDA targets: the script DSL's `attrs.<field>`.
 
-    `attrs` holds launch attributes and hints as sorted (name, value) pairs, e.g.
-    ("grid_dim", ...), ("block_dim", ...), ("dynamic_smem", ...).
+    A size below is an int, or an i64 expression over the kernel's scalar parameters that the
+    runtime evaluates at every launch (minicomp.ir.symbols).
+
+    - grid_dim: the blocks of the launch grid along (x, y, z), three sizes; None for functions
+      not launched on a grid (device and host functions, cpu kernels).
+    - block_dim: the threads of a block along (x, y, z), three sizes; None as for grid_dim.
+      A constant block is also the kernel's `__launch_bounds__` unless launch_bounds is set.
+    - dynamic_smem: the bytes of dynamic shared memory each block gets, a size; the "dynamic"
+      DeclareArrays all point at its start.
+    - launch_bounds: the most threads a block may have (the first argument of
+      `__launch_bounds__`); None: the constant thread count of block_dim, if any.
+    - min_blocks: the resident blocks per SM the register budget must leave room for (the
+      second argument of `__launch_bounds__`); None: the compiler's choice. It needs a
+      constant thread count (launch_bounds or a constant block_dim).
+    - template: "name[config]" of the template that generated the kernel (reports, benchmarks,
+      tests); None for the auto-scheduler's and hand-written kernels. It does not change the
+      generated code.
     """
+
+    grid_dim: tuple[Dim, Dim, Dim] | None = None
+    block_dim: tuple[Dim, Dim, Dim] | None = None
+    dynamic_smem: Dim = 0
+    launch_bounds: int | None = None
+    min_blocks: int | None = None
+    template: str | None = None
+
+    def __post_init__(self):
+        for name in ("grid_dim", "block_dim"):
+            dims = getattr(self, name)
+            if dims is not None and not (
+                isinstance(dims, tuple) and len(dims) == 3 and all(map(_is_size, dims))
+            ):
+                raise TypeError(f"{name} is three ints or expressions (x, y, z), not {dims!r}")
+        if not _is_size(self.dynamic_smem):
+            raise TypeError(f"dynamic_smem is an int or an expression, not {self.dynamic_smem!r}")
+        for name in ("launch_bounds", "min_blocks"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"{name} is an int or None, not {value!r}")
+        if self.template is not None and not isinstance(self.template, str):
+            raise TypeError(f"template is a string or None, not {self.template!r}")
+
+    def __repr__(self) -> str:
+        default = LAUNCH_DEFAULTS
+        fields = [f"{k}={v!r}" for k, v in self.items() if v != getattr(default, k)]
+        return f"LaunchAttrs({', '.join(fields)})"
+
+    def items(self) -> tuple[tuple[str, object], ...]:
+        """(field name, value) of every field, in declaration order."""
+        return tuple((k, getattr(self, k)) for k in self._field_names)
+
+
+def _is_size(d: object) -> bool:
+    return isinstance(d, Expr) or isinstance(d, int) and not isinstance(d, bool)
+
+
+LAUNCH_DEFAULTS = LaunchAttrs()
+"""The attributes of a function that sets none (every field at its default)."""
+
+
+@node
+class Function(Node):
+    """A function: a `kernel` (entry point launched by the runtime), `device` or `host` helper,
+    with its launch attributes `attrs` (a kernel's grid and block, shared memory, hints)."""
 
     name: str
     params: tuple[Var, ...]
     body: Stmt
     kind: str = "kernel"
     ret: DataType | None = None
-    attrs: tuple[tuple[str, Any], ...] = ()
+    attrs: LaunchAttrs = LAUNCH_DEFAULTS
 
     def __post_init__(self):
         if self.kind not in FUNC_KINDS:
             raise ValueError(f"unknown function kind {self.kind!r}")
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        """The value of attribute `name`."""
-        return dict(self.attrs).get(name, default)
+        if not isinstance(self.attrs, LaunchAttrs):
+            raise TypeError(f"attrs of {self.name} is a LaunchAttrs, not {self.attrs!r}")
 
     def __repr__(self) -> str:
         from minicomp.ir.printer import function_str

@@ -6,7 +6,7 @@ from minicomp.ir import compute as C
 from minicomp.ir import expr as E
 from minicomp.ir import graph as G
 from minicomp.ir import stmt as S
-from minicomp.ir.func import Function, Module
+from minicomp.ir.func import LAUNCH_DEFAULTS, Function, Module
 from minicomp.ir.functor import Functor
 
 _INFIX = {
@@ -216,8 +216,9 @@ def function_str(f: Function) -> str:
     p = StmtPrinter()
     p.emit(f"def {f.name}({params}){ret}:  # {f.kind}")
     p.depth = 1
-    for k, v in f.attrs:
-        p.emit(f"attrs.{k} = {v!r}")
+    for k, v in f.attrs.items():
+        if v != getattr(LAUNCH_DEFAULTS, k):
+            p.emit(f"attrs.{k} = {v!r}")
     p.visit(f.body)
     return "\n".join(p.lines)
 

@@ -76,7 +76,7 @@ class DeclareArray(Stmt):
 
     Scopes: "local" (registers or the stack), "shared" (a block's static shared memory), and
     "dynamic": `var` points to the start of the launch's dynamic shared memory (the kernel's
-    ("dynamic_smem", bytes) attribute), `size` being how many elements the kernel may use;
+    attrs.dynamic_smem bytes), `size` being how many elements the kernel may use;
     several dynamic arrays alias it at offsets their users add."""
 
     var: Var

@@ -110,7 +110,7 @@ Dims = tuple[tuple[int, int, int], tuple[int, int, int]]
 
 def launch_dims(kernel: Function) -> Callable[[Sequence[Any]], Dims]:
     """(grid, block) of `kernel` as a function of its arguments (sizes are the trailing ones)."""
-    grid, block = kernel.attr("grid_dim"), kernel.attr("block_dim")
+    grid, block = kernel.attrs.grid_dim, kernel.attrs.block_dim
     if all(isinstance(d, int) for d in (*grid, *block)):
         fixed = (tuple(grid), tuple(block))
         return lambda args: fixed

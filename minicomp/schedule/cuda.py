@@ -73,7 +73,7 @@ from minicomp.ir.expr import (
     ne,
     prod,
 )
-from minicomp.ir.func import Function
+from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
 from minicomp.ir.stmt import (
@@ -261,7 +261,7 @@ class CudaKernelBuilder:
             body, grid, block = self.reduction()
         else:
             body, grid, block = self.injective()
-        attrs = (("block_dim", (block, 1, 1)), ("grid_dim", (grid, 1, 1)))
+        attrs = LaunchAttrs(grid_dim=(grid, 1, 1), block_dim=(block, 1, 1))
         return Function(self.op.name, self.sig.params, body, "kernel", attrs=attrs)
 
     # ---- injective groups ----

@@ -59,7 +59,8 @@ and narrow ints as ints with %d, i64 needs %lld), the math functions of
 minicomp.ir.expr.MATH_FUNCTIONS plus `max`, `min`, `abs`, `pow` (and `**`), and `attrs`
 (`grid_dim`, `block_dim`: ints or expressions over scalar parameters; `dynamic_smem` bytes;
 `launch_bounds`: the most threads a block may have; `min_blocks`: the blocks per SM the
-register budget must leave room for). Tensor cores and async copies (sm_80+,
+register budget must leave room for; `template`: a name for reports), the fields of the
+kernel IR's minicomp.ir.func.LaunchAttrs. Tensor cores and async copies (sm_80+,
 fragment layouts in minicomp.backends.cuda.intrinsics_mma): `mma_sync_m16n8k16(d, a, b, c)`
 (one warp's D = A * B + C; each operand a register tensor, a view `acc[i, j]` or its first
 element: 8 f16 or bf16 of A, 4 of B, 4 f32 of C and D), `ldmatrix_x1|x2|x4[_trans](frag,

@@ -8,9 +8,11 @@ ordinary code working); they exist so that scripts read as Python and linters ar
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from collections.abc import Callable
 
 from minicomp.ir.expr import MATH_FUNCTIONS
+from minicomp.ir.func import LaunchAttrs
 
 
 class Primitive:
@@ -71,9 +73,10 @@ class LaunchIndex:
 class Attrs:
     """`attrs` inside a kernel: `attrs.grid_dim = (x, y, z)`, `attrs.block_dim = ...`,
     `attrs.dynamic_smem = bytes`, `attrs.launch_bounds = max threads`,
-    `attrs.min_blocks = blocks per SM`."""
+    `attrs.min_blocks = blocks per SM`, `attrs.template = "name[config]"`: the fields of the
+    kernel's minicomp.ir.func.LaunchAttrs, which documents them."""
 
-    NAMES = ("grid_dim", "block_dim", "dynamic_smem", "launch_bounds", "min_blocks")
+    NAMES = tuple(f.name for f in dataclasses.fields(LaunchAttrs))
 
     def __setattr__(self, name, value):
         raise TypeError("attrs can only be set inside a @minicomp.script kernel")

@@ -228,7 +228,7 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
 def _check_block(sf: ScriptFunction, f, threads: int, shared: int) -> None:
     """Refuse a block over the kernel's launch bounds or the dynamic shared memory limit."""
     sig = sf.signature()
-    bound = f.attr("launch_bounds")
+    bound = f.attrs.launch_bounds
     if bound is not None and threads > bound:
         raise ScriptError(
             f"kernel {sig.py_name} is launched with {threads} threads a block, over its "

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.expr import Expr, Var
-from minicomp.ir.func import Function
+from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.functor import Mutator, collect, substitute
 from minicomp.ir.symbols import python_source
 from minicomp.ir.types import DataType, PointerType, i64
@@ -121,7 +121,7 @@ class FunctionParser(ExprParser):
         for stmt in self.src.tree.body:
             self.visit(stmt)
         body = self.close(self.root)
-        attrs = self.finish_attrs() if sig.kind == "kernel" else ()
+        attrs = self.finish_attrs() if sig.kind == "kernel" else LaunchAttrs()
         return Function(sig.name, sig.ir_params, body, sig.kind, sig.ret, attrs)
 
     def emit(self, stmt: S.Stmt) -> None:
@@ -348,6 +348,11 @@ class FunctionParser(ExprParser):
         if name in ("grid_dim", "block_dim"):
             self.attrs[name] = self.launch_dims(name, value)
             return
+        if name == "template":
+            if not isinstance(value, str):
+                raise self.src.error(node, f"attrs.template is a string, not {C.describe(value)}")
+            self.attrs[name] = value
+            return
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.src.error(node, f"attrs.{name} is a compile-time int, not {value!r}")
         if name == "launch_bounds" and not 1 <= value <= _MAX_THREADS:
@@ -389,7 +394,7 @@ class FunctionParser(ExprParser):
                 raise Issue(f"a block of {math.prod(dims)} threads; CUDA allows {_MAX_THREADS}")
         return tuple(dims) + (1,) * (3 - len(dims))
 
-    def finish_attrs(self) -> tuple:
+    def finish_attrs(self) -> LaunchAttrs:
         attrs = dict(self.attrs)
         for required in ("grid_dim", "block_dim"):
             if required not in attrs:
@@ -415,7 +420,7 @@ class FunctionParser(ExprParser):
                     f"{self.dynamic_bytes}",
                 )
             attrs.setdefault("dynamic_smem", self.dynamic_bytes)
-        return tuple(sorted(attrs.items()))
+        return LaunchAttrs(**attrs)
 
     # ---- statements with effects ----
 

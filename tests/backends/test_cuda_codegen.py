@@ -13,7 +13,7 @@ from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.error_flag import ERROR_FLAG, checked_index
-from minicomp.ir.func import Function, Module
+from minicomp.ir.func import Function, LaunchAttrs, Module
 from minicomp.ir.types import (
     ALL_TYPES,
     PointerType,
@@ -52,7 +52,7 @@ def elementwise_kernel() -> Function:
         S.If(E.binary("lt", i, n), S.Store(out, i, value)),
     )
     grid = ((n + 255) // 256, 1, 1)
-    attrs = (("block_dim", (256, 1, 1)), ("grid_dim", grid))
+    attrs = LaunchAttrs(grid_dim=grid, block_dim=(256, 1, 1))
     return Function("ew_sigmoid_mul", (x, y, out, n), body, attrs=attrs)
 
 
@@ -96,7 +96,7 @@ def block_reduce_kernel() -> Function:
             ),
         ),
     )
-    attrs = (("block_dim", (256, 1, 1)), ("grid_dim", (n, 1, 1)))
+    attrs = LaunchAttrs(grid_dim=(n, 1, 1), block_dim=(256, 1, 1))
     return Function("row_sum", (x, out, n), body, attrs=attrs)
 
 
@@ -117,7 +117,7 @@ def half_kernel() -> Function:
             ),
         ),
     )
-    attrs = (("block_dim", (128, 1, 1)), ("grid_dim", ((n + 127) // 128, 1, 1)))
+    attrs = LaunchAttrs(grid_dim=((n + 127) // 128, 1, 1), block_dim=(128, 1, 1))
     return Function("half_io", (h, ob, oh, n), body, attrs=attrs)
 
 
@@ -150,7 +150,7 @@ def atomics_kernel() -> Function:
     )
     # A block size given as an expression: no __launch_bounds__.
     threads = E.minimum(n, E.const(64))
-    attrs = (("block_dim", (threads, 1, 1)), ("grid_dim", ((n + 63) // 64, 1, 1)))
+    attrs = LaunchAttrs(grid_dim=((n + 63) // 64, 1, 1), block_dim=(threads, 1, 1))
     params = (src, sums, counts, hsum, peak, fpeak, dsum, n)
     return Function("scatter", params, body, attrs=attrs)
 
@@ -171,7 +171,7 @@ def device_call_kernel() -> Function:
             S.Store(x, clash, E.Call("twice", (E.Load(x, clash),), f32)),
         ),
     )
-    attrs = (("block_dim", (32, 4, 1)), ("grid_dim", (1, n, 1)))
+    attrs = LaunchAttrs(grid_dim=(1, n, 1), block_dim=(32, 4, 1))
     return Function("apply_twice", (x, n), body, attrs=attrs), twice
 
 
@@ -300,7 +300,7 @@ def test_refusals():
     host = Function("h", (), S.Seq(()), kind="host")
     with pytest.raises(ValueError, match="no host functions"):
         render_module(Module("m", (host,)))
-    big = Function("k", (), S.Seq(()), attrs=(("block_dim", (64, 32, 1)),))
+    big = Function("k", (), S.Seq(()), attrs=LaunchAttrs(block_dim=(64, 32, 1)))
     with pytest.raises(ValueError, match="1-1024"):
         render_module(Module("m", (big,)))
     with pytest.raises(ValueError, match="C identifier"):

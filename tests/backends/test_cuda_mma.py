@@ -27,7 +27,7 @@ from minicomp.backends.cuda.intrinsics_mma import (
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
-from minicomp.ir.func import Function, Module
+from minicomp.ir.func import Function, LaunchAttrs, Module
 from minicomp.ir.functor import Visitor
 from minicomp.ir.types import PointerType, bf16, f16, f32, i16, i32, u8
 
@@ -100,7 +100,7 @@ def _ptr(name: str, dt, space: str = "global") -> E.Var:
 
 
 def _kernel(name, params, body, threads, grid=(1, 1, 1)) -> Function:
-    attrs = (("block_dim", (threads, 1, 1)), ("grid_dim", grid))
+    attrs = LaunchAttrs(grid_dim=grid, block_dim=(threads, 1, 1))
     return Function(name, tuple(params), S.seq(*body), attrs=attrs)
 
 

@@ -18,7 +18,7 @@ from minicomp.backends.cuda.codegen import c_string_literal, render_module
 from minicomp.backends.cuda.emu import EmulatorError, build_emulated
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
-from minicomp.ir.func import Function, Module
+from minicomp.ir.func import Function, LaunchAttrs, Module
 from minicomp.ir.printer import expr_str
 from minicomp.ir.symbols import launch_dims
 from minicomp.ir.types import PointerType, bf16, f16, f32, i8, i32, i64
@@ -50,7 +50,7 @@ def printf_kernel() -> Function:
         S.If(E.eq(t, 1), _printf(fmt, *values, E.eq(t, 1))),
         S.If(E.eq(t, 0), _printf(TRICKY)),
     )
-    attrs = (("block_dim", (4, 1, 1)), ("grid_dim", (1, 1, 1)))
+    attrs = LaunchAttrs(grid_dim=(1, 1, 1), block_dim=(4, 1, 1))
     return Function("k_printf", (x, h, b, q, big), body, attrs=attrs)
 
 
@@ -79,7 +79,7 @@ def dynamic_kernel() -> Function:
         S.Store(out, t, E.Load(a, rev) + E.cast(E.Load(c, off + rev), f32)),
     )
     smem = (n * 4 + 15) // 16 * 16 + n * 4
-    attrs = (("block_dim", (n, 1, 1)), ("dynamic_smem", smem), ("grid_dim", (1, 1, 1)))
+    attrs = LaunchAttrs(grid_dim=(1, 1, 1), block_dim=(n, 1, 1), dynamic_smem=smem)
     return Function("k_dynamic", (x, y, out, n), body, attrs=attrs)
 
 
@@ -106,7 +106,7 @@ def big_dynamic_kernel(sync: bool) -> Function:
     if sync:
         stmts.append(S.Evaluate(E.Call("syncthreads", (), i32)))
     stmts.append(S.Store(out, block * 256 + t, E.Load(buf, read)))
-    attrs = (("block_dim", (256, 1, 1)), ("dynamic_smem", BIG), ("grid_dim", (8, 1, 1)))
+    attrs = LaunchAttrs(grid_dim=(8, 1, 1), block_dim=(256, 1, 1), dynamic_smem=BIG)
     name = "k_big_sync" if sync else "k_big_plain"
     return Function(name, (x, out), S.seq(*stmts), attrs=attrs)
 
@@ -114,11 +114,9 @@ def big_dynamic_kernel(sync: bool) -> Function:
 def _bounded(block, bound, name="k_bounded") -> Function:
     out = E.Var("out", PointerType(f32))
     body = S.Store(out, E.cast(_tid(), i64), E.const(1.0, f32))
-    attrs = [("block_dim", block), ("grid_dim", (1, 1, 1))]
-    if bound is not None:
-        attrs.append(("launch_bounds", bound))
+    attrs = LaunchAttrs(grid_dim=(1, 1, 1), block_dim=block, launch_bounds=bound)
     n = E.Var("n", i64)
-    return Function(name, (out, n), body, attrs=tuple(sorted(attrs)))
+    return Function(name, (out, n), body, attrs=attrs)
 
 
 @pytest.fixture(scope="module")
@@ -347,8 +345,7 @@ def test_driver_launch_passes_the_dynamic_shared_memory(fake, tmp_path):
     small, big = dynamic_kernel(), big_dynamic_kernel(True)
     too_big = big.replace(
         name="k_too_big",
-        attrs=(("dynamic_smem", driver.MAX_DYNAMIC_SHARED + 1),)
-        + tuple(a for a in big.attrs if a[0] != "dynamic_smem"),
+        attrs=big.attrs.replace(dynamic_smem=driver.MAX_DYNAMIC_SHARED + 1),
     )
     built = cuda_module.build(
         Module("m", (small, big, too_big)), device_index=0, cache_dir=str(tmp_path), arch="sm_90"

@@ -1,5 +1,6 @@
 """IR node basics: structural equality and hashing, replace, immutability, expression building
-and folding, and the functor bases (Visitor, Mutator, substitute, collect)."""
+and folding, the functor bases (Visitor, Mutator, substitute, collect), and the typed launch
+attributes of functions."""
 
 import dataclasses
 
@@ -7,6 +8,7 @@ import pytest
 
 from minicomp.ir import expr as E
 from minicomp.ir.compute import Compute, Reduce, TensorElement, compute, reduce, tensor_input
+from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.functor import Mutator, Visitor, collect, substitute
 from minicomp.ir.stmt import For, Store, seq
 from minicomp.ir.types import PointerType, boolean, f32, f64, i32, i64
@@ -346,3 +348,48 @@ def test_collect_finds_distinct_nodes_of_a_class_in_visiting_order():
     assert collect(a + 1.0, E.Const) == [E.const(1.0)]
     c = compute("c", (4, 4), lambda i, j: reduce("max", (4,), lambda r: E.Var("q", f32)))
     assert isinstance(c, Compute) and len(collect(c, Reduce)) == 1
+
+
+# --- launch attributes ---------------------------------------------------------------------
+
+
+def test_launch_attrs_are_a_typed_record_of_a_function():
+    n = E.Var("n", i64)
+    attrs = LaunchAttrs(grid_dim=((n + 255) // 256, 1, 1), block_dim=(256, 1, 1), min_blocks=1)
+    f = Function("k", (n,), seq(), attrs=attrs)
+    assert f.attrs.block_dim == (256, 1, 1) and f.attrs.launch_bounds is None
+    assert f.attrs.dynamic_smem == 0 and f.attrs.template is None
+    same = LaunchAttrs(grid_dim=((n + 255) // 256, 1, 1), block_dim=(256, 1, 1), min_blocks=1)
+    assert f == Function("k", (n,), seq(), attrs=same) and hash(attrs) == hash(same)
+    assert f != f.replace(attrs=attrs.replace(template="t[1]"))
+    assert Function("d", (), seq(), "device").attrs == LaunchAttrs()
+    assert repr(attrs) == (
+        "LaunchAttrs(grid_dim=((n + 255) // 256, 1, 1), block_dim=(256, 1, 1), min_blocks=1)"
+    )
+    # The grid's expressions are children: traversals reach them.
+    assert collect(f.attrs, E.Var) == [n]
+    assert substitute(f, {n: E.Var("m", i64)}).attrs.grid_dim[0] == (E.Var("m", i64) + 255) // 256
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        attrs.min_blocks = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"block_dim": 128}, "block_dim is three ints or expressions"),
+        ({"grid_dim": (1, 1)}, "grid_dim is three ints or expressions"),
+        ({"grid_dim": (1, 1.5, 1)}, "grid_dim is three ints or expressions"),
+        ({"dynamic_smem": None}, "dynamic_smem is an int or an expression"),
+        ({"launch_bounds": E.const(128)}, "launch_bounds is an int or None"),
+        ({"min_blocks": True}, "min_blocks is an int or None"),
+        ({"template": 3}, "template is a string or None"),
+    ],
+)
+def test_launch_attrs_check_their_types(fields, message):
+    with pytest.raises(TypeError, match=message):
+        LaunchAttrs(**fields)
+
+
+def test_a_function_takes_a_launch_attrs_record_only():
+    with pytest.raises(TypeError, match="attrs of k is a LaunchAttrs"):
+        Function("k", (), seq(), attrs=(("block_dim", (1, 1, 1)),))

@@ -9,7 +9,7 @@ from graph_builder import GraphBuilder
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.compute import reduce
-from minicomp.ir.func import Function
+from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.graph import ExternOp
 from minicomp.ir.printer import expr_str, function_str, graph_str, stmt_str
 from minicomp.ir.types import PointerType, boolean, f32, f64, i32, i64
@@ -109,11 +109,11 @@ def test_function_signature_attrs_and_body():
         "scale",
         (buf, c),
         S.For(a, c, S.Store(buf, a, E.Load(buf, a) * 2.0)),
-        attrs=(("block_dim", 128),),
+        attrs=LaunchAttrs(block_dim=(128, 1, 1)),
     )
     assert function_str(f) == dedent("""\
         def scale(buf: f32*, c: i64):  # kernel
-            attrs.block_dim = 128
+            attrs.block_dim = (128, 1, 1)
             for a in range(c):
                 buf[a] = buf[a] * 2.0""")
     assert repr(f) == function_str(f)

@@ -181,7 +181,7 @@ def test_conv_batch_norm_relu_is_one_template_kernel(channels_last):
     assert any("batch_norm" in m for m in group.members)
     assert match_contraction(group) is not None
     (kernel,) = record.kernels
-    assert kernel.attr("template")
+    assert kernel.attrs.template
 
 
 GN_SHAPES = {"NC": (3, 8), "NCL": (2, 8, 5), "NCHW": (2, 8, 3, 4), "NCDHW": (2, 8, 2, 3, 2)}

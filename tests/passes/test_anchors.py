@@ -97,7 +97,7 @@ def _assert_conv_kernels(records, kind: str) -> None:
         groups = [n for n in nodes if isinstance(n, FusedOp)]
         convs = [g for g in groups if any("convolution" in m for m in g.members)]
         assert convs
-        templates = {k.name for k in record.kernels if k.attr("template")}
+        templates = {k.name for k in record.kernels if k.attrs.template}
         if kind == "template":
             assert any(g.is_reduction for g in convs)
         for g in convs:
@@ -273,7 +273,7 @@ def test_convolution_kernels_compile_with_nvrtc(tmp_path):
     with torch.no_grad():
         report = minicomp.explain(fn, *args, options={"target": "cuda-emu"})
     (record,) = report.records
-    assert {k.attr("template").split("[")[0] for k in record.kernels if k.attr("template")} == {
+    assert {k.attrs.template.split("[")[0] for k in record.kernels if k.attrs.template} == {
         "matmul_tc",
         "matmul_simt",
     }

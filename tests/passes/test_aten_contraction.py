@@ -78,7 +78,7 @@ def test_aten_gemm_replaces_the_group(monkeypatch, name, dtype):
         gemm.reason
     )
     # No template kernel left: only an injective epilogue (or view copy), if anything.
-    assert not any(k.attr("template") for k in record.kernels)
+    assert not any(k.attrs.template for k in record.kernels)
     assert not any(n.is_reduction for n in nodes if isinstance(n, FusedOp))
 
 
@@ -120,7 +120,7 @@ def test_computed_prologue_stays_fused(monkeypatch):
     record, asked = _compile_preferring_aten(monkeypatch, fn, x, w, dtype=torch.float32)
     assert not [n for n in record.graph.nodes if isinstance(n, ExternOp)]
     assert [with_aten for _, with_aten in asked] == [False]
-    assert any(k.attr("template") for k in record.kernels)
+    assert any(k.attrs.template for k in record.kernels)
 
 
 def test_explain_shows_why_aten_runs(monkeypatch):

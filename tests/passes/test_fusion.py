@@ -443,7 +443,7 @@ def _contraction_kernels(records) -> list[FusedOp]:
     found = []
     for record in records:
         assert not [n.name for n in record.graph.nodes if isinstance(n, ExternOp)]
-        templates = {k.name for k in record.kernels if k.attr("template")}
+        templates = {k.name for k in record.kernels if k.attrs.template}
         for op in fused_ops(record.graph):
             if op.is_reduction:
                 assert match_contraction(op) is not None, op.name

@@ -70,7 +70,7 @@ def test_grouped_convolution_is_a_batched_gemm(name):
     assert [e for _, e in c.batch] == [groups]
     # Og on one side (N, or M when a batch of one puts oo before the positions).
     assert [w.shape[0] // groups] in ([e for _, e in c.m], [e for _, e in c.n])
-    templates = {k.name: k.attr("template") for k in record.kernels if k.attr("template")}
+    templates = {k.name: k.attrs.template for k in record.kernels if k.attrs.template}
     assert product.name in templates
     if dtype == torch.float16:
         assert templates[product.name].startswith("matmul_tc")
@@ -127,7 +127,7 @@ def test_grouped_convolution_kernels_compile_with_nvrtc(tmp_path):
     with torch.no_grad():
         report = minicomp.explain(fn, x, w, b, xf, wf, x1, w1, b1, options={"target": TARGET})
     (record,) = report.records
-    kinds = {k.name: k.attr("template") for k in record.kernels}
+    kinds = {k.name: k.attrs.template for k in record.kernels}
     assert sorted(t.split("[")[0] for t in kinds.values() if t) == [
         "matmul_simt",
         "matmul_simt",

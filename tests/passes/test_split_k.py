@@ -202,8 +202,8 @@ def test_explain_shows_a_template_partial_and_a_reduction(small_thresholds, dtyp
     a, b = torch.randn(8, 2048, dtype=dtype), torch.randn(2048, 16, dtype=dtype)
     report, (partial, final) = _kernels(torch.mm, a, b)
     assert report.kernel_count == 2
-    assert partial.attr("template").startswith(template)
-    assert final.attr("template") is None
+    assert partial.attrs.template.startswith(template)
+    assert final.attrs.template is None
     assert "mm_splitk" in str(report)
 
 
@@ -219,7 +219,7 @@ def test_nvrtc_compiles_the_partial_kernels(small_thresholds, tmp_path):
     for case, k in {"exact": 2048, "guarded": 2000}.items():
         a, b = torch.randn(8, k, dtype=h), torch.randn(k, 16, dtype=h)
         _, (partial, _) = _kernels(torch.mm, a, b)
-        assert partial.attr("template").startswith("matmul_tc["), case
+        assert partial.attrs.template.startswith("matmul_tc["), case
         source = render_module(Module(partial.name, (partial,)))
         for arch in ("sm_80", "sm_90"):
             binary = nvrtc.compile_cuda(source, arch=arch, name=case, cache_dir=str(tmp_path))
@@ -238,7 +238,7 @@ def run(fn, *args, **tolerance):
         check_compiled(fn, *args, target=EMU, reference_dtype=torch.float64, **tolerance)
     kernels = [k for r in records for k in r.kernels]
     assert len(kernels) == 2, [k.name for k in kernels]
-    return [k.attr("template") for k in kernels]
+    return [k.attrs.template for k in kernels]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -70,7 +70,7 @@ def test_a_launch_passes_addresses_sizes_grid_and_the_current_stream(fake, tmp_p
     args = [x.data_ptr(), out.data_ptr()][:n]
     launch(*args)
     assert [fake.fake_param(i) for i in range(n)] == args
-    grid, block = kernel.attr("grid_dim"), kernel.attr("block_dim")
+    grid, block = kernel.attrs.grid_dim, kernel.attrs.block_dim
     assert [fake.fake_dim(i) for i in range(6)] == [*grid, *block]
     assert fake.fake_stream() == STREAM
 

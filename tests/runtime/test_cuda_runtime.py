@@ -12,7 +12,7 @@ import minicomp
 from minicomp.backends.cuda import driver, module
 from minicomp.dynamo.backend import recording
 from minicomp.ir import expr as E
-from minicomp.ir.func import Function
+from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.stmt import seq
 from minicomp.ir.symbols import launch_dims
 from minicomp.ir.types import PointerType, f32, i64
@@ -59,7 +59,8 @@ def test_auto_picks_cpu_for_cpu_tensors():
 def _kernel(grid, block):
     n = E.Var("n", i64)
     params = (E.Var("x", PointerType(f32)), n)
-    return Function("k", params, seq(), "kernel", attrs=(("grid_dim", grid), ("block_dim", block)))
+    attrs = LaunchAttrs(grid_dim=grid, block_dim=block)
+    return Function("k", params, seq(), "kernel", attrs=attrs)
 
 
 def test_launch_dims_are_fixed_or_computed_from_the_size_arguments():

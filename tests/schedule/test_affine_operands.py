@@ -113,7 +113,7 @@ def test_diagonal_band_operand_on_the_emulator(dtype):
     record = CompileRecord()
     plan = compile_graph(g, config.resolve({"target": EMU}), record)
     (kernel,) = record.kernels
-    assert kernel.attr("template").startswith("matmul_tc[" if dtype == T.f16 else "matmul_simt[")
+    assert kernel.attrs.template.startswith("matmul_tc[" if dtype == T.f16 else "matmul_simt[")
     inputs = random_inputs(g, seed=4)
     (expected,) = evaluate_graph(g, inputs)
     (actual,) = plan(*(torch.from_numpy(inputs[v.name]) for v in g.inputs))
@@ -160,7 +160,7 @@ def test_sliced_operand_on_the_emulator(offset):
             atol=1e-2,
         )
     (kernel,) = [k for r in records for k in r.kernels]
-    assert kernel.attr("template").startswith("matmul_tc[")
+    assert kernel.attrs.template.startswith("matmul_tc[")
 
 
 def test_split_k_partial_operands_are_plain(monkeypatch):

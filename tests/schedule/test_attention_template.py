@@ -36,8 +36,9 @@ def attention_nodes(records) -> list:
     found = []
     for r in records:
         for n in r.graph.nodes:
-            if isinstance(n, KernelOp) and n.function.attr("template", "").startswith("attention"):
-                found.append(("kernel", n.function.attr("template")))
+            template = n.function.attrs.template if isinstance(n, KernelOp) else None
+            if template and template.startswith("attention"):
+                found.append(("kernel", template))
             elif isinstance(n, ExternOp) and n.target in ops:
                 found.append(("aten", n.reason))
     return found
@@ -480,7 +481,7 @@ def test_tuning_hook_reinstantiates_and_reverts():
     tuned = tune_attention(graph, choose)
     assert asked == [("attention", 64, True)]
     (node,) = [n for n in tuned.nodes if isinstance(n, KernelOp)]
-    assert node.function.attr("template") == f"attention[{other}]"
+    assert node.function.attrs.template == f"attention[{other}]"
 
     def prefer_aten(tmpl, problem, op, aten=None):
         return Choice(other, "tuned", aten=True, time_us=20.0, aten_time_us=10.0)

@@ -272,7 +272,7 @@ def launch_dims(f: Function, sizes: dict) -> tuple[int, int]:
     env = Lockstep(1, 1, {}, sizes)
     out = []
     for name in ("grid_dim", "block_dim"):
-        x, y, z = f.attr(name)
+        x, y, z = getattr(f.attrs, name)
         assert (y, z) == (1, 1)
         out.append(int(x) if isinstance(x, int) else int(env.ev(x)[0]))
     return out[0], out[1]
@@ -414,8 +414,8 @@ def row_sum_and_max(rows, cols) -> Graph:
 
 def test_injective_kernel_is_one_guarded_element_per_thread():
     f = schedule(scale_graph((3, 5, 37)))
-    assert f.attr("block_dim") == (BLOCK, 1, 1)
-    assert f.attr("grid_dim") == (math.ceil(3 * 5 * 37 / BLOCK), 1, 1)
+    assert f.attrs.block_dim == (BLOCK, 1, 1)
+    assert f.attrs.grid_dim == (math.ceil(3 * 5 * 37 / BLOCK), 1, 1)
     assert not collect(f.body, S.While) and not collect(f.body, S.For)
     (guard,) = collect(f.body, S.If)
     # The flat index unravels into the three outer variables with idiv/imod.
@@ -426,7 +426,7 @@ def test_injective_kernel_is_one_guarded_element_per_thread():
 
 def test_injective_kernel_of_a_whole_number_of_blocks_has_no_guard():
     f = schedule(scale_graph((BLOCK, 3)))  # 3 columns: not vectorised
-    assert f.attr("grid_dim") == (3, 1, 1)
+    assert f.attrs.grid_dim == (3, 1, 1)
     assert not collect(f.body, S.If)
 
 
@@ -446,7 +446,7 @@ def test_launch_indices_are_widened_before_index_arithmetic():
 def test_symbolic_injective_kernel_has_a_capped_grid_and_a_grid_stride_loop():
     f = schedule(symbolic_broadcast_add())
     assert [p.name for p in f.params] == ["in_x", "in_y", "out_z", "m", "n"]
-    assert f.attr("block_dim") == (BLOCK, 1, 1)
+    assert f.attrs.block_dim == (BLOCK, 1, 1)
     (loop,) = collect(f.body, S.While)
     assert calls(f, "grid_dim_x")
     for n, m in ((1, 1), (3, 37), (1000, 999), (0, 5)):
@@ -458,7 +458,7 @@ def test_symbolic_injective_kernel_has_a_capped_grid_and_a_grid_stride_loop():
 
 def test_long_rows_get_a_block_each_with_a_shared_memory_reduction():
     f = schedule(softmax(6, 3000))
-    assert f.attr("block_dim") == (BLOCK, 1, 1) and f.attr("grid_dim") == (6, 1, 1)
+    assert f.attrs.block_dim == (BLOCK, 1, 1) and f.attrs.grid_dim == (6, 1, 1)
     (arr,) = collect(f.body, S.DeclareArray)
     assert arr.scope == "shared" and arr.size == WARPS
     # Two stages: two barriers each, and one between them (the array is reused).
@@ -469,8 +469,8 @@ def test_long_rows_get_a_block_each_with_a_shared_memory_reduction():
 
 def test_short_rows_get_a_warp_each_and_no_shared_memory():
     f = schedule(softmax(37, 37))
-    assert f.attr("block_dim") == (BLOCK, 1, 1)
-    assert f.attr("grid_dim") == (math.ceil(37 / WARPS), 1, 1)
+    assert f.attrs.block_dim == (BLOCK, 1, 1)
+    assert f.attrs.grid_dim == (math.ceil(37 / WARPS), 1, 1)
     assert not collect(f.body, S.DeclareArray) and not calls(f, "syncthreads")
     deltas = [c.args[1].value for c in calls(f, "shfl_xor_sync")]
     assert deltas == [16, 8, 4, 2, 1] * 2 and not calls(f, "shfl_down_sync")
@@ -478,7 +478,7 @@ def test_short_rows_get_a_warp_each_and_no_shared_memory():
 
 def test_few_short_rows_use_a_smaller_block():
     f = schedule(row_reduce("sum", rows=3, cols=100))
-    assert f.attr("block_dim") == (3 * WARP, 1, 1) and f.attr("grid_dim") == (1, 1, 1)
+    assert f.attrs.block_dim == (3 * WARP, 1, 1) and f.attrs.grid_dim == (1, 1, 1)
 
 
 def test_symbolic_rows_loop_over_a_capped_grid():
@@ -587,7 +587,7 @@ def test_symbolic_softmax_with_a_short_grid(cols, runner):
 
 def test_full_sum_of_100003_elements(runner):
     f = schedule(full_sum(100003))
-    assert f.attr("grid_dim") == (1, 1, 1) and f.attr("block_dim") == (BLOCK, 1, 1)
+    assert f.attrs.grid_dim == (1, 1, 1) and f.attrs.block_dim == (BLOCK, 1, 1)
     x = torch.rand(100003) - 0.25
     out = poisoned(())
     runner(f, {"x": x, "s": out})

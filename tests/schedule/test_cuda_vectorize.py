@@ -66,7 +66,7 @@ def test_vector_width_is_sixteen_bytes_of_the_widest_output(dtype, vec):
     assert lanes(f, "store_vec") == [vec]
     # The f32 input is loaded as vectors too: 32 bytes (two accesses) under an 8-lane output.
     assert lanes(f, "load_vec") == [vec]
-    assert f.attr("grid_dim") == (64 * 256 // vec // BLOCK, 1, 1)
+    assert f.attrs.grid_dim == (64 * 256 // vec // BLOCK, 1, 1)
     arrays = collect(f.body, S.DeclareArray)
     assert {a.scope for a in arrays} == {"local"} and {a.size for a in arrays} == {vec}
     # One alignment flag per buffer, tested once before the per-thread work.
@@ -88,7 +88,7 @@ def test_an_input_too_wide_for_two_accesses_is_read_element_by_element():
 
 def test_unit_dims_and_a_single_vector_per_row():
     f = schedule(unary((5, 1, 4)))
-    assert lanes(f, "store_vec") == [4] and f.attr("grid_dim") == (1, 1, 1)
+    assert lanes(f, "store_vec") == [4] and f.attrs.grid_dim == (1, 1, 1)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +181,7 @@ def launch(f: Function, tensors: dict, cache_dir: str, sizes: dict | None = None
 
     sizes = sizes or {}
     module = emu.build_emulated(render_module(Module(f.name, (f,))), [f], cache_dir=cache_dir)
-    full_grid, block = (dims_fn(f.attr(a))(sizes) for a in ("grid_dim", "block_dim"))
+    full_grid, block = (dims_fn(getattr(f.attrs, a))(sizes) for a in ("grid_dim", "block_dim"))
     args = [
         tensors[p.name.split("_", 1)[1]] if isinstance(p.type, T.PointerType) else sizes[p.name]
         for p in f.params

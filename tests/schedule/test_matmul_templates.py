@@ -48,7 +48,7 @@ def run(fn, *args, dtype=torch.float32, options=None, dynamic=False, **tolerance
                 dynamic=dynamic,
                 **tol,
             )
-    return [k.attr("template") for r in records for k in r.kernels if k.attr("template")]
+    return [k.attrs.template for r in records for k in r.kernels if k.attrs.template]
 
 
 def uses(templates: list[str], name: str, count: int = 1) -> bool:

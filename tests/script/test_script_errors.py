@@ -225,6 +225,39 @@ def test_kernel_without_block_dim_points_at_its_definition():
     compile_error(no_block, "def no_block", "kernel no_block sets no attrs.block_dim")
 
 
+def test_unknown_launch_attribute_is_named_at_its_line():
+    @minicomp.script
+    def k(a: f32[4]):
+        attrs.grid_dim = 1
+        attrs.block_dim = 4
+        attrs.max_threads = 4  # the typo
+        a[0] = 1.0
+
+    err = compile_error(k, "# the typo", "attrs has no attribute 'max_threads'")
+    for known in ("grid_dim", "block_dim", "dynamic_smem", "launch_bounds", "min_blocks"):
+        assert known in err.reason
+
+
+def test_template_attribute_is_a_string():
+    @minicomp.script
+    def tagged(a: f32[4]):
+        attrs.grid_dim = 1
+        attrs.block_dim = 4
+        attrs.template = "mine[4]"
+        a[threadIdx.x] = 1.0
+
+    assert tagged.ir.attrs.template == "mine[4]"
+
+    @minicomp.script
+    def k(a: f32[4]):
+        attrs.grid_dim = 1
+        attrs.block_dim = 4
+        attrs.template = 4  # the number
+        a[0] = 1.0
+
+    compile_error(k, "# the number", "attrs.template is a string, not the constant 4")
+
+
 def test_shape_naming_no_parameter():
     @minicomp.script
     def k(a: f32[dim.q], n: i32):

@@ -629,7 +629,7 @@ def test_dynamic_shared_memory_ir():
     assert [(a.scope, a.dtype.short) for a in arrays] == [("dynamic", "f32"), ("dynamic", "i32")]
     # The i32 tensor starts after the f32 one, rounded up to 16 bytes: at byte 800.
     assert arrays[1].size == 800 // 4 + 256
-    assert f.attr("dynamic_smem") == 800 + 256 * 4
+    assert f.attrs.dynamic_smem == 800 + 256 * 4
 
 
 def test_dynamic_shared_memory_runs(script_target):

@@ -89,7 +89,7 @@ def test_ir_module_and_source():
     assert f.kind == "kernel" and f.name == "scale_rows"
     # Pointers first, then the scalars, as the runtime's launchers expect.
     assert [p.name for p in f.params] == ["x", "out", "rows", "cols", "s"]
-    assert f.attr("block_dim") == (64, 1, 1) and f.attr("grid_dim")[1:] == (1, 1)
+    assert f.attrs.block_dim == (64, 1, 1) and f.attrs.grid_dim[1:] == (1, 1)
     assert scale_rows.module.functions == (f,)
     assert 'extern "C" __global__ __launch_bounds__(64) void scale_rows(' in scale_rows.source
 

@@ -97,7 +97,7 @@ def big_reverse(x: f32[BIG], out: f32[BIG]):
 
 
 def test_dynamic_shared_memory_over_48_kib(script_target):
-    assert big_reverse.ir.attr("dynamic_smem") == BIG * 4
+    assert big_reverse.ir.attrs.dynamic_smem == BIG * 4
     x, out = torch.randn(BIG), torch.full((BIG,), float("nan"))
     big_reverse.with_target(script_target)(x, out)
     assert torch.equal(out, x.flip(0))

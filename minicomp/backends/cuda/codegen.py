@@ -3,9 +3,9 @@
 The source starts with the text of device.h (our device header: stdint typedefs under NVRTC,
 the `mc_*` helpers, 16-bit shuffles and compare-and-swap atomics), then device functions
 (`static __device__ __forceinline__`), then kernels (`extern "C" __global__`, with
-`__launch_bounds__(n)`: n is the kernel's ("launch_bounds", n) attribute when it has one, else
-its block size when that is a constant; a ("min_blocks", m) attribute adds m, the blocks per SM
-ptxas must leave room for: m = 1 keeps it from spilling to reach a higher occupancy). Launch
+`__launch_bounds__(n)`: n is the kernel's attrs.launch_bounds when it has one, else its
+block size when that is a constant; attrs.min_blocks = m adds m, the blocks per SM ptxas
+must leave room for: m = 1 keeps it from spilling to reach a higher occupancy). Launch
 indices render as int32 casts of `threadIdx.x`..., since the IR types them i32 and unsigned
 arithmetic would change the meaning of a subtraction or comparison. Loops of kind `parallel`
 and `vectorize` render as plain loops (a schedule maps parallelism onto threads before
@@ -24,8 +24,8 @@ with the format spelled as an escaped C string literal; f16/bf16 values print as
 bools as ints. Arrays of scope "dynamic" live in the launch's dynamic shared memory, the
 device header's `mc_dynamic_smem` (16-byte aligned): each such DeclareArray is a typed
 pointer to its start (the script front-end addresses later tensors through an element
-offset, so its size counts the elements before it), and the kernel's ("dynamic_smem", bytes)
-attribute says how many bytes a launch gives.
+offset, so its size counts the elements before it), and the kernel's attrs.dynamic_smem
+says how many bytes a launch gives.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def device_header() -> str:
 
 def block_threads(f: Function) -> int | None:
     """The number of threads of a block of kernel `f`, when its block_dim is constant."""
-    dims = f.attr("block_dim")
+    dims = f.attrs.block_dim
     if dims is None:
         return None
     total = 1
@@ -168,11 +168,9 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
             raise ValueError(
                 f"kernel {f.name} has {threads} threads a block; CUDA allows 1-{MAX_BLOCK_THREADS}"
             )
-        bound = f.attr("launch_bounds")
+        bound = f.attrs.launch_bounds
         if bound is not None:
-            if isinstance(bound, E.Const):
-                bound = bound.value
-            if not isinstance(bound, int) or not 1 <= bound <= MAX_BLOCK_THREADS:
+            if not 1 <= bound <= MAX_BLOCK_THREADS:
                 raise ValueError(
                     f"kernel {f.name} has launch bounds {bound!r}; a bound is an int from 1 to "
                     f"{MAX_BLOCK_THREADS}"
@@ -182,9 +180,7 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
                     f"kernel {f.name} has {threads} threads a block, over its launch bounds {bound}"
                 )
             threads = bound
-        min_blocks = f.attr("min_blocks")
-        if isinstance(min_blocks, E.Const):
-            min_blocks = min_blocks.value
+        min_blocks = f.attrs.min_blocks
         if threads is None:
             if min_blocks is not None:
                 raise ValueError(f"kernel {f.name} has min_blocks but no constant thread count")

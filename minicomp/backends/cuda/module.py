@@ -54,10 +54,10 @@ class CudaModule:
 
 
 def dynamic_shared_bytes(kernel: Function) -> int | Callable[[Sequence[Any]], int]:
-    """The dynamic shared memory of a launch of `kernel` (its ("dynamic_smem", bytes)
-    attribute): an int, or a function of the kernel's arguments when the size is an
-    expression over its scalar parameters."""
-    size = kernel.attr("dynamic_smem", 0)
+    """The dynamic shared memory of a launch of `kernel` (its attrs.dynamic_smem bytes): an
+    int, or a function of the kernel's arguments when the size is an expression over its
+    scalar parameters."""
+    size = kernel.attrs.dynamic_smem
     if not isinstance(size, E.Expr):
         return int(size)
     if isinstance(size, E.Const):

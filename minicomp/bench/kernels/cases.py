@@ -89,7 +89,7 @@ def _minicomp_details(records: list, env: Env) -> dict:
     templates, kernels, aten = set(), 0, []
     for r in records:
         kernels += len(r.kernels)
-        templates |= {k.attr("template", "").split("[")[0] for k in r.kernels} - {""}
+        templates |= {(k.attrs.template or "").split("[")[0] for k in r.kernels} - {""}
         if r.graph is not None:
             aten += [n.name for n in r.graph.nodes if isinstance(n, ExternOp)]
     out = {"templates": sorted(templates), "kernels": kernels, "aten_ops": aten}
@@ -107,7 +107,7 @@ def _sass_details(records: list, env: Env) -> dict:
             if not r.source or r.target not in ("cuda", "cuda-emu"):
                 continue
             binary = nvrtc.compile_cuda(r.source, arch=env.sass_arch, cache_dir=env.cache_dir)
-            templates = {k.name: k.attr("template", "") for k in r.kernels}
+            templates = {k.name: (k.attrs.template or "") for k in r.kernels}
             for report in sass.check_kernels(r.source, binary.cubin):
                 res = binary.resources.get(report.kernel, nvrtc.KernelResources())
                 entry = {

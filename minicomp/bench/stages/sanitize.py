@@ -138,7 +138,7 @@ def run_workload(work: Workload, target: str, device: str, cache_dir: str) -> di
         if device == "cuda":
             torch.cuda.synchronize()
         kernels = [k for r in records for k in r.kernels]
-        templates = sorted({k.attr("template", "").split("[")[0] for k in kernels} - {""})
+        templates = sorted({(k.attrs.template or "").split("[")[0] for k in kernels} - {""})
         aten = [
             n.name for r in records if r.graph for n in r.graph.nodes if isinstance(n, ExternOp)
         ]

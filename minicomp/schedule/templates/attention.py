@@ -618,9 +618,8 @@ def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
             bh += gridDim.y
 
     kernel = attention.ir
-    attrs_ = dict(kernel.attrs)
-    attrs_["template"] = f"{NAME}[{cfg}]"
-    return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
+    launch = kernel.attrs.replace(template=f"{NAME}[{cfg}]")
+    return kernel.replace(name=problem.name, attrs=launch)
 
 
 TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)

@@ -298,13 +298,12 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
             bz += gridDim.z
 
     kernel = matmul_simt.ir
-    attrs_ = dict(kernel.attrs)
-    attrs_["template"] = f"{NAME}[{cfg}]"
+    launch = kernel.attrs.replace(template=f"{NAME}[{cfg}]")
     if _guarded(problem):
         # Guarded loads leave ptxas near an occupancy step, where it spills (4-12 bytes at
         # 80-168 registers on sm_80) rather than give up a block per SM; one block is enough.
-        attrs_["min_blocks"] = 1
-    return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
+        launch = launch.replace(min_blocks=1)
+    return kernel.replace(name=problem.name, attrs=launch)
 
 
 NAME = "matmul_simt"

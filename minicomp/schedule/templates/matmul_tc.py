@@ -422,9 +422,8 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
             bz += gridDim.z
 
     kernel = matmul_tc.ir
-    attrs_ = dict(kernel.attrs)
-    attrs_["template"] = f"{NAME}[{cfg}]"
-    return kernel.replace(name=problem.name, attrs=tuple(sorted(attrs_.items())))
+    launch = kernel.attrs.replace(template=f"{NAME}[{cfg}]")
+    return kernel.replace(name=problem.name, attrs=launch)
 
 
 TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)
