@@ -7,15 +7,15 @@ import torch
 import torch.nn.functional as F
 from graph_builder import GraphBuilder, evaluate_graph, random_inputs
 from helpers import check_compiled
+from helpers_graph import PassGraphBuilder, assert_graph_equal
 
 import minicomp
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
-from minicomp.ir.compute import Reduce, reduce
-from minicomp.ir.expr import cast
+from minicomp.ir.compute import Compute, Reduce, reduce
+from minicomp.ir.expr import Var, cast, const, minimum, select
 from minicomp.ir.func import Module
-from minicomp.ir.functor import collect
 from minicomp.ir.graph import ComputeOp, Graph
 from minicomp.passes.graph import split_k as split_k_module
 from minicomp.passes.graph.split_k import KSplit, plan_split, split_k
@@ -136,53 +136,93 @@ def test_the_pass_runs_for_the_cuda_targets_before_split_reductions():
 # --- what the split looks like --------------------------------------------------------------
 
 
-def test_partial_and_final_shapes_and_types():
+# The variables the pass adds: the chunk (s), the position in it (kk), the chunk the final
+# sum runs over (j); i0, i1 (i2) are the product's axes, as compute() names them.
+s, kk, j = (Var(name, T.i64) for name in ("s", "kk", "j"))
+i0, i1, i2 = (Var(f"i{q}", T.i64) for q in range(3))
+
+
+def test_partial_and_final_ops_of_a_half_product():
+    # 16 x 1024 x 16384: 8 tiles, so K goes into 32 chunks of 512.
     g = product(16, 1024, 16384, T.f16)
-    s = split_k(g)
-    partial, final = computes(s)
-    # S first, the accumulator type (f32 for f16 operands), the graph's inputs.
-    assert partial.outputs[0].shape == (32, 16, 1024)
-    assert partial.outputs[0].dtype == T.f32
-    assert [v.name for v in partial.inputs] == ["a", "b"]
-    (red,) = collect(partial.definition.body, Reduce)
-    assert red.extents == (512,)
-    # The chunk index is affine: no clamp, no guard.
-    assert "min(" not in repr(red.body) and " if " not in repr(red.body)
-    # The final op sums the chunks and casts back; it keeps the original output.
-    assert final.outputs == g.nodes[0].outputs and final.inputs == partial.outputs
-    assert final.outputs[0].dtype == T.f16
-    (total,) = collect(final.definition.body, Reduce)
-    assert total.extents == (32,)
+
+    # The partial products come first along S and sum in f32, the accumulator type of f16
+    # operands; the chunks tile K exactly (no clamp, no guard). The final op sums the chunks
+    # and casts back to f16 into the original output; both ops keep the original's name.
+    e = PassGraphBuilder()
+    a, b = e.input("a", (16, 16384), T.f16), e.input("b", (16384, 1024), T.f16)
+    r = s * 512 + kk
+    term = cast(a[i0, r], T.f32) * cast(b[r, i1], T.f32)
+    partial = Compute("out_splitk", (32, 16, 1024), (s, i0, i1), Reduce("sum", (kk,), (512,), term))
+    partial = e.add(partial, op="out")
+    total = Reduce("sum", (j,), (32,), partial[j, i0, i1])
+    e.output(e.add(Compute("out", (16, 1024), (i0, i1), cast(total, T.f16))))
+    after = split_k(g)
+    assert_graph_equal(after, e.build())
     # split_reductions leaves both ops alone.
-    assert split_reductions(s) is s
+    assert split_reductions(after) is after
 
 
-def test_batched_partial_puts_the_chunks_before_the_batch():
-    s = split_k(product(16, 256, 16384, batch=(4,)))
-    partial, final = computes(s)
-    assert partial.outputs[0].shape == (32, 4, 16, 256)
-    assert final.outputs[0].shape == (4, 16, 256)
+def test_a_guarded_last_chunk_selects_inside_the_operands_casts(small_thresholds):
+    # K = 2000: 6 chunks of 334, the last one 4 past the end.
+    g = product(8, 16, 2000, T.f16)
+
+    # Past the end both operands read a clamped index and are 0, selected in f16 so that
+    # the product keeps its f16 operands (tensor cores) and is 0 even where the clamped
+    # element is infinite.
+    e = PassGraphBuilder()
+    a, b = e.input("a", (8, 2000), T.f16), e.input("b", (2000, 16), T.f16)
+    r = s * 334 + kk
+    zero = const(0, T.f16)
+    a_el = select(r < 2000, a[i0, minimum(r, 1999)], zero)
+    b_el = select(r < 2000, b[minimum(r, 1999), i1], zero)
+    term = cast(a_el, T.f32) * cast(b_el, T.f32)
+    partial = Compute("out_splitk", (6, 8, 16), (s, i0, i1), Reduce("sum", (kk,), (334,), term))
+    partial = e.add(partial, op="out")
+    total = Reduce("sum", (j,), (6,), partial[j, i0, i1])
+    e.output(e.add(Compute("out", (8, 16), (i0, i1), cast(total, T.f16))))
+    assert_graph_equal(split_k(g), e.build())
+    assert_split_close(product(8, 16, 2000))
 
 
-def test_split_graphs_evaluate_like_the_original(small_thresholds):
-    assert_split_close(product(8, 16, 2048))  # exact chunks
-    s = assert_split_close(product(8, 16, 2000))  # a guarded last chunk
-    partial, _ = computes(s)
-    assert "min(" in repr(partial.definition.body)
-    assert_split_close(product(4, 16, 2048, batch=(3,)))
-    # Two K axes (channels and taps): the channels are chunked, the taps kept whole.
-    g = GraphBuilder()
-    x, w = g.input("x", (8, 256, 5)), g.input("w", (256, 5, 16))
-    g.output(
-        g.compute(
-            "y",
-            (8, 16),
-            lambda i, j: reduce("sum", (256, 5), lambda c, t: x[i, c, t] * w[c, t, j]),
-        )
+def test_batched_partial_puts_the_chunks_before_the_batch(small_thresholds):
+    g = product(4, 16, 2048, batch=(3,))  # 3 tiles: 8 chunks of 256
+
+    e = PassGraphBuilder()
+    a, b = e.input("a", (3, 4, 2048)), e.input("b", (3, 2048, 16))
+    r = s * 256 + kk
+    term = a[i0, i1, r] * b[i0, r, i2]
+    partial = Compute(
+        "out_splitk", (8, 3, 4, 16), (s, i0, i1, i2), Reduce("sum", (kk,), (256,), term)
     )
-    s = assert_split_close(g.build())
-    (red,) = collect(computes(s)[0].definition.body, Reduce)
-    assert red.extents[1:] == (5,)
+    partial = e.add(partial, op="out")
+    total = Reduce("sum", (j,), (8,), partial[j, i0, i1, i2])
+    e.output(e.add(Compute("out", (3, 4, 16), (i0, i1, i2), total)))
+    assert_graph_equal(split_k(g), e.build())
+    assert_split_close(g)
+
+
+def test_two_k_axes_chunk_the_outer_one_and_keep_the_taps_whole(small_thresholds):
+    # A convolution's K: 256 channels times 5 taps. The channels go into 4 chunks of 64; every
+    # chunk sums all 5 taps, so the flat K index stays s * 320 + (64-chunk position, tap).
+    b = GraphBuilder()
+    x, w = b.input("x", (8, 256, 5)), b.input("w", (256, 5, 16))
+    y = b.compute(
+        "y", (8, 16), lambda i, j: reduce("sum", (256, 5), lambda c, t: x[i, c, t] * w[c, t, j])
+    )
+    b.output(y)
+    g = b.build()
+
+    e = PassGraphBuilder()
+    x, w = e.input("x", (8, 256, 5)), e.input("w", (256, 5, 16))
+    c, r1 = s * 64 + kk, Var("r1", T.i64)
+    term = x[i0, c, r1] * w[c, r1, i1]
+    partial = Compute("y_splitk", (4, 8, 16), (s, i0, i1), Reduce("sum", (kk, r1), (64, 5), term))
+    partial = e.add(partial, op="y")
+    e.output(e.add(Compute("y", (8, 16), (i0, i1), Reduce("sum", (j,), (4,), partial[j, i0, i1]))))
+    assert_graph_equal(split_k(g), e.build())
+    assert_split_close(g)
+    assert_split_close(product(8, 16, 2048))  # exact chunks, numerically
 
 
 # --- kernels --------------------------------------------------------------------------------
