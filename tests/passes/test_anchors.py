@@ -5,14 +5,155 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import check_compiled
+from helpers_graph import PassGraphBuilder, assert_graph_equal
 
 import minicomp
 from minicomp.dynamo.backend import recording
+from minicomp.ir import types as T
+from minicomp.ir.compute import reduce
 from minicomp.ir.contraction import match_contraction
-from minicomp.ir.graph import ExternOp, FusedOp
+from minicomp.ir.expr import cast, logical_and, maximum, minimum, select
+from minicomp.ir.graph import ArgRef, ExternOp, FusedOp
+from minicomp.passes.graph.anchors import lower_anchors
 
+aten = torch.ops.aten
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
+
+
+# ---- the pass, on graphs built by hand ----
+
+
+def conv_args(bias: bool, padding: int, groups: int) -> tuple:
+    """aten.convolution's arguments for a 1-d convolution of stride 1 and dilation 1."""
+    return (ArgRef(0), ArgRef(1), ArgRef(2) if bias else None, (1,), (padding,), (1,), False,
+            (0,), groups)  # fmt: skip
+
+
+def test_products_become_sums_in_the_accumulator_type():
+    b = PassGraphBuilder()
+    a, w = b.input("a", (4, 8), T.f16), b.input("w", (8, 5), T.f16)
+    p, q = b.input("p", (3, 4, 8)), b.input("q", (3, 8, 2))
+    b.output(
+        b.extern("mm", aten.mm.default, [a, w], (4, 5), T.f16),
+        b.extern("bmm", aten.bmm.default, [p, q], (3, 4, 2)),
+    )
+
+    # f16 operands are multiplied and summed in f32, the result cast back.
+    e = PassGraphBuilder()
+    a, w = e.input("a", (4, 8), T.f16), e.input("w", (8, 5), T.f16)
+    p, q = e.input("p", (3, 4, 8)), e.input("q", (3, 8, 2))
+
+    def mm(i, j):
+        return cast(
+            reduce("sum", (8,), lambda k: cast(a[i, k], T.f32) * cast(w[k, j], T.f32)), T.f16
+        )
+
+    def bmm(n, i, j):
+        return reduce("sum", (8,), lambda k: p[n, i, k] * q[n, k, j])
+
+    e.output(e.compute("mm", (4, 5), mm), e.compute("bmm", (3, 4, 2), bmm))
+    assert_graph_equal(lower_anchors(b.build()), e.build())
+
+
+def test_addmm_adds_its_scaled_bias_in_a_second_op():
+    b = PassGraphBuilder()
+    bias, a, w = b.input("bias", (1, 5)), b.input("a", (4, 8)), b.input("w", (8, 5))
+    scales = (("beta", 0.5), ("alpha", 2.0))
+    b.output(b.extern("y", aten.addmm.default, [bias, a, w], (4, 5), kwargs=scales))
+
+    # The product, then alpha * product + beta * bias (the bias row broadcast over i): two
+    # ops named after the call, the product's value after the output.
+    e = PassGraphBuilder()
+    bias, a, w = e.input("bias", (1, 5)), e.input("a", (4, 8)), e.input("w", (8, 5))
+    mm = e.compute(
+        "y_mm", (4, 5), lambda i, j: reduce("sum", (8,), lambda k: a[i, k] * w[k, j]), op="y"
+    )
+    y = e.compute("y", (4, 5), lambda i, j: mm[i, j] * 2.0 + bias[0, j] * 0.5)
+    e.output(y)
+    assert_graph_equal(lower_anchors(b.build()), e.build())
+
+
+def test_convolution_is_a_sum_over_channels_and_taps_guarded_at_the_padding():
+    b = PassGraphBuilder()
+    x, w, bias = b.input("x", (2, 4, 7)), b.input("w", (6, 4, 3)), b.input("bias", (6,))
+    args = conv_args(bias=True, padding=1, groups=1)
+    b.output(b.extern("y", aten.convolution.default, [x, w, bias], (2, 6, 7), args=args))
+
+    # y[n, o, p] = sum over c, r of x[n, c, p + r - 1] * w[o, c, r], the input 0 outside
+    # [0, 7) (the index clamped into range, so the load stays in bounds); then the bias.
+    e = PassGraphBuilder()
+    x, w, bias = e.input("x", (2, 4, 7)), e.input("w", (6, 4, 3)), e.input("bias", (6,))
+
+    def window(n, c, p, r):
+        at = p + r - 1
+        inside = logical_and(at >= 0, maximum(at, 0) < 7)
+        return select(inside, x[n, c, minimum(maximum(at, 0), 6)], 0.0)
+
+    def conv(n, o, p):
+        return reduce("sum", (4, 3), lambda c, r: window(n, c, p, r) * w[o, c, r])
+
+    total = e.compute("y_conv", (2, 6, 7), conv, op="y")
+    e.output(e.compute("y", (2, 6, 7), lambda n, o, p: total[n, o, p] + bias[o]))
+    assert_graph_equal(lower_anchors(b.build()), e.build())
+
+
+def test_depthwise_convolution_unrolls_its_taps_and_guards_only_the_edge_ones():
+    b = PassGraphBuilder()
+    x, w = b.input("x", (2, 4, 7)), b.input("w", (4, 1, 3))
+    args = conv_args(bias=False, padding=1, groups=4)
+    b.output(b.extern("y", aten.convolution.default, [x, w], (2, 4, 7), args=args))
+
+    # One output per thread: the three taps summed in the expression, the first guarded at
+    # the left edge, the last at the right one. (Each tap's offset is an integer added.)
+    e = PassGraphBuilder()
+    x, w = e.input("x", (2, 4, 7)), e.input("w", (4, 1, 3))
+
+    def conv(n, o, p):
+        left = select(p + -1 >= 0, x[n, o, maximum(p + -1, 0)], 0.0)
+        right = select(p + 1 < 7, x[n, o, minimum(p + 1, 6)], 0.0)
+        return left * w[o, 0, 0] + x[n, o, p] * w[o, 0, 1] + right * w[o, 0, 2]
+
+    e.output(e.compute("y", (2, 4, 7), conv))
+    assert_graph_equal(lower_anchors(b.build()), e.build())
+
+
+def test_grouped_convolution_is_a_batched_sum_and_a_view():
+    b = PassGraphBuilder()
+    x, w = b.input("x", (2, 4, 7)), b.input("w", (6, 2, 3))
+    args = conv_args(bias=False, padding=0, groups=2)
+    b.output(b.extern("y", aten.convolution.default, [x, w], (2, 6, 5), args=args))
+
+    # Output channel o = 3g + oo of group g reads input channels 2g, 2g + 1: computed over
+    # (n, g, oo, p), g read by both operands (a batch axis), then viewed back as (n, o, p).
+    e = PassGraphBuilder()
+    x, w = e.input("x", (2, 4, 7)), e.input("w", (6, 2, 3))
+
+    def conv(n, g, oo, p):
+        return reduce("sum", (2, 3), lambda c, r: x[n, g * 2 + c, p + r] * w[g * 3 + oo, c, r])
+
+    groups = e.compute("y_groups", (2, 2, 3, 5), conv, op="y")
+    e.output(e.compute("y", (2, 6, 5), lambda n, o, p: groups[n, o // 3, o % 3, p]))
+    assert_graph_equal(lower_anchors(b.build()), e.build())
+
+
+def test_calls_it_cannot_lower_stay_aten_calls():
+    b = PassGraphBuilder()
+    s = b.symbol("s")
+    a, w, bias = b.input("a", (4, 8)), b.input("w", (8, 5)), b.input("bias", (5,))
+    i, iw = b.input("i", (4, 8), T.i64), b.input("iw", (8, 5), T.i64)
+    h = b.input("h", (8, 5), T.f16)
+    x, wt = b.input("x", (2, 4, 7)), b.input("wt", (4, 6, 3))
+    transposed = (ArgRef(0), ArgRef(1), None, (1,), (0,), (1,), True, (0,), 1)
+    b.output(
+        b.extern("ints", aten.mm.default, [i, iw], (4, 5), T.i64),  # no accumulator type
+        b.extern("mixed", aten.mm.default, [a, h], (4, 5)),  # f32 times f16
+        # A scale known at run time only.
+        b.extern("scaled", aten.addmm.default, [bias, a, w], (4, 5), kwargs=(("alpha", s * 2),)),
+        b.extern("transposed", aten.convolution.default, [x, wt], (2, 6, 9), args=transposed),
+    )
+    g = b.build()
+    assert lower_anchors(g) is g
 
 
 def _explain(fn, *args, target):
