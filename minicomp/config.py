@@ -76,6 +76,12 @@ class Options:
     arch: str | None = _option(
         None, "CUDA architecture to compile for, such as sm_90; unset: the current device's."
     )
+    nvrtc_library: str | None = _option(
+        None,
+        "The libnvrtc the cuda target compiles with (a CUDA toolkit's, or another wheel's), such "
+        "as /usr/local/cuda/lib64/libnvrtc.so; unset: the one cuda-python finds. A process keeps "
+        "the first NVRTC it loads; tuning's compile workers use the same one.",
+    )
     cc: str = _option("cc", "The C compiler used by the cpu and cuda-emu targets.")
     cflags: str = _option(
         "-O3 -march=native -fopenmp -fno-math-errno -fPIC -shared",

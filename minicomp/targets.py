@@ -223,7 +223,11 @@ class CudaTarget(CudaSourceTarget):
         module = Module("graph", (*device_functions, *kernels))
         index = torch.cuda.current_device() if device_index is None else device_index
         cuda = cuda_module.build(
-            module, device_index=index, cache_dir=options.cache_dir, arch=options.arch
+            module,
+            device_index=index,
+            cache_dir=options.cache_dir,
+            arch=options.arch,
+            library=options.nvrtc_library,
         )
         return {k.name: cuda.kernel(k.name, launch_dims(k)) for k in kernels}, cuda.source
 
@@ -243,7 +247,11 @@ class CudaTarget(CudaSourceTarget):
     def build_script(self, module, function, options, device, checks):
         index = device.index if device is not None else torch.cuda.current_device()
         cuda = cuda_module.build(
-            module, device_index=index, cache_dir=options.cache_dir, arch=options.arch
+            module,
+            device_index=index,
+            cache_dir=options.cache_dir,
+            arch=options.arch,
+            library=options.nvrtc_library,
         )
         # The launcher evaluates the dynamic shared memory size itself.
         launcher = cuda.kernel(function.name, launch_dims(function))

@@ -178,6 +178,14 @@ def test_mode_is_a_preset_under_every_explicit_option(monkeypatch):
         config.resolve(mode="fastest")
 
 
+def test_nvrtc_library(monkeypatch):
+    assert config.resolve().nvrtc_library is None
+    monkeypatch.setenv("MINICOMP_NVRTC_LIBRARY", "/opt/cuda/lib64/libnvrtc.so.12")
+    assert config.resolve().nvrtc_library == "/opt/cuda/lib64/libnvrtc.so.12"
+    monkeypatch.setenv("MINICOMP_NVRTC_LIBRARY", "")
+    assert config.get("nvrtc_library") is None
+
+
 def test_tune_budget(monkeypatch):
     assert config.resolve().tune_budget is None
     assert config.resolve({"tune_budget": 5}).tune_budget == 5

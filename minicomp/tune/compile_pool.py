@@ -1,8 +1,10 @@
 """Compiling many kernel sources at once in worker processes (the tuner's candidates).
 
 A job is a picklable callable taking one source (for CUDA, `functools.partial(compile_cuda,
-arch=..., cache_dir=...)`): it runs in a worker for its effect, filling the on-disk compile
-cache, so the process that asked loads each result as a cache hit afterwards.
+arch=..., cache_dir=..., library=...)`, the library being the NVRTC file the asking process
+loaded, so that workers build under the same cache keys): it runs in a worker for its effect,
+filling the on-disk compile cache, so the process that asked loads each result as a cache hit
+afterwards.
 
 Workers are plain `python -c` subprocesses speaking length-prefixed pickles over their stdin
 and stdout, kept for the life of the process (each imports torch once, about a second).
@@ -27,8 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
-
-from minicomp.backends.cuda import nvrtc
 
 log = logging.getLogger("minicomp")
 
@@ -85,9 +85,6 @@ class _Worker:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        library = nvrtc.library_path()
-        if library and "MINICOMP_NVRTC_LIBRARY" not in env:
-            env["MINICOMP_NVRTC_LIBRARY"] = library  # build with this process's NVRTC
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER_CODE],
             stdin=subprocess.PIPE,

@@ -10,7 +10,7 @@ import torch
 
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.module import build, pick_arch
-from minicomp.backends.cuda.nvrtc import compile_cuda
+from minicomp.backends.cuda.nvrtc import compile_cuda, library_path
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function, Module
@@ -38,10 +38,15 @@ class CudaRunner:
         self.layouts = layouts
         self.options = options
         self.index = torch.cuda.current_device() if device_index is None else device_index
-        self.arch = options.arch or pick_arch(self.index)
+        self.arch = options.arch or pick_arch(self.index, library=options.nvrtc_library)
         self.l2_bytes = torch.cuda.get_device_properties(self.index).L2_cache_size
+        # Compile workers build with the NVRTC file this process loaded: which one cuda-python
+        # finds can differ between processes, and with it the cache keys.
         self.compile_job = functools.partial(
-            compile_cuda, arch=self.arch, cache_dir=options.cache_dir
+            compile_cuda,
+            arch=self.arch,
+            cache_dir=options.cache_dir,
+            library=library_path(options.nvrtc_library),
         )
         self.aten = aten
         self.timer = None
@@ -65,6 +70,7 @@ class CudaRunner:
             device_index=self.index,
             cache_dir=self.options.cache_dir,
             arch=self.arch,
+            library=self.options.nvrtc_library,
         )
         launcher = module.kernel(kernel.name, launch_dims(kernel))
 

@@ -188,11 +188,15 @@ def test_an_unloadable_nvrtc_library_says_what_to_install(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setenv("MINICOMP_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so.13")
-    nvrtc._nvrtc.cache_clear()
-    try:
-        with pytest.raises(nvrtc.NvrtcUnavailableError, match="cannot be loaded") as err:
-            nvrtc._nvrtc()
-        assert "CUDA 13" in str(err.value) and "nvidia-cuda-nvrtc>=13" in str(err.value)
-    finally:
-        nvrtc._nvrtc.cache_clear()
+    monkeypatch.setattr(nvrtc, "_loaded", [])  # as in a process that has loaded no NVRTC
+    with pytest.raises(nvrtc.NvrtcUnavailableError, match="cannot be loaded") as err:
+        nvrtc.load("/nonexistent/libnvrtc.so.13")
+    assert "CUDA 13" in str(err.value) and "nvidia-cuda-nvrtc>=13" in str(err.value)
+    assert nvrtc._loaded == []
+
+
+def test_the_first_nvrtc_a_process_loads_stays():
+    nvrtc.load()
+    first = nvrtc.library_path()
+    nvrtc.load("/nonexistent/libnvrtc.so.13")  # NVRTC is loaded already: nothing changes
+    assert nvrtc.library_path("/nonexistent/libnvrtc.so.13") == first

@@ -1,6 +1,6 @@
 """Generated kernels compile with every NVRTC major installed (12 from the runtime dependency,
-13 from the dev extras, as on the GPU machines), each loaded through MINICOMP_NVRTC_LIBRARY in
-a process of its own."""
+13 from the dev extras, as on the GPU machines), each loaded through MINICOMP_NVRTC_LIBRARY (the
+nvrtc_library option) in a process of its own; compile workers build with their process's."""
 
 import glob
 import os
@@ -22,6 +22,7 @@ from minicomp.backends.cuda import nvrtc
 from minicomp.backends.errors import CompileError
 
 major = int(sys.argv[1])
+nvrtc.load(minicomp.config.get("nvrtc_library"))
 assert nvrtc.nvrtc_version()[0] == major, nvrtc.nvrtc_version()
 x, h = torch.randn(6, 300), torch.randn(4, 2048).half()
 fns = [
@@ -87,7 +88,45 @@ def test_generated_kernels_compile_with_nvrtc(major):
 
 def test_a_missing_nvrtc_library_is_named():
     env = {**os.environ, "MINICOMP_NVRTC_LIBRARY": "/nowhere/libnvrtc.so.99", "PYTHONPATH": ROOT}
-    code = "from minicomp.backends.cuda import nvrtc; nvrtc.nvrtc_version()"
+    code = (
+        "from minicomp import config; from minicomp.backends.cuda import nvrtc; "
+        "nvrtc.nvrtc_version(library=config.get('nvrtc_library'))"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode != 0
-    assert "MINICOMP_NVRTC_LIBRARY=/nowhere/libnvrtc.so.99 cannot be loaded" in done.stderr
+    assert "NVRTC library /nowhere/libnvrtc.so.99 (the nvrtc_library option" in done.stderr
+
+
+WORKERS_SCRIPT = r"""
+import functools, sys, tempfile
+from minicomp.backends.cuda import nvrtc
+from minicomp.tune import compile_pool
+
+library = nvrtc.library_path(sys.argv[2])
+assert nvrtc.nvrtc_version()[0] == int(sys.argv[1]), nvrtc.nvrtc_version()
+sources = [f"__global__ void k{n}(float* x) {{ x[threadIdx.x] *= {n}.0f; }}" for n in range(3)]
+cache = tempfile.mkdtemp()
+job = functools.partial(nvrtc.compile_cuda, arch="sm_80", cache_dir=cache, library=library)
+assert compile_pool.compile_parallel(job, sources, workers=2) == [None] * 3
+for source in sources:
+    nvrtc.compile_cuda(source, arch="sm_80", cache_dir=cache)
+assert nvrtc.compile_stats()["compiles"] == 0, nvrtc.compile_stats()  # all built by the workers
+"""
+
+
+@pytest.mark.parametrize("major", [12, 13])
+def test_compile_workers_build_with_the_nvrtc_of_their_process(major):
+    # Nothing tells the workers which NVRTC to load but the job: their cubins are this
+    # process's cache hits only if they built them with its NVRTC (its version is in the key).
+    if major not in LIBRARIES:
+        pytest.skip(f"no NVRTC {major} wheel installed")
+    env = {k: v for k, v in os.environ.items() if k != "MINICOMP_NVRTC_LIBRARY"}
+    env["PYTHONPATH"] = ROOT
+    done = subprocess.run(
+        [sys.executable, "-c", WORKERS_SCRIPT, str(major), LIBRARIES[major]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -74,7 +74,7 @@ def test_launch_dims_are_fixed_or_computed_from_the_size_arguments():
 
 
 def test_the_arch_is_the_devices_or_an_older_minor_of_its_major(monkeypatch):
-    monkeypatch.setattr(module, "supported_archs", lambda: ("sm_80", "sm_86", "sm_90"))
+    monkeypatch.setattr(module, "supported_archs", lambda library: ("sm_80", "sm_86", "sm_90"))
     for device, expected in (("sm_90", "sm_90"), ("sm_89", "sm_86"), ("sm_87", "sm_86")):
         monkeypatch.setattr(driver, "device_arch", lambda index, d=device: d)
         assert module.pick_arch(0) == expected

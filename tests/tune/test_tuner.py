@@ -388,7 +388,10 @@ def test_parallel_compile_of_generated_cuda(tmp_path):
     sources = [source(256, 2.0), source(1000, 3.0), source(4096, 0.5)]
     sources.append(sources[0].replace("__global__", "__global__ not_cuda", 1))
     cache = str(tmp_path / "cache")
-    job = functools.partial(nvrtc.compile_cuda, arch="sm_80", cache_dir=cache)
+    # As the cuda runner's job, it names this process's NVRTC for the workers to build with.
+    job = functools.partial(
+        nvrtc.compile_cuda, arch="sm_80", cache_dir=cache, library=nvrtc.library_path()
+    )
     errors = compile_pool.compile_parallel(job, sources, workers=3)
     assert errors[:3] == [None, None, None]
     assert errors[3] is not None and "CompileError" in errors[3]

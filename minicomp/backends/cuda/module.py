@@ -15,11 +15,12 @@ from minicomp.ir.symbols import compile_dims
 from minicomp.ir.types import DataType
 
 
-def pick_arch(device_index: int) -> str:
+def pick_arch(device_index: int, *, library: str | None = None) -> str:
     """The architecture to compile for on device `device_index`: its own when NVRTC supports it,
-    else the newest supported one of the same major version (cubins run on later minors)."""
+    else the newest supported one of the same major version (cubins run on later minors).
+    `library` is the libnvrtc to load if NVRTC is not loaded yet (nvrtc.load)."""
     arch = driver.device_arch(device_index)
-    supported = supported_archs()
+    supported = supported_archs(library=library)
     if arch in supported:
         return arch
     major, minor = int(arch[3:-1]), int(arch[-1])
@@ -69,10 +70,16 @@ def dynamic_shared_bytes(kernel: Function) -> int | Callable[[Sequence[Any]], in
 
 
 def build(
-    module: Module, *, device_index: int, cache_dir: str, arch: str | None = None
+    module: Module,
+    *,
+    device_index: int,
+    cache_dir: str,
+    arch: str | None = None,
+    library: str | None = None,
 ) -> CudaModule:
-    """Render `module` to CUDA C, compile it with NVRTC (cached) and load it on the device."""
+    """Render `module` to CUDA C, compile it with NVRTC (cached; `library` as for nvrtc.load)
+    and load it on the device."""
     source = render_module(module)
-    arch = arch or pick_arch(device_index)
-    binary = compile_cuda(source, arch=arch, name=module.name, cache_dir=cache_dir)
+    arch = arch or pick_arch(device_index, library=library)
+    binary = compile_cuda(source, arch=arch, name=module.name, cache_dir=cache_dir, library=library)
     return CudaModule(module, source, binary, device_index)

@@ -127,14 +127,30 @@ def install_hint(major: int | None = None) -> str:
     return f"`{hint}` (CUDA {major}, as PyTorch here), or a CUDA toolkit's NVRTC"
 
 
-@functools.lru_cache(maxsize=1)
-def _nvrtc():
-    """The cuda.bindings.nvrtc module, checked to reach a loadable NVRTC library.
+_load_lock = threading.Lock()
+# The bindings once NVRTC is loaded: a process compiles with one NVRTC, the first it loads.
+_loaded: list = []
 
-    MINICOMP_NVRTC_LIBRARY names a libnvrtc to use instead of the one cuda-python would find
-    (a CUDA toolkit's, or another wheel's); it is loaded first, and cuda-python binds to it.
-    """
-    library = os.environ.get("MINICOMP_NVRTC_LIBRARY")
+
+def load(library: str | None = None) -> None:
+    """Load NVRTC in this process: `library` (a libnvrtc file, the nvrtc_library option), or
+    the one cuda-python finds when None. Only the first load of a process picks the library;
+    later calls keep it. Raises NvrtcUnavailableError when NVRTC cannot be loaded."""
+    _nvrtc(library)
+
+
+def _nvrtc(library: str | None = None):
+    """The cuda.bindings.nvrtc module, loaded on first use (see :func:`load`)."""
+    if not _loaded:
+        with _load_lock:
+            if not _loaded:
+                _loaded.append(_load_bindings(library))
+    return _loaded[0]
+
+
+def _load_bindings(library: str | None):
+    """cuda.bindings.nvrtc, checked to reach a loadable NVRTC library. A `library` (a CUDA
+    toolkit's, or another wheel's) is loaded first, and cuda-python binds to it."""
     if library:
         # libnvrtc opens its builtins library by bare name at the first compile: load the one
         # beside it first, so it need not be on the loader's path.
@@ -145,8 +161,9 @@ def _nvrtc():
                 ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
         except OSError as err:
             raise NvrtcUnavailableError(
-                f"MINICOMP_NVRTC_LIBRARY={library} cannot be loaded: {err}; point it at a "
-                f"libnvrtc of CUDA {cuda_major()} or unset it and {install_hint()}"
+                f"the NVRTC library {library} (the nvrtc_library option, MINICOMP_NVRTC_LIBRARY) "
+                f"cannot be loaded: {err}; point it at a libnvrtc of CUDA {cuda_major()} or "
+                f"unset it and {install_hint()}"
             ) from err
     try:
         from cuda.bindings import nvrtc
@@ -169,13 +186,14 @@ def _nvrtc():
 _LIBRARY_FILE = re.compile(r"/libnvrtc\.so(\.\d+)*$")
 
 
-def library_path() -> str | None:
-    """The file of the NVRTC library this process compiles with (loading it first), or None
-    when NVRTC cannot be loaded. Which one cuda-python finds can depend on what the process
-    loaded before (PyTorch preloads CUDA libraries), so compile workers are pointed at this
-    one: every process then builds with the same NVRTC, under the same cache keys."""
+def library_path(library: str | None = None) -> str | None:
+    """The file of the NVRTC library this process compiles with (loading it first, as
+    :func:`load` does `library`), or None when NVRTC cannot be loaded. Which one cuda-python
+    finds can depend on what the process loaded before (PyTorch preloads CUDA libraries), so
+    compile workers are given this one: every process then builds with the same NVRTC, under
+    the same cache keys."""
     try:
-        nvrtc_version()
+        nvrtc_version(library=library)
     except NvrtcUnavailableError:
         return None
     try:
@@ -196,17 +214,22 @@ def _check(result, what: str) -> None:
         raise RuntimeError(f"{what} failed: {text.decode(errors='replace')}")
 
 
-def nvrtc_version() -> tuple[int, int]:
-    """NVRTC's (major, minor) version."""
-    result, major, minor = _nvrtc().nvrtcVersion()
+def nvrtc_version(*, library: str | None = None) -> tuple[int, int]:
+    """NVRTC's (major, minor) version (loading NVRTC, or `library`, first: see :func:`load`)."""
+    result, major, minor = _nvrtc(library).nvrtcVersion()
     _check(result, "nvrtcVersion")
     return major, minor
 
 
-@functools.lru_cache(maxsize=1)
-def supported_archs() -> tuple[str, ...]:
+def supported_archs(*, library: str | None = None) -> tuple[str, ...]:
     """The architectures this NVRTC compiles for, as "sm_80"... (suffixed variants such as
-    sm_90a are accepted for every listed number)."""
+    sm_90a are accepted for every listed number); `library` as for :func:`load`."""
+    _nvrtc(library)
+    return _supported_archs()
+
+
+@functools.lru_cache(maxsize=1)
+def _supported_archs() -> tuple[str, ...]:
     result, numbers = _nvrtc().nvrtcGetSupportedArchs()
     _check(result, "nvrtcGetSupportedArchs")
     return tuple(f"sm_{n}" for n in numbers)
@@ -245,12 +268,14 @@ def compile_cuda(
     name: str = "kernels",
     cache_dir: str,
     extra_flags: Sequence[str] = (),
+    library: str | None = None,
 ) -> CudaBinary:
     """Compile CUDA `source` with NVRTC into a cubin for `arch` (such as "sm_90").
 
     Results are cached in memory and under `<cache_dir>/cubins/`, shared safely between
     concurrent processes; a damaged cache entry is built again, with a CacheIntegrityWarning.
-    `name` labels the program in NVRTC's messages and temporary files.
+    `name` labels the program in NVRTC's messages and temporary files. `library` is the
+    libnvrtc to load when this process has not loaded NVRTC yet (see :func:`load`).
     Raises :class:`CompileError` when NVRTC rejects the source, with its log and the numbered
     source lines it points at, and :class:`NvrtcUnavailableError` when NVRTC cannot be loaded.
     """
@@ -262,6 +287,7 @@ def compile_cuda(
         if binary is not None:
             _stats.memory_hits += 1
             return binary
+    _nvrtc(library)
     check_arch(arch)
     key = cache_key(source, arch=arch, extra_flags=extra)
     cache.trusted_root(cache_dir)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
+from minicomp import config
 from minicomp.bench.kernels.timing import copies_beyond_l2, interleaved
 from minicomp.bench.measure import first_call, relative_error
 
@@ -106,7 +107,12 @@ def _sass_details(records: list, env: Env) -> dict:
         for r in records:
             if not r.source or r.target not in ("cuda", "cuda-emu"):
                 continue
-            binary = nvrtc.compile_cuda(r.source, arch=env.sass_arch, cache_dir=env.cache_dir)
+            binary = nvrtc.compile_cuda(
+                r.source,
+                arch=env.sass_arch,
+                cache_dir=env.cache_dir,
+                library=config.get("nvrtc_library"),
+            )
             templates = {k.name: (k.attrs.template or "") for k in r.kernels}
             for report in sass.check_kernels(r.source, binary.cubin):
                 res = binary.resources.get(report.kernel, nvrtc.KernelResources())

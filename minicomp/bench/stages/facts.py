@@ -10,6 +10,7 @@ import subprocess
 
 import torch
 
+from minicomp import config
 from minicomp.bench.stages.stage import commit, today
 
 PACKAGES = ("torch", "transformers", "torchvision", "timm", "cuda-bindings", "numpy", "minicomp")
@@ -26,7 +27,7 @@ def _nvrtc() -> str:
     try:
         from minicomp.backends.cuda import nvrtc
 
-        major, minor = nvrtc.nvrtc_version()
+        major, minor = nvrtc.nvrtc_version(library=config.get("nvrtc_library"))
         return f"{major}.{minor}"
     except Exception as err:  # reported, not fatal: the check stage shows it
         return f"unavailable: {err}"[:200]
