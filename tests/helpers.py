@@ -6,6 +6,8 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils import _pytree as pytree
 
 import minicomp  # noqa: F401  (importing minicomp registers the "minicomp" backend)
+from minicomp import config
+from minicomp.backends import cpu
 
 
 def clone_inputs(args):
@@ -13,6 +15,11 @@ def clone_inputs(args):
     return pytree.tree_map_only(
         torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
     )
+
+
+def build_cpu(module, *, cache_dir: str) -> cpu.CpuModule:
+    """`module` built as the cpu target builds it: with the cc and cflags options' compiler."""
+    return cpu.build(module, cc=config.get("cc"), cflags=config.get("cflags"), cache_dir=cache_dir)
 
 
 def compile_minicomp(fn, target: str, dynamic: bool | None = False):

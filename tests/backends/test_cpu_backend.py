@@ -9,8 +9,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from helpers import build_cpu
 
-from minicomp.backends.cpu import build, render_module
+from minicomp.backends.cpu import render_module
 from minicomp.backends.errors import CompileError
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
@@ -71,7 +72,7 @@ def test_vector_add_parallel_vectorized(cache_dir):
         S.For(inner, E.const(8), body, kind="vectorize"),
         kind="parallel",
     )
-    mod = build(Module("vadd", (Function("vadd", (a, b, out, n), loop),)), cache_dir=cache_dir)
+    mod = build_cpu(Module("vadd", (Function("vadd", (a, b, out, n), loop),)), cache_dir=cache_dir)
     assert "#pragma omp parallel for" in mod.source and "#pragma omp simd" in mod.source
     assert os.path.isfile(mod.path)
     kernel = mod.kernel("vadd")
@@ -85,7 +86,7 @@ def test_vector_add_parallel_vectorized(cache_dir):
 
 
 def test_wrong_arity_names_the_kernel_and_its_params(cache_dir):
-    mod = build(
+    mod = build_cpu(
         Module("neg", (elementwise("negate", [f32], f32, lambda x: -x),)), cache_dir=cache_dir
     )
     with pytest.raises(TypeError, match=r"negate\(x0, out, n\)"):
@@ -101,7 +102,7 @@ def test_scalar_parameters(cache_dir):
     value = E.Load(x, i) * E.cast(scale, f64) + shift + E.cast(step, f64)
     body = S.For(i, n, S.Store(out, i, E.select(flip, -value, value)))
     kern = Function("affine", (x, out, scale, shift, flip, step, n), body)
-    mod = build(Module("affine", (kern,)), cache_dir=cache_dir)
+    mod = build_cpu(Module("affine", (kern,)), cache_dir=cache_dir)
     xs = torch.randn(100, dtype=torch.float64)
     for flip_value in (False, True):
         res = torch.full_like(xs, float("nan"))
@@ -123,7 +124,9 @@ def test_row_sum_with_reduction_clause(cache_dir):
     body = S.For(
         i, n, S.seq(S.Declare(acc, E.const(0.0)), inner, S.Store(out, i, acc)), kind="parallel"
     )
-    mod = build(Module("rowsum", (Function("rowsum", (x, out, n, m), body),)), cache_dir=cache_dir)
+    mod = build_cpu(
+        Module("rowsum", (Function("rowsum", (x, out, n, m), body),)), cache_dir=cache_dir
+    )
     assert "reduction(+:acc)" in mod.source
     for rows, cols in ((1, 1), (3, 1000), (64, 33)):
         t = torch.randn(rows, cols)
@@ -152,7 +155,7 @@ def test_parallel_reductions_propagate_nan(cache_dir):
         for op in ("add", "max", "min")
         for dt in (f32, f64, i64)
     ]
-    mod = build(Module("reduce", tuple(funcs)), cache_dir=cache_dir)
+    mod = build_cpu(Module("reduce", tuple(funcs)), cache_dir=cache_dir)
     gen = torch.Generator().manual_seed(0)
     for dt in (torch.float32, torch.float64, torch.int64):
         for trial in range(4):
@@ -276,7 +279,7 @@ def math_module(request, cache_dir):
                 lambda *xs, name=name, out_dt=out_dt: E.Call(name, tuple(xs), out_dt),
             )
         )
-    return dt, build(Module(f"math_{dt.short}", tuple(funcs)), cache_dir=cache_dir)
+    return dt, build_cpu(Module(f"math_{dt.short}", tuple(funcs)), cache_dir=cache_dir)
 
 
 # Allowed error in ulps of the kernel's type, against PyTorch in float64 for f32 kernels and
@@ -334,7 +337,7 @@ def test_math_functions_match_torch(math_module, name):
 
 def test_exp_f32_within_two_ulps_over_the_whole_range(cache_dir):
     kernel = elementwise("exp_k", [f32], f32, lambda x: E.call("exp", x))
-    mod = build(Module("exp", (kernel,)), cache_dir=cache_dir)
+    mod = build_cpu(Module("exp", (kernel,)), cache_dir=cache_dir)
     assert "mc_exp_f32(x0[i])" in mod.source
     gen = torch.Generator().manual_seed(0)
     stride = torch.arange(0, 2**32, 4099, dtype=torch.int64)  # every 4099th bit pattern
@@ -427,7 +430,7 @@ def _all_halves(dt) -> torch.Tensor:
 @pytest.mark.parametrize("dt", [f16, bf16], ids=["f16", "bf16"])
 def test_half_conversions_match_torch_bit_for_bit(cache_dir, dt):
     tdt = to_torch(dt)
-    mod = build(
+    mod = build_cpu(
         Module(
             f"conv_{dt.short}",
             (
@@ -476,7 +479,7 @@ def test_half_conversions_match_torch_bit_for_bit(cache_dir, dt):
 
 @pytest.mark.parametrize("dt", [i32, i64, f32, f64], ids=["i32", "i64", "f32", "f64"])
 def test_floordiv_and_mod_follow_python(cache_dir, dt):
-    mod = build(
+    mod = build_cpu(
         Module(
             f"divmod_{dt.short}",
             (
@@ -524,7 +527,7 @@ def test_floordiv_and_mod_follow_python(cache_dir, dt):
 
 @pytest.mark.parametrize("dt", [f32, f64, i64], ids=["f32", "f64", "i64"])
 def test_max_min_propagate_nan(cache_dir, dt):
-    mod = build(
+    mod = build_cpu(
         Module(
             f"maxmin_{dt.short}",
             (
@@ -574,7 +577,9 @@ def test_control_flow(cache_dir):
         ),
         kind="parallel",
     )
-    mod = build(Module("collatz", (Function("collatz", (x, out, n), body),)), cache_dir=cache_dir)
+    mod = build_cpu(
+        Module("collatz", (Function("collatz", (x, out, n), body),)), cache_dir=cache_dir
+    )
     xs = torch.cat([torch.arange(-3, 200), torch.tensor([27, 97, 871])])
 
     def collatz(k: int) -> int:
@@ -622,7 +627,7 @@ def test_device_functions(cache_dir):
         (keys, found, n),
         S.For(i, n, S.Store(found, i, E.Call("find", (keys, n, E.cast(i, i32) * 3), i64))),
     )
-    mod = build(Module("dev", (axpy, find, kern, search)), cache_dir=cache_dir)
+    mod = build_cpu(Module("dev", (axpy, find, kern, search)), cache_dir=cache_dir)
     assert "static inline float axpy(float a, float x, float y) {" in mod.source
     xs, ys = torch.randn(999), torch.randn(999)
     torch.testing.assert_close(
@@ -640,7 +645,7 @@ def test_collapsed_parallel_loops_and_int64_min(cache_dir):
     x, out, m = ptr("x", i64), ptr("out", i64), E.Var("m", i64)
     store = S.Store(out, i * m + j, E.Load(x, i * m + j) + E.const(-(2**63)))
     body = S.For(i, n, S.For(j, m, store, kind="parallel"), kind="parallel")
-    mod = build(Module("grid", (Function("grid", (x, out, n, m), body),)), cache_dir=cache_dir)
+    mod = build_cpu(Module("grid", (Function("grid", (x, out, n, m), body),)), cache_dir=cache_dir)
     assert "collapse(2)" in mod.source
     t = torch.randint(0, 2**40, (37, 53))
     res = torch.zeros_like(t)
@@ -652,6 +657,7 @@ def test_source_is_deterministic_across_processes():
     script = (
         "from minicomp.backends.cpu import render_module\n"
         "import importlib.util, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})\n"  # for helpers
         f"spec = importlib.util.spec_from_file_location('t', {__file__!r})\n"
         "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
         "sys.stdout.write(render_module(t.sample_module()))\n"
@@ -697,7 +703,7 @@ def test_compile_error_names_the_source_line(cache_dir):
     out = ptr("out", f32)
     kern = Function("broken", (out, n), S.For(i, n, S.Store(out, i, ghost)))
     with pytest.raises(CompileError) as info:
-        build(Module("broken", (kern,)), cache_dir=cache_dir)
+        build_cpu(Module("broken", (kern,)), cache_dir=cache_dir)
     message = str(info.value)
     assert "ghost" in message
     assert "out[i] = ghost;" in message

@@ -5,8 +5,9 @@ import subprocess
 
 import pytest
 import torch
+from helpers import build_cpu
 
-from minicomp.backends.cpu import build, render_module
+from minicomp.backends.cpu import render_module
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
@@ -29,7 +30,7 @@ def unary_kernel(name: str, dt=f32) -> Function:
 @pytest.fixture(scope="module")
 def math_mod(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("math-cache"))
-    return build(Module("fast_math", tuple(unary_kernel(nm) for nm in NAMES)), cache_dir=cache)
+    return build_cpu(Module("fast_math", tuple(unary_kernel(nm) for nm in NAMES)), cache_dir=cache)
 
 
 def apply(mod, name: str, x: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 from graph_builder import GraphBuilder
+from helpers import build_cpu
 from schedule_graphs import broadcast_add, full_2d_sum, one_group, poisoned, row_reduce, scale_graph
 
-from minicomp.backends.cpu.module import build
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
@@ -37,7 +37,7 @@ def loops(f: Function) -> list[For]:
 
 def run_kernel(f: Function, cache_dir: str, tensors: dict, sizes: dict | None = None) -> None:
     """Build `f` alone and call it; `tensors` binds buffer params by value name."""
-    lib = build(Module(f.name, (f,)), cache_dir=cache_dir)
+    lib = build_cpu(Module(f.name, (f,)), cache_dir=cache_dir)
     args = []
     for p in f.params:
         if isinstance(p.type, PointerType):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 
-from minicomp import config
 from minicomp.backends.cpu import compiler
 from minicomp.backends.cpu.codegen import render_module
 from minicomp.backends.ctypes_params import SCALAR_CTYPES, param_ctype
@@ -58,22 +57,11 @@ class CpuModule:
         return f"CpuModule({self.module.name!r}, path={self.path!r})"
 
 
-def build(
-    module: Module,
-    *,
-    cc: str | None = None,
-    cflags: str | None = None,
-    cache_dir: str | None = None,
-) -> CpuModule:
-    """Render `module` to C, compile it (cached) and load it; options default to config's."""
+def build(module: Module, *, cc: str, cflags: str, cache_dir: str) -> CpuModule:
+    """Render `module` to C, compile it with `cc` and `cflags` (cached under `cache_dir`) and
+    load it."""
     source = render_module(module)
-    if cflags is None:
-        cflags = config.get("cflags") + (" -g" if config.get("debug") else "")
     library = compiler.compile_library(
-        source,
-        cc=cc if cc is not None else config.get("cc"),
-        cflags=cflags,
-        cache_dir=cache_dir if cache_dir is not None else config.get("cache_dir"),
-        name=module.name,
+        source, cc=cc, cflags=cflags, cache_dir=cache_dir, name=module.name
     )
     return CpuModule(module, source, library._name, library)
