@@ -4,8 +4,9 @@ on the CPU."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_compiled
+from helpers import assert_same, check_compiled, clone_inputs, compile_minicomp
 from helpers_graph import PassGraphBuilder, assert_graph_equal
+from torch.utils import _pytree as pytree
 
 import minicomp
 from minicomp.dynamo.backend import recording
@@ -161,38 +162,69 @@ def _explain(fn, *args, target):
     return minicomp.explain(fn, *args, options={"target": target})
 
 
-def _check(fn, *args, target, dtype):
-    rtol, atol = TOLERANCE[dtype]
-    check_compiled(fn, *args, target=target, rtol=rtol, atol=atol, reference_dtype=torch.float64)
+def _check_each(fn, cases: dict, *, target: str, tolerance: dict) -> list:
+    """`fn` on each case's arguments (case name: argument tuple), compiled once for all of
+    them, each result compared with float64 eager within its dtype's (rtol, atol); the
+    CompileRecords. One compilation for all the cases, as a compilation costs more than its
+    kernels, and most on cuda-emu, which builds every kernel in C."""
+    names = list(cases)
+    sizes = [len(cases[name]) for name in names]
+
+    def each(*flat):
+        out, at = {}, 0
+        for name, size in zip(names, sizes):
+            out[name] = fn(*flat[at : at + size])
+            at += size
+        return out
+
+    flat = [a for name in names for a in cases[name]]
+    if target == "cuda":
+        flat = [a.to("cuda") if isinstance(a, torch.Tensor) else a for a in flat]
+    reference = [
+        a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in flat
+    ]
+    records: list = []
+    with recording(records), torch.no_grad():
+        expected = each(*reference)
+        actual = compile_minicomp(each, target)(*clone_inputs(flat))
+    for name in names:
+        got = actual[name]
+        want = pytree.tree_map(lambda e, a: e.to(a.dtype), expected[name], got)
+        rtol, atol = tolerance[pytree.tree_leaves(got)[0].dtype]
+        assert_same({name: got}, {name: want}, rtol=rtol, atol=atol)
+    return records
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_with_activation(target, dtype):
+def test_linear_with_activation(target):
     def fn(x, w, b):
         return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
 
-    _check(
-        fn,
-        torch.randn(6, 24, dtype=dtype),
-        torch.randn(40, 24, dtype=dtype),
-        torch.randn(40, dtype=dtype),
-        target=target,
-        dtype=dtype,
-    )
+    cases = {
+        str(dtype): (
+            torch.randn(6, 24, dtype=dtype),
+            torch.randn(40, 24, dtype=dtype),
+            torch.randn(40, dtype=dtype),
+        )
+        for dtype in DTYPES
+    }
+    _check_each(fn, cases, target=target, tolerance=TOLERANCE)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_products_with_scales_and_transposes(target, dtype):
+def test_products_with_scales_and_transposes(target):
     def fn(a, b, bias, c, d, e):
         x = torch.addmm(bias, a.t(), b, beta=0.5, alpha=2.0)
         y = torch.baddbmm(e, c, d.transpose(1, 2), beta=0.0, alpha=-1.5)
         return x, torch.bmm(c, d.transpose(1, 2)) + y, torch.mm(a.t(), b)
 
-    a, b = torch.randn(17, 9, dtype=dtype), torch.randn(17, 11, dtype=dtype)
-    bias = torch.randn(1, 11, dtype=dtype)
-    c, d = torch.randn(3, 5, 7, dtype=dtype), torch.randn(3, 6, 7, dtype=dtype)
-    e = torch.full((3, 5, 6), float("nan"), dtype=dtype)  # beta=0 ignores even NaN
-    _check(fn, a, b, bias, c, d, e, target=target, dtype=dtype)
+    def inputs(dtype):
+        a, b = torch.randn(17, 9, dtype=dtype), torch.randn(17, 11, dtype=dtype)
+        bias = torch.randn(1, 11, dtype=dtype)
+        c, d = torch.randn(3, 5, 7, dtype=dtype), torch.randn(3, 6, 7, dtype=dtype)
+        e = torch.full((3, 5, 6), float("nan"), dtype=dtype)  # beta=0 ignores even NaN
+        return a, b, bias, c, d, e
+
+    cases = {str(dtype): inputs(dtype) for dtype in DTYPES}
+    _check_each(fn, cases, target=target, tolerance=TOLERANCE)
 
 
 def test_cuda_targets_fuse_the_product_with_its_epilogue(target):
@@ -277,18 +309,20 @@ def _conv_inputs(name, dtype, channels_last):
     return x, w, torch.randn(cout, dtype=dtype) if bias else None
 
 
-@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(CONVS))
-def test_convolution(target, name, dtype, layout):
+def test_convolution(target, name):
+    # Every dtype, NCHW and NHWC, in one compilation (see _check_each).
     _, _, _, stride, padding, dilation, groups, _, kind = CONVS[name]
-    x, w, b = _conv_inputs(name, dtype, layout == "nhwc")
 
     def fn(x, w, b):
         return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
-    rtol, atol = CONV_TOLERANCE[dtype]
-    records = _compiled_records(fn, x, w, b, target=target, rtol=rtol, atol=atol)
+    cases = {
+        f"{dtype}-{layout}": _conv_inputs(name, dtype, layout == "nhwc")
+        for dtype in DTYPES
+        for layout in ("nchw", "nhwc")
+    }
+    records = _check_each(fn, cases, target=target, tolerance=CONV_TOLERANCE)
     if target != "cpu":
         _assert_conv_kernels(records, kind)
 
@@ -365,22 +399,29 @@ class _Bottleneck(torch.nn.Module):
         return torch.relu(self.bn3(self.conv3(y)) + self.down(x))
 
 
-@pytest.mark.parametrize("folded", [False, True], ids=["bn", "folded"])
-def test_resnet_bottleneck(target, folded):
+def test_resnet_bottleneck(target):
+    """The block with its batch norms, and with them folded into the convolutions (one
+    compilation for both)."""
+    import copy
+
     from torch.nn.utils.fusion import fuse_conv_bn_eval
 
     torch.manual_seed(0)
     # Channels as in ResNet-50's layer2.0 (tests/passes/test_fusion.py has the case where the
     # shortcut and conv3 reduce over equal extents).
     block = _Bottleneck(16, 8, 32).eval()
-    if folded:
-        block.conv1 = fuse_conv_bn_eval(block.conv1, block.bn1)
-        block.conv2 = fuse_conv_bn_eval(block.conv2, block.bn2)
-        block.conv3 = fuse_conv_bn_eval(block.conv3, block.bn3)
-        block.down[0] = fuse_conv_bn_eval(block.down[0], block.down[1])
-        block.bn1 = block.bn2 = block.bn3 = block.down[1] = torch.nn.Identity()
+    folded = copy.deepcopy(block)
+    folded.conv1 = fuse_conv_bn_eval(folded.conv1, folded.bn1)
+    folded.conv2 = fuse_conv_bn_eval(folded.conv2, folded.bn2)
+    folded.conv3 = fuse_conv_bn_eval(folded.conv3, folded.bn3)
+    folded.down[0] = fuse_conv_bn_eval(folded.down[0], folded.down[1])
+    folded.bn1 = folded.bn2 = folded.bn3 = folded.down[1] = torch.nn.Identity()
+
+    def both(x):
+        return {"bn": block(x), "folded": folded(x)}
+
     x = torch.randn(2, 16, 9, 11).to(memory_format=torch.channels_last)
-    records = _compiled_records(block, x, target=target, rtol=1e-4, atol=1e-4, reference_dtype=None)
+    records = _compiled_records(both, x, target=target, rtol=1e-4, atol=1e-4, reference_dtype=None)
     if target != "cpu":
         _assert_conv_kernels(records, "template")
 
