@@ -276,12 +276,13 @@ RULES: dict[Any, Rule] = {
 }
 
 
-def _rule(target: Any) -> Rule | None:
-    if target in RULES:
-        return RULES[target]
-    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.pointwise not in target.tags:
+def _rule(fn: Any) -> Rule | None:
+    rule = RULES.get(fn)
+    if rule is not None:
+        return rule
+    if not isinstance(fn, torch._ops.OpOverload) or torch.Tag.pointwise not in fn.tags:
         return None
-    schema = target._schema
+    schema = fn._schema
     if any(a.name == "memory_format" for a in schema.arguments):
         return None  # clone, _to_copy: the argument says
     if any(r.alias_info is not None for r in schema.returns):

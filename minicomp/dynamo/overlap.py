@@ -164,7 +164,7 @@ def find_overlapping_write(gm: torch.fx.GraphModule) -> OverlappingWrite | None:
     memory, run on fake tensors; None when there is none or the fake run cannot tell."""
     if not any(_may_write_in_place(n) for n in gm.graph.nodes):
         return None
-    if any(n.target in _GLOBAL_STATE for n in gm.graph.nodes):
+    if not _GLOBAL_STATE.isdisjoint(n.target for n in gm.graph.nodes):
         return None  # an aborted run would leave autocast entered
     values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = torch._guards.detect_fake_mode(values)

@@ -156,10 +156,10 @@ def _write_out(folder: str, report: Report) -> None:
 
 def _broken_setup(worker: Worker, targets: tuple[str, ...]) -> str | None:
     """Why minicomp fails the smoke program on some target, or None when it passes on all."""
-    for target in targets:
-        outcome = worker.run(Case(SMOKE, target))
+    for name in targets:
+        outcome = worker.run(Case(SMOKE, name))
         if outcome.status != PASS:
-            return f"{target}: {outcome.status}: {outcome.message}"
+            return f"{name}: {outcome.status}: {outcome.message}"
     return None
 
 

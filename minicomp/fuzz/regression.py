@@ -38,12 +38,12 @@ class Signature:
     targets: tuple[str, ...]
     ops: tuple[str, ...]
 
-    def matches(self, target: str, outcome: Outcome, ops: set[str]) -> bool:
+    def matches(self, target_name: str, outcome: Outcome, ops: set[str]) -> bool:
         """Whether a finding is this one again."""
         return (
             outcome.status == self.status
             and outcome.pattern == self.pattern
-            and target in self.targets
+            and target_name in self.targets
             and (self.status == ERROR or set(self.ops) <= ops)
         )
 

@@ -60,7 +60,7 @@ def draw_cases(seed: int, program: Program, targets: Iterable[str]) -> list[Case
     has_grad = any(spec.requires_grad for spec in program.inputs)
     backward = has_grad and rng.random() < BACKWARD_SHARE
     return [
-        Case(program, target, rng.random() < DYNAMIC_SHARE, backward, seed) for target in targets
+        Case(program, name, rng.random() < DYNAMIC_SHARE, backward, seed) for name in targets
     ]
 
 
@@ -159,11 +159,11 @@ class Session:
 
     def _failing_targets(self, case: Case, outcome: Outcome) -> tuple[str, ...]:
         failing = []
-        for target in self.targets:
-            if target == case.target:
-                failing.append(target)
+        for name in self.targets:
+            if name == case.target:
+                failing.append(name)
                 continue
-            other = self.runner.run(Case(case.program, target, case.dynamic, case.backward))
+            other = self.runner.run(Case(case.program, name, case.dynamic, case.backward))
             if (other.status, other.pattern) == (outcome.status, outcome.pattern):
-                failing.append(target)
+                failing.append(name)
         return tuple(failing)

@@ -105,15 +105,15 @@ class ExternOp(Op):
         return bool(not self.outputs or self.binds or mutates or declared_effectful(self.target))
 
 
-def declared_effectful(target: Any) -> bool:
-    """Whether PyTorch says calling `target` has side effects, its result used or not: an op
+def declared_effectful(fn: Any) -> bool:
+    """Whether PyTorch says calling `fn` has side effects, its result used or not: an op
     registered effectful (AOTAutograd orders its calls with effect tokens, with_effects) or a
     function marked with torch.fx.node.has_side_effect."""
     from torch._higher_order_ops.effects import has_effects
     from torch.fx.node import _side_effectful_functions
 
     try:
-        return target in _side_effectful_functions or has_effects(target)
+        return fn in _side_effectful_functions or has_effects(fn)
     except TypeError:  # an unhashable target
         return False
 

@@ -609,7 +609,7 @@ def schedule_cuda(
 ) -> Function:
     """The CUDA kernel for a fused group, given the strides of every value it touches: a
     template's (minicomp.schedule.templates: matrix products) where one applies, else the
-    auto-scheduler's. `choose` picks a template's config (dynamo.lowering.make_chooser; None:
+    auto-scheduler's. `choose` picks a template's config (tune.chooser.make_chooser; None:
     its heuristic); `options` (minicomp.config.Options) say whether tensor cores may be used.
     A kernel that may divide integers by zero takes the error flag (ir/error_flag.py)."""
     kernel = None

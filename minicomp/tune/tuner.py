@@ -148,19 +148,19 @@ _noticed: set[str] = set()
 _noticed_lock = threading.Lock()
 
 
-def notice_untuned(target: str, level: int) -> None:
+def notice_untuned(target_name: str, level: int) -> None:
     """Say once per process and target that search space `level` falls back to heuristics."""
     if level <= 0:
         return
     with _noticed_lock:
-        if target in _noticed:
+        if target_name in _noticed:
             return
-        _noticed.add(target)
+        _noticed.add(target_name)
     log.warning(
         "minicomp: search_space=%d needs a CUDA GPU to time kernels; target %s picks every "
         "schedule by heuristics (search_space=0)",
         level,
-        target,
+        target_name,
     )
 
 

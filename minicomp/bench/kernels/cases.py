@@ -23,6 +23,7 @@ import torch._dynamo
 from minicomp import config
 from minicomp.bench.kernels.timing import copies_beyond_l2, interleaved
 from minicomp.bench.measure import first_call, relative_error
+from minicomp.targets import get_target
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 SHORT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
@@ -105,7 +106,7 @@ def _sass_details(records: list, env: Env) -> dict:
     detail, missing = [], []
     try:
         for r in records:
-            if not r.source or r.target not in ("cuda", "cuda-emu"):
+            if not r.source or not get_target(r.target).runs_cuda:
                 continue
             binary = nvrtc.compile_cuda(
                 r.source,

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from minicomp.bench.rows import RowWriter
 from minicomp.dynamo.backend import ensure_registered
+from minicomp.targets import get_target
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = kinds - {w.kind for w in WORKLOADS}
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}")
-    device = "cuda" if args.target == "cuda" else "cpu"
+    device = get_target(args.target).device
     ensure_registered()
     rows = RowWriter(args.rows)
     failed = 0

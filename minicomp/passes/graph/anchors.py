@@ -98,7 +98,7 @@ def lower_anchors(graph: Graph) -> Graph:
 
 
 def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
-    if op.target == aten.convolution.default:
+    if op.target is aten.convolution.default:
         return _lower_convolution(op, names)
     kind = _PRODUCTS.get(op.target)
     if kind is None or len(op.outputs) != 1:

@@ -57,14 +57,18 @@ class Refused(Exception):
 def lower_attention(graph: Graph) -> Graph:
     """Every fused attention call the template computes as a launch of its kernel; the others
     keep their ATen call with the reason why."""
-    targets = sdpa_ops()
-    if not any(isinstance(n, ExternOp) and n.target in targets for n in graph.nodes):
+    ops = sdpa_ops()
+
+    def fused_attention(n) -> bool:
+        return isinstance(n, ExternOp) and any(n.target is op for op in ops)
+
+    if not any(fused_attention(n) for n in graph.nodes):
         return graph
     layouts = layouts_for(graph)
     read = set(graph.users()) | graph.output_values()
     nodes, changed = [], False
     for n in graph.nodes:
-        if isinstance(n, ExternOp) and n.target in targets:
+        if fused_attention(n):
             try:
                 n = attention_kernel_op(n, layouts, read)
             except Refused as why:

@@ -97,9 +97,9 @@ def fuse_matmuls_sharing_input(graph: Graph) -> Graph:
 
 def _call(n: Op) -> _Call | None:
     """`n` as a product the pass may fuse (alpha = beta = 1), or None."""
-    if not isinstance(n, ExternOp) or n.target not in _PRODUCTS or len(n.outputs) != 1:
+    with_bias = _PRODUCTS.get(n.target) if isinstance(n, ExternOp) else None
+    if with_bias is None or len(n.outputs) != 1:
         return None
-    with_bias = _PRODUCTS[n.target]
     refs = n.args[:3] if with_bias else n.args[:2]
     extra = dict(n.kwargs)
     if with_bias and (len(n.args) > 3 or extra.get("beta", 1) != 1 or extra.get("alpha", 1) != 1):

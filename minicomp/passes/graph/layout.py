@@ -37,14 +37,14 @@ def layout_constraint(n: ExternOp) -> str:
     import torch
     from torch._library.utils import get_layout_constraint_tag
 
-    target = n.target
-    if target in (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default):
+    fn = n.target
+    if fn in (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default):
         return "exact"
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(fn, torch._ops.OpOverload):
         return "flexible"
-    if target.namespace == "aten" and str(target).removeprefix("aten.") in _CHECKS_CONTIGUOUS:
+    if fn.namespace == "aten" and str(fn).removeprefix("aten.") in _CHECKS_CONTIGUOUS:
         return "contiguous"
-    tag = get_layout_constraint_tag(target)
+    tag = get_layout_constraint_tag(fn)
     if tag == getattr(torch.Tag, "needs_contiguous_strides", None):
         return "contiguous"
     if tag in (torch.Tag.needs_exact_strides, torch.Tag.needs_fixed_stride_order):

@@ -30,7 +30,7 @@ log = logging.getLogger("minicomp")
 
 TEMPLATES = {t.name: t for t in (matmul_tc.TEMPLATE, matmul_simt.TEMPLATE)}
 
-# Picks a template's config for one fused group (dynamo.lowering.make_chooser):
+# Picks a template's config for one fused group (tune.chooser.make_chooser):
 # choose(template, problem, op) -> an object whose `config` is the config (tune.tuner.Choice).
 Chooser = Callable[..., Any]
 
