@@ -52,8 +52,6 @@ KNOWN = {
     ("minicomp.script.function", "minicomp.backends.cuda.codegen"),
     ("minicomp.script.function", "minicomp.passes.kernel.simplify_indices"),
     ("minicomp.script.function", "minicomp.script.launch"),
-    ("minicomp.script.signature", "minicomp.backends"),
-    ("minicomp.script.signature", "minicomp.backends.c_names"),
 }
 
 

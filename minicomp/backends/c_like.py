@@ -27,7 +27,7 @@ import re
 import struct
 from collections.abc import Iterator
 
-from minicomp.backends import c_names
+from minicomp.ir import c_names
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.error_flag import (

@@ -7,7 +7,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 
-from minicomp.backends import c_names
+from minicomp.ir import c_names
 from minicomp.ir import expr as E
 from minicomp.ir.expr import Dim, Var
 from minicomp.ir.types import DataType, i64

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from minicomp.backends.c_names import C_TYPES
 from minicomp.backends.cuda.codegen import CudaRenderer
 from minicomp.backends.cuda.emu import EmulatorError, build_emulated
 from minicomp.backends.cuda.intrinsics_mma import (
@@ -27,6 +26,7 @@ from minicomp.backends.cuda.intrinsics_mma import (
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
+from minicomp.ir.c_names import C_TYPES
 from minicomp.ir.func import Function, LaunchAttrs, Module
 from minicomp.ir.functor import Visitor
 from minicomp.ir.types import PointerType, bf16, f16, f32, i16, i32, u8

@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from minicomp.backends import c_names
 from minicomp.backends.cpu import compiler
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
+from minicomp.ir import c_names
 from minicomp.ir.expr import Call
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Visitor

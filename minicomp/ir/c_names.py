@@ -1,4 +1,6 @@
-"""Names of the C-like backends: math functions, C types, and identifiers C reserves."""
+"""The C names kernel IR is rendered with: libm math functions, C types, and the identifiers
+C reserves, which no function of a kernel-IR module may take (the script language names its
+functions apart from them; the C-like backends refuse them)."""
 
 # Math functions spelled like C's libm (float variants add an `f`), and those a target's
 # header implements as mc_<name>_<type>.
