@@ -68,7 +68,10 @@ class Options:
         0, "Number of kernels compiled in parallel; 0 means one per CPU core.", minimum=0
     )
     verbose: int = _option(
-        0, "Logging. 0: warnings only; 1: one line per stage; 2: print the IRs.", choices=(0, 1, 2)
+        0,
+        "Logging. 0: warnings only; 1: one line per graph (ATen ops, kernels, ATen calls and "
+        "why); 2: print the IRs.",
+        choices=(0, 1, 2),
     )
     freeze: bool = _option(
         False, "Treat parameters and buffers as constants, so they can be folded (inference only)."
@@ -82,7 +85,7 @@ class Options:
         "as /usr/local/cuda/lib64/libnvrtc.so; unset: the one cuda-python finds. A process keeps "
         "the first NVRTC it loads; tuning's compile workers use the same one.",
     )
-    cc: str = _option("cc", "The C compiler used by the cpu and cuda-emu targets.")
+    cc: str = _option("cc", "The C compiler used by the cpu target.")
     cflags: str = _option(
         "-O3 -march=native -fopenmp -fno-math-errno -fPIC -shared",
         "Flags passed to the C compiler for the cpu target.",

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minicomp import config
-from minicomp.ir.graph import ExternOp
 from minicomp.record import report
 
 
@@ -32,10 +31,8 @@ class Explanation:
         """ATen operator → why it runs as an ATen call instead of a generated kernel."""
         out: dict[str, str] = {}
         for r in self.records:
-            if r.graph is not None:
-                for n in r.graph.nodes:
-                    if isinstance(n, ExternOp):
-                        out.setdefault(n.name, n.reason)
+            for name, reason in r.fallbacks.items():
+                out.setdefault(name, reason)
             if r.error:
                 out.setdefault("<whole graph>", r.error)
         return out

@@ -26,13 +26,19 @@ class CompileRecord:
     graph: Graph | None = None
     kernels: list[Function] = field(default_factory=list)
     source: str = ""
-    fallbacks: dict[str, str] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
     error: str = ""
     target: str = ""  # the name of the target the graph was compiled for
     plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
     trace: bool = False  # keep the graph text after every pass (explain, verbose)
     options: Options | None = None  # what the graph was compiled with
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """ATen operator -> why it runs as an ATen call, in the compiled graph."""
+        if self.graph is None:
+            return {}
+        return {n.name: n.reason for n in self.graph.nodes if isinstance(n, ExternOp)}
 
 
 def _section(title: str, body: str) -> str:

@@ -1,5 +1,7 @@
 """`minicomp.explain`: the stages it reports, its counts, and the ops it says run by ATen."""
 
+import logging
+
 import pytest
 import torch
 
@@ -161,3 +163,32 @@ def test_a_transformer_block_shows_fused_epilogues_and_one_attention_kernel():
     torch._dynamo.reset()
     out = torch.compile(block, backend="minicomp", options={"target": "cuda-emu"})(x)
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_verbose_logs_one_line_per_graph_with_its_aten_calls():
+    def f(x, w):
+        return torch.linalg.inv(x) @ w + 1
+
+    x, w = torch.randn(4, 4) + 4 * torch.eye(4), torch.randn(4, 3)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="minicomp", options={"target": "cpu", "verbose": 1})
+    handler = _Lines()
+    logging.getLogger("minicomp").addHandler(handler)
+    try:
+        torch.testing.assert_close(compiled(x, w), f(x, w))
+    finally:
+        logging.getLogger("minicomp").removeHandler(handler)
+    torch._dynamo.reset()
+    (line,) = [m for m in handler.lines if "forward graph" in m]
+    externs = line.splitlines()[1:]
+    assert f"{len(externs)} ATen calls" in line.splitlines()[0]
+    assert "  extern linalg_inv_ex.default: no lowering" in externs

@@ -1,6 +1,6 @@
 """ATen's GEMM as a tuning candidate of fused matrix products, and the rewrite that runs it.
 
-A fused contraction group (minicomp.passes.graph.contraction) is computed by a matmul template
+A fused contraction group (minicomp.ir.contraction) is computed by a matmul template
 with its prologue and epilogue inlined. PyTorch's GEMM (cuBLAS on CUDA) computes the same
 product when each operand is a bare strided read of a group input, possibly through a
 widening cast (f16 -> f32); an operand that computes something (`(x * 2) @ w`, an implicit

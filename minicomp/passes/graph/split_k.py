@@ -51,8 +51,8 @@ template's largest tiles launch):
   fewest chunks (the least partial traffic). (16 x 1024 x 16384: 8 tiles, S = 32 chunks of
   512; 64 x 64 x 65536: S = 128 of 512; 16 x 4096 x 11008: S = 8 of 1376.)
 
-The pass runs before split_reductions (passes/pipeline.py), which would otherwise take a
-long-K product with few outputs (16 x 16 x 2^15) for a row reduction and split it with the
+The pass runs before split_reductions (the CUDA targets' pass list, minicomp/targets.py),
+which would otherwise take a long-K product with few outputs (16 x 16 x 2^15) for a row reduction and split it with the
 chunk index last and unravelled, a form no template computes. After split-K,
 split_reductions finds the partials' rows short (or, when chunks are long, too many: S * M * N
 with M, N >= 2) and the final sums S <= 264 long, and leaves both alone.

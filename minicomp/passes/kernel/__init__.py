@@ -1,1 +1,1 @@
-"""Kernel IR passes and the index-expression simplifier, one per module."""
+"""Kernel IR passes, one per module (the expression simplifier they use is ir/simplify.py)."""

@@ -1,7 +1,7 @@
 """A fused matrix product as a template sees it: sizes, kernel parameters, and its prologue and
 epilogue as script macros.
 
-A Contraction (minicomp.passes.graph.contraction) names the loop variables of each side: batch B,
+A Contraction (minicomp.ir.contraction) names the loop variables of each side: batch B,
 rows M (read by operand a), columns N (read by b) and the reduced K, each side possibly several
 variables. A template works on flat coordinates instead, `b < B`, `m < M`, `n < N`, `k < K`,
 where M is the product of the extents of the M variables (row-major), and so on. The macros
