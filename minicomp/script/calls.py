@@ -36,8 +36,6 @@ _PRINTF_SPEC = re.compile(
 
 def call(p, node: ast.Call):
     """The value of a call expression: dispatches on what the called name stands for."""
-    from minicomp.script.function import ScriptFunction
-
     func = p.value(node.func)
     kwargs = {}
     for kw in node.keywords:
@@ -57,7 +55,7 @@ def call(p, node: ast.Call):
             _math if func.name in MATH_FUNCTIONS else _unknown(func.name)
         )
         return handler(p, func.name, args, kwargs)
-    if isinstance(func, ScriptFunction):
+    if isinstance(func, lang.ScriptFunctionBase):
         return call_device(p, func, args, kwargs)
     if isinstance(func, lang.Macro):
         return _expand(p, func, args, kwargs)

@@ -91,9 +91,7 @@ def scope_value(fn, name: str):
 
 def check_scope_value(name: str, value):
     """`value` when a script may use it as a compile-time value, else an Issue."""
-    from minicomp.script.function import ScriptFunction
-
-    if isinstance(value, (bool, int, float, ScriptFunction, *_SCOPE_TYPES)):
+    if isinstance(value, (bool, int, float, lang.ScriptFunctionBase, *_SCOPE_TYPES)):
         return value
     if isinstance(value, TensorRef) or isinstance(value, Expr) and not isinstance(value, E.Var):
         return value  # runtime values a template's instantiation gives (sizes, buffers)

@@ -6,11 +6,14 @@ import functools
 import threading
 from typing import Any
 
+from minicomp.backends.cuda.codegen import render_module
 from minicomp.ir.expr import Call, Expr
 from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import Mutator
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.script.errors import Source
+from minicomp.script.lang import ScriptFunctionBase
+from minicomp.script.parser import FunctionParser
 from minicomp.script.signature import Signature, c_name, parse_signature
 
 
@@ -45,8 +48,6 @@ class _State:
             return self._signature
 
     def parse(self) -> tuple[Function, list[ScriptFunction]]:
-        from minicomp.script.parser import FunctionParser
-
         with self.lock:
             if self._ir is None:
                 parser = FunctionParser(self)
@@ -57,7 +58,7 @@ class _State:
             return self._ir, self._callees
 
 
-class ScriptFunction:
+class ScriptFunction(ScriptFunctionBase):
     """A function written in the script DSL: a kernel (it sets `attrs.grid_dim` and
     `attrs.block_dim`) or a device function (callable from other script functions).
 
@@ -116,8 +117,6 @@ class ScriptFunction:
     @property
     def source(self) -> str:
         """The CUDA C source of `module` (device header included)."""
-        from minicomp.backends.cuda.codegen import render_module
-
         state = self._state
         with state.lock:
             if state._cuda_source is None:

@@ -15,6 +15,17 @@ from minicomp.ir.expr import MATH_FUNCTIONS
 from minicomp.ir.func import LaunchAttrs
 
 
+class ScriptFunctionBase:
+    """A script function as the language sees it, in a script's scope or called from one: its
+    `signature()`, and `_state`, what its views share (parsed once). ScriptFunction
+    (minicomp.script.function), which also renders CUDA C and launches kernels, is the one
+    kind; this base lets the parser know it without importing it."""
+
+    def signature(self):
+        """The function's Signature (minicomp.script.signature), from its annotations."""
+        raise NotImplementedError
+
+
 class Primitive:
     """A function of the script language, known to the parser by `name`."""
 
