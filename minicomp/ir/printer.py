@@ -1,6 +1,13 @@
-"""Human-readable text of every IR: expressions, statements, functions, computes and graphs."""
+"""Human-readable text of every IR: expressions, statements, functions, computes and graphs.
+
+Kernel IR (statements, functions, modules) prints as script DSL (minicomp.script), which the
+script parser reads back into the same IR (tests/ir/test_round_trip.py); expressions alone
+(`expr_str`, also graph IR) print in a shorter Python-like form.
+"""
 
 from __future__ import annotations
+
+import math
 
 from minicomp.ir import compute as C
 from minicomp.ir import expr as E
@@ -8,6 +15,7 @@ from minicomp.ir import graph as G
 from minicomp.ir import stmt as S
 from minicomp.ir.func import LAUNCH_DEFAULTS, Function, Module
 from minicomp.ir.functor import Functor
+from minicomp.ir.types import DataType, PointerType, boolean, f32, i32, i64
 
 _INFIX = {
     "add": "+",
@@ -132,14 +140,190 @@ def shape_str(shape) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else expr_str(d) for d in shape) + "]"
 
 
+# ---- kernel IR as script DSL ----
+
+# The launch-index intrinsics, by the script's spelling of each (threadIdx.x...).
+_LAUNCH_INDEX = {
+    f"{prefix}_{axis}": f"{name}.{axis}"
+    for prefix, name in (
+        ("thread_idx", "threadIdx"),
+        ("block_idx", "blockIdx"),
+        ("block_dim", "blockDim"),
+        ("grid_dim", "gridDim"),
+    )
+    for axis in "xyz"
+}
+# Intrinsics whose script form names memory operands, by how their IR arguments group: "m" a
+# buffer and an index (`t[i]`), "l" a Load (`t[i]`), "r" a whole register tensor, "i" a
+# compile-time int, "e" a value.
+_OPERANDS = {
+    "load_vec": "rli",
+    "store_vec": "mri",
+    "is_aligned": "li",
+    "mma_sync_m16n8k16": "mmmm",
+    **{f"ldmatrix_x{n}{t}": "mm" for n in (1, 2, 4) for t in ("", "_trans")},
+    **{f"cp_async_{n}": "mm" for n in (4, 8, 16)},
+    "cp_async_wait": "i",
+}
+_ARRAY_FUNCTIONS = {"local": "register_tensor", "shared": "shared_tensor"}
+_LOOP_FUNCTIONS = {"unroll": "unroll", "parallel": "parallel", "vectorize": "vectorize"}
+
+
+def type_name(t) -> str:
+    """A type as the script DSL spells it: f32, boolean, ptr(f16)."""
+    if isinstance(t, PointerType):
+        return f"ptr({type_name(t.elem)})"
+    return "boolean" if t.is_bool else t.short
+
+
+def _default_type(value) -> DataType:
+    """The type the script DSL gives a literal nothing else types."""
+    if isinstance(value, bool):
+        return boolean
+    if isinstance(value, float):
+        return f32
+    return i32 if -(2**31) <= value < 2**31 else i64
+
+
+class ScriptExprPrinter(ExprPrinter):
+    """Renders kernel-IR expressions as script DSL that parses back to the same expression:
+    a constant is a bare literal where the script would give one its type (beside an operand
+    of that type, or its default type: i32, f32, bool), else a cast such as `i64(3)`;
+    intrinsics take their script spellings (`threadIdx.x`, `cp_async(s[i], g[j], 16)`)."""
+
+    def bare(self, e: E.Const) -> str:
+        """A constant as a Python literal, without its type."""
+        if e.dtype.is_bool:
+            return str(bool(e.value))
+        if e.dtype.is_float:
+            v = e.value
+            if math.isnan(v):
+                return "math.nan"
+            if math.isinf(v):
+                return "math.inf" if v > 0 else "-math.inf"
+            return repr(float(v))
+        return str(e.value)
+
+    def typed(self, e: E.Const) -> str:
+        """A constant with its type spelled out: `i64(3)`, `f16(0.5)`, `boolean(True)`."""
+        return f"{type_name(e.dtype)}({self.bare(e)})"
+
+    def literal(self, e: E.Expr, like: DataType | None) -> str:
+        """`e` where a bare literal would take the type `like`."""
+        if isinstance(e, E.Const) and e.dtype == like:
+            return self.bare(e)
+        return self.visit(e)
+
+    def index(self, e: E.Expr) -> str:
+        """An element index (the script widens indices to i64)."""
+        return self.literal(e, i64)
+
+    def visit_Const(self, e: E.Const) -> str:
+        return self.bare(e) if e.dtype == _default_type(e.value) else self.typed(e)
+
+    def operands(self, a: E.Expr, b: E.Expr) -> tuple[str, str]:
+        """Two operands of one operation, typed as the script types them together."""
+        if isinstance(a, E.Const) and isinstance(b, E.Const):
+            return self.typed(a), self.literal(b, a.dtype)
+        if isinstance(a, E.Const):
+            return self.literal(a, b.dtype), self.visit(b)
+        return self.visit(a), self.literal(b, a.dtype)
+
+    def visit_Binary(self, e: E.Binary) -> str:
+        a, b = self.operands(e.a, e.b)
+        if e.op not in _INFIX or _no_operator(e):
+            return f"{e.op}({a}, {b})"
+        p = _PREC[e.op]
+        a, b = self._paren(e.a, a, p, False), self._paren(e.b, b, p, True)
+        return f"{a} {_INFIX[e.op]} {b}"
+
+    def _paren(self, e: E.Expr, text: str, p: int, right: bool) -> str:
+        if isinstance(e, E.Binary) and e.op in _PREC:
+            q = _PREC[e.op]
+            if q < p or (right and q == p) or (q == p == _PREC["lt"]):
+                return f"({text})"
+        if isinstance(e, E.Select) or _is_not(e) and p >= _PREC["lt"]:
+            return f"({text})"
+        return text
+
+    def visit_Cast(self, e: E.Cast) -> str:
+        return f"{type_name(e.type)}({self.visit(e.a)})"
+
+    def visit_Select(self, e: E.Select) -> str:
+        if isinstance(e.a, E.Const) and not isinstance(e.b, E.Const):
+            a, b = self.literal(e.a, e.b.dtype), self.visit(e.b)
+        elif isinstance(e.b, E.Const) and not isinstance(e.a, E.Const):
+            a, b = self.visit(e.a), self.literal(e.b, e.a.dtype)
+        else:
+            a, b = self.visit(e.a), self.visit(e.b)
+        parts = [(e.a, a), (e.cond, self.visit(e.cond)), (e.b, b)]
+        a, cond, b = (f"({t})" if isinstance(x, E.Select) else t for x, t in parts)
+        return f"{a} if {cond} else {b}"
+
+    def visit_Load(self, e: E.Load) -> str:
+        return f"{e.buf.name}[{self.index(e.index)}]"
+
+    def visit_Call(self, e: E.Call) -> str:
+        if e.name in _LAUNCH_INDEX and not e.args:
+            return _LAUNCH_INDEX[e.name]
+        args = e.args
+        if e.name in _OPERANDS and len(args) >= len(_OPERANDS[e.name]):
+            return self._operand_call(e)
+        if e.name in ("shfl_down_sync", "shfl_xor_sync", "shfl_sync") and len(args) == 2:
+            texts = [self.visit(args[0]), self.literal(args[1], i32)]
+        elif e.name in ("atomic_add", "atomic_max") and len(args) == 3:
+            texts = [f"{args[0].name}[{self.index(args[1])}]", self.literal(args[2], e.dtype)]
+        elif len(args) == 2 and e.name in E.MATH_FUNCTIONS:
+            texts = list(self.operands(args[0], args[1]))
+        else:
+            texts = [self.visit(a) for a in args]
+        return f"{e.name}({', '.join(texts)})"
+
+    def _operand_call(self, e: E.Call) -> str:
+        spec, args = _OPERANDS[e.name], list(e.args)
+        texts = []
+        for kind in spec:
+            if kind == "m":
+                buf, index = args.pop(0), args.pop(0)
+                texts.append(f"{buf.name}[{self.index(index)}]")
+            else:
+                a = args.pop(0)
+                texts.append(
+                    self.bare(a) if kind == "i" and isinstance(a, E.Const) else self.visit(a)
+                )
+        name = e.name
+        if name.startswith("cp_async_") and name[len("cp_async_") :].isdigit():
+            name, nbytes = "cp_async", name[len("cp_async_") :]
+            texts.append(nbytes)
+            texts += [self.literal(a, i32) for a in args]
+            args = []
+        texts += [self.visit(a) for a in args]
+        return f"{name}({', '.join(texts)})"
+
+
+def _no_operator(e: E.Binary) -> bool:
+    """Whether the script's operator for `e.op` means another op on these operands: `/` is
+    refused on integers (the IR's checked integer division), `&`, `|` and `^` on bools are
+    the logical and, or and `!=`. Such a Binary prints as a call the parser refuses."""
+    if e.op == "div":
+        return not e.a.dtype.is_float
+    return e.op in ("bitand", "bitor", "bitxor") and e.a.dtype.is_bool
+
+
+def _is_not(e: E.Expr) -> bool:
+    return isinstance(e, E.Unary) and e.op == "not"
+
+
 class StmtPrinter(Functor):
-    """Renders statements as indented Python-like lines."""
+    """Renders kernel-IR statements as script DSL (minicomp.script), indented: what
+    minicomp.script.text.parse_function reads back into the same statements."""
 
     def __init__(self):
         super().__init__()
         self.lines: list[str] = []
         self.depth = 0
-        self.e = ExprPrinter()
+        self.e = ScriptExprPrinter()
+        self.ret: DataType | None = None  # the return type of the function printed
 
     def visit(self, n):
         # Statements are printed for their effect; identical ones may repeat.
@@ -150,7 +334,10 @@ class StmtPrinter(Functor):
 
     def block(self, s: S.Stmt) -> None:
         self.depth += 1
-        self.visit(s)
+        if isinstance(s, S.Seq) and not s.body:
+            self.emit("pass")
+        else:
+            self.visit(s)
         self.depth -= 1
 
     def visit_Seq(self, s: S.Seq) -> None:
@@ -158,8 +345,17 @@ class StmtPrinter(Functor):
             self.visit(x)
 
     def visit_For(self, s: S.For) -> None:
-        hint = "" if s.kind == "serial" else f"  # {s.kind}"
-        self.emit(f"for {s.var.name} in range({self.e.visit(s.extent)}):{hint}")
+        extent = self.e.visit(s.extent)
+        loop = f"range({extent})"
+        if s.kind != "serial":
+            # parallel and vectorize loops (the cpu target's) are not script DSL: the parser
+            # refuses these names.
+            extra = ""
+            if s.reductions:
+                pairs = ", ".join(f"({op!r}, {v.name})" for op, v in s.reductions)
+                extra = f", reductions=[{pairs}]"
+            loop = f"{_LOOP_FUNCTIONS[s.kind]}({loop}{extra})"
+        self.emit(f"for {s.var.name} in {loop}:")
         self.block(s.body)
 
     def visit_While(self, s: S.While) -> None:
@@ -174,17 +370,25 @@ class StmtPrinter(Functor):
             self.block(s.orelse)
 
     def visit_Declare(self, s: S.Declare) -> None:
-        init = "" if s.init is None else f" = {self.e.visit(s.init)}"
-        self.emit(f"{s.var.name}: {s.var.type.short}{init}")
+        t = s.var.type
+        init = "" if s.init is None else f" = {self.e.literal(s.init, t)}"
+        self.emit(f"{s.var.name}: {type_name(t)}{init}")
 
     def visit_DeclareArray(self, s: S.DeclareArray) -> None:
-        self.emit(f"{s.var.name} = {s.scope}_tensor({s.dtype.short}, {s.size})")
+        t = type_name(s.dtype)
+        if s.scope == "dynamic":
+            # Placed at the start of the dynamic shared memory, as the IR's array is.
+            self.emit(f"{s.var.name} = dynamic_shared_tensor({t}, {s.size}, at=0)")
+        else:
+            function = _ARRAY_FUNCTIONS.get(s.scope, f"{s.scope}_tensor")
+            self.emit(f"{s.var.name} = {function}({t}, {s.size})")
 
     def visit_Assign(self, s: S.Assign) -> None:
-        self.emit(f"{s.var.name} = {self.e.visit(s.value)}")
+        self.emit(f"{s.var.name} = {self.e.literal(s.value, s.var.type)}")
 
     def visit_Store(self, s: S.Store) -> None:
-        self.emit(f"{s.buf.name}[{self.e.visit(s.index)}] = {self.e.visit(s.value)}")
+        value = self.e.literal(s.value, s.buf.type.elem)
+        self.emit(f"{s.buf.name}[{self.e.index(s.index)}] = {value}")
 
     def visit_Evaluate(self, s: S.Evaluate) -> None:
         self.emit(self.e.visit(s.expr))
@@ -196,36 +400,54 @@ class StmtPrinter(Functor):
         self.emit("continue")
 
     def visit_Return(self, s: S.Return) -> None:
-        self.emit("return" if s.value is None else f"return {self.e.visit(s.value)}")
+        if s.value is None:
+            self.emit("return")
+        else:
+            self.emit(f"return {self.e.literal(s.value, self.ret)}")
 
     def visit_Comment(self, s: S.Comment) -> None:
-        self.emit(f"# {s.text}")
+        self.emit(f"comment({s.text!r})")
 
 
 def stmt_str(s: S.Stmt) -> str:
-    """A statement as text."""
+    """A statement as script DSL text."""
     p = StmtPrinter()
     p.visit(s)
     return "\n".join(p.lines)
 
 
 def function_str(f: Function) -> str:
-    """A function as text: signature, attributes, body."""
-    params = ", ".join(f"{p.name}: {p.type.short}" for p in f.params)
-    ret = f" -> {f.ret.short}" if f.ret is not None else ""
+    """A function as script DSL text (minicomp.script): its signature, `attrs.<field> = ...`
+    for every launch attribute not at its default, then its body. The script parser reads it
+    back into the same function (minicomp.script.text.parse_function), but for what the DSL
+    cannot say: the cpu target's loop kinds, and the few intrinsics it does not name."""
+    params = ", ".join(f"{p.name}: {type_name(p.type)}" for p in f.params)
+    ret = f" -> {type_name(f.ret)}" if f.ret is not None else ""
     p = StmtPrinter()
+    p.ret = f.ret
     p.emit(f"def {f.name}({params}){ret}:  # {f.kind}")
     p.depth = 1
     for k, v in f.attrs.items():
         if v != getattr(LAUNCH_DEFAULTS, k):
-            p.emit(f"attrs.{k} = {v!r}")
-    p.visit(f.body)
+            p.emit(f"attrs.{k} = {_attr_text(p.e, v)}")
+    if isinstance(f.body, S.Seq) and not f.body.body:
+        p.emit("pass")
+    else:
+        p.visit(f.body)
     return "\n".join(p.lines)
 
 
+def _attr_text(e: ScriptExprPrinter, v) -> str:
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_attr_text(e, d) for d in v) + ")"
+    if isinstance(v, E.Expr):
+        return e.visit(v)
+    return repr(v)
+
+
 def module_str(m: Module) -> str:
-    """A module as text."""
-    return "\n\n".join(function_str(f) for f in m.functions)
+    """A module as script DSL text: its functions, callees first."""
+    return "\n\n\n".join(function_str(f) for f in m.functions)
 
 
 def compute_str(t: C.Compute) -> str:

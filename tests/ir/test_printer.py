@@ -1,4 +1,5 @@
-"""The IR printer: expressions with minimal parentheses, statements, functions and graphs."""
+"""The IR printer: expressions with minimal parentheses, statements and functions as script DSL
+(tests/ir/test_round_trip.py parses it back), and graphs."""
 
 from textwrap import dedent
 
@@ -94,9 +95,9 @@ def test_statements():
         "parallel",
     )
     assert stmt_str(loop) == dedent("""\
-        for a in range(c):  # parallel
+        for a in parallel(range(c)):
             acc: f32 = 0.0
-            for b in range(8):  # vectorize
+            for b in vectorize(range(i64(8))):
                 acc = acc + buf[a * 8 + b]
             if acc > 0.0:
                 buf[a] = acc
@@ -112,11 +113,77 @@ def test_function_signature_attrs_and_body():
         attrs=LaunchAttrs(block_dim=(128, 1, 1)),
     )
     assert function_str(f) == dedent("""\
-        def scale(buf: f32*, c: i64):  # kernel
+        def scale(buf: ptr(f32), c: i64):  # kernel
             attrs.block_dim = (128, 1, 1)
             for a in range(c):
                 buf[a] = buf[a] * 2.0""")
     assert repr(f) == function_str(f)
+
+
+def test_statements_print_as_script_dsl():
+    t, k = E.Var("t", i32), E.Var("k", i64)
+    smem = E.Var("smem", PointerType(f32, "shared"))
+    regs = E.Var("regs", PointerType(f32, "local"))
+    flag = E.Var("flag", boolean)
+    tid = E.Call("thread_idx_x", (), i32)
+    body = S.seq(
+        S.Declare(t, tid),
+        S.Declare(flag),
+        S.DeclareArray(smem, f32, 64, "dynamic"),
+        S.DeclareArray(regs, f32, 4, "local"),
+        S.Comment("a note"),
+        S.For(k, E.const(4), S.Store(regs, k, E.const(0.0)), "unroll"),
+        S.Evaluate(
+            E.Call("load_vec", (regs, E.Load(buf, E.cast(t, i64) * 4), E.const(4, i32)), i32)
+        ),
+        S.Store(smem, E.cast(t, i64), E.Load(regs, E.const(0)) * E.const(0.5) + float("-inf")),
+        S.If(t < 3, S.Seq(()), S.Assign(flag, E.const(True))),
+        S.Evaluate(E.Call("syncthreads", (), i32)),
+    )
+    assert stmt_str(body) == dedent("""\
+        t: i32 = threadIdx.x
+        flag: boolean
+        smem = dynamic_shared_tensor(f32, 64, at=0)
+        regs = register_tensor(f32, 4)
+        comment('a note')
+        for k in unroll(range(i64(4))):
+            regs[k] = 0.0
+        load_vec(regs, buf[i64(t) * 4], 4)
+        smem[i64(t)] = regs[0] * 0.5 + -math.inf
+        if t < 3:
+            pass
+        else:
+            flag = True
+        syncthreads()""")
+
+
+@pytest.mark.parametrize(
+    "e, text",
+    [
+        # A literal beside an operand takes its type; alone it is i32, f32 or bool.
+        (lambda: a + 3, "a + 3"),
+        (lambda: E.const(3), "i64(3)"),
+        (lambda: E.const(3, i32), "3"),
+        (lambda: E.const(2**40), "1099511627776"),
+        (lambda: E.const(1.5, f64), "f64(1.5)"),
+        (lambda: E.select(p, E.const(1.0, f64), u), "1.0 if p else f64(u)"),
+        (lambda: E.select(p, E.const(1.0, f64), E.const(2.0, f64)), "f64(1.0) if p else f64(2.0)"),
+        # Two constants: the first is typed, so that the operation is not folded.
+        (lambda: E.Binary("sub", E.const(64.0), E.const(0.0)), "f32(64.0) - 0.0"),
+        (lambda: E.cast(p, i32), "i32(p)"),
+        (lambda: E.cast(a, boolean), "boolean(a)"),
+        (lambda: E.eq(E.unary("not", p), p), "(not p) == p"),
+        (lambda: E.select(p, E.select(p, u, v), v), "(u if p else v) if p else v"),
+        (lambda: E.Call("block_dim_z", (), i32), "blockDim.z"),
+        (lambda: E.Call("shfl_xor_sync", (u, E.const(16, i32)), f32), "shfl_xor_sync(u, 16)"),
+        (lambda: E.const(float("nan")), "math.nan"),
+        (lambda: E.Binary("div", a, b), "div(a, b)"),
+        (lambda: E.Binary("bitand", p, p), "bitand(p, p)"),
+    ],
+)
+def test_script_expressions(e, text):
+    # Inside functions and statements, expressions print as the script DSL spells them.
+    assert stmt_str(S.Evaluate(e())) == text
 
 
 def _graph():
