@@ -52,10 +52,12 @@ Primitives: `threadIdx`, `blockIdx`, `blockDim`, `gridDim` (.x .y .z, i32), `syn
 `atomic_add(t[i], v)` and `atomic_max(t[i], v)` (they return the old value),
 `shared_tensor(dtype, shape)`, `register_tensor(dtype, shape)`,
 `dynamic_shared_tensor(dtype, shape)` (laid out one after the other in the dynamic shared
-memory, whose size `attrs.dynamic_smem` defaults to), `load_vec(reg, t[i])`,
+memory, whose size `attrs.dynamic_smem` defaults to; `at=bytes` places one at that offset
+instead), `load_vec(reg, t[i])`,
 `store_vec(t[i], reg)` and `is_aligned(t[i], bytes)` (vector access of a whole register
 tensor), `printf(fmt, *values)` (C's format; f16/bf16 values print as doubles with %f, bools
-and narrow ints as ints with %d, i64 needs %lld), the math functions of
+and narrow ints as ints with %d, i64 needs %lld), `comment(text)` (a comment in the CUDA
+source), the math functions of
 minicomp.ir.expr.MATH_FUNCTIONS plus `max`, `min`, `abs`, `pow` (and `**`), and `attrs`
 (`grid_dim`, `block_dim`: ints or expressions over scalar parameters; `dynamic_smem` bytes;
 `launch_bounds`: the most threads a block may have; `min_blocks`: the blocks per SM the
@@ -67,6 +69,9 @@ element: 8 f16 or bf16 of A, 4 of B, 4 f32 of C and D), `ldmatrix_x1|x2|x4[_tran
 smem[r, c])` (the 16-byte shared row this lane names), `cp_async(smem[i], t[j], nbytes,
 src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled past the
 runtime `src_bytes`), `cp_async_commit()`, `cp_async_wait(n)`, `cp_async_wait_all()`.
+
+Kernel IR prints as this language (minicomp.ir.printer.function_str), and
+minicomp.script.text.parse_function reads such text back into the same IR.
 
 Not (yet) in the language: slices, strings other than printf's format, bounds checks (an
 index outside a tensor is undefined behaviour, as in CUDA), Python's negative indices, and
@@ -93,6 +98,7 @@ from minicomp.script.lang import (
     attrs,
     blockDim,
     blockIdx,
+    comment,
     cp_async,
     cp_async_commit,
     cp_async_wait,
@@ -181,6 +187,7 @@ __all__ = [
     "register_tensor",
     "dynamic_shared_tensor",
     "printf",
+    "comment",
     "unroll",
     "load_vec",
     "store_vec",

@@ -161,6 +161,7 @@ def _atomic(p, name, args, kwargs):
 
 def _tensor(scope: str) -> Callable:
     def handler(p, name, args, kwargs):
+        at = kwargs.pop("at", None) if scope == "dynamic" else None
         _no_keywords(kwargs, name)
         _arity(name, args, 2)
         dtype = p.constant(args[0], f"the type of {name}()")
@@ -171,7 +172,11 @@ def _tensor(scope: str) -> Callable:
         for d in shape:
             if not isinstance(d, int) or isinstance(d, bool) or d < 1:
                 raise Issue(f"the shape of {name}() must be positive compile-time ints: {shape}")
-        return p.declare_array(scope, dtype.dtype, shape)
+        if at is not None:
+            at = p.compile_time_int(at, f"the byte offset of {name}()")
+            if at < 0 or at % 16:
+                raise Issue(f"{name}(at=...) is a multiple of 16 bytes, not {at}")
+        return p.declare_array(scope, dtype.dtype, shape, at)
 
     return handler
 
@@ -199,6 +204,15 @@ def _printf(p, name, args, kwargs):
         raise Issue(f"the printf format has {len(specs)} conversions for {len(values)} values")
     call_expr = E.Call("printf", (StringLiteral(fmt), *values), T.i32)
     return Effect(S.Evaluate(call_expr), "printf()")
+
+
+def _comment(p, name, args, kwargs):
+    _no_keywords(kwargs, name)
+    _arity(name, args, 1)
+    text = p.constant(args[0], "the text of comment()")
+    if not isinstance(text, str):
+        raise Issue(f"comment() takes a string, not {_d(text)}")
+    return Effect(S.Comment(text), "comment()")
 
 
 def _vector_lanes(p, name, reg: TensorRef, elem: T.DataType, lanes_node) -> Expr:
@@ -351,6 +365,7 @@ HANDLERS = {
     "register_tensor": _tensor("local"),
     "dynamic_shared_tensor": _tensor("dynamic"),
     "printf": _printf,
+    "comment": _comment,
     "load_vec": _load_vec,
     "store_vec": _store_vec,
     "is_aligned": _is_aligned,

@@ -75,18 +75,24 @@ def operand(p, node: ast.AST, what: str) -> Operand:
     )
 
 
+def _known(shape: tuple) -> bool:
+    """Whether every size of `shape` is known at compile time (a pointer parameter's shape,
+    (-1,), is not)."""
+    return all(isinstance(d, int) and d >= 0 for d in shape)
+
+
 def _whole(ref: TensorRef) -> Operand:
-    size = math.prod(ref.shape) if all(isinstance(d, int) for d in ref.shape) else None
+    size = math.prod(ref.shape) if _known(ref.shape) else None
     const = ref.offset if isinstance(ref.offset, int) else None
     return Operand(ref.name, ref.var, as_index(ref.offset), size, const)
 
 
 def _room_after(base: TensorRef, indices: tuple) -> int | None:
     """Elements from base[indices] to the end of `base`, taking runtime indices as 0 (the
-    most room any in-bounds index leaves); None for a tensor of runtime size."""
-    strides = row_major_strides(base.shape)
-    if not all(isinstance(d, int) for d in (*base.shape, *strides)):
+    most room any in-bounds index leaves); None for a tensor of runtime size or a pointer."""
+    if not _known(base.shape):
         return None
+    strides = row_major_strides(base.shape)
     before = sum(i * s for i, s in zip(indices, strides) if isinstance(i, int))
     return math.prod(base.shape) - before
 

@@ -3,7 +3,10 @@
 One `visit_<Construct>` per supported Python statement; anything else is an error naming the
 construct at its line. Names follow Python's function scoping: a variable first assigned inside
 a branch or a loop and used after it is declared (without a value) at the start of the
-innermost block enclosing both, and its first assignment becomes a plain assignment.
+innermost block enclosing both, and its first assignment becomes a plain assignment. An
+annotated assignment (`x: f32 = ...`) to a name whose variable was declared in a block that
+has ended (an earlier loop body or branch) declares a new variable, as C's block scoping
+would: the kernel IR's printed form redeclares a name in sibling blocks that way.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ class _Unhoist(Mutator):
         if s.var not in self.hoisted:
             return s
         return S.Seq(()) if s.init is None else S.Assign(s.var, s.init)
+
+    def visit_Seq(self, s: S.Seq) -> S.Stmt:
+        # Flattened again, as blocks are: no empty Seq stays where a declaration was.
+        body = [self.visit(x) for x in s.body]
+        return s if all(a is b for a, b in zip(body, s.body)) else S.seq(*body)
 
     def visit_default(self, n):
         # Expressions hold no declarations.
@@ -180,6 +188,11 @@ class FunctionParser(ExprParser):
         common.hoisted.append(b.value)
         b.block = common
 
+    def out_of_scope(self, b: Binding | None) -> bool:
+        """Whether `b` is a variable declared in a block that has ended (a sibling branch or
+        loop body): an annotated assignment then declares a new variable of its name."""
+        return b is not None and b.kind == "var" and not b.block.encloses(self.block)
+
     def bind_new(self, name: str, kind: str, value, note: str = "") -> Binding | None:
         """Bind a loop variable or task index, refusing to hide a live local; returns the
         binding it replaces."""
@@ -190,8 +203,11 @@ class FunctionParser(ExprParser):
         self.names[name] = Binding(kind, value)
         return old
 
-    def declare_array(self, scope: str, dt: DataType, shape: tuple[int, ...]) -> TensorRef:
-        """Declare a shared, dynamic shared or register tensor named after the assignment."""
+    def declare_array(
+        self, scope: str, dt: DataType, shape: tuple[int, ...], at: int | None = None
+    ) -> TensorRef:
+        """Declare a shared, dynamic shared or register tensor named after the assignment; a
+        dynamic one at byte `at` of the dynamic shared memory, else after the ones before."""
         name = self.pending_name or f"{scope}_tensor"
         size = math.prod(shape)
         space = "local" if scope == "local" else "shared"
@@ -200,11 +216,11 @@ class FunctionParser(ExprParser):
         if scope == "dynamic":
             # Every dynamic array starts where the dynamic shared memory starts (like CUDA's
             # extern __shared__): each tensor is an offset into it, 16-byte aligned.
-            start = -(-self.dynamic_bytes // 16) * 16
+            start = -(-self.dynamic_bytes // 16) * 16 if at is None else at
             if start % dt.nbytes:
                 raise Issue(f"dynamic shared tensor {name} is not aligned to its {dt}")
             offset = start // dt.nbytes
-            self.dynamic_bytes = start + size * dt.nbytes
+            self.dynamic_bytes = max(self.dynamic_bytes, start + size * dt.nbytes)
             size += offset
         self.emit(S.DeclareArray(var, dt, size, scope))
         return TensorRef(name, var, shape, offset)
@@ -251,6 +267,8 @@ class FunctionParser(ExprParser):
         if isinstance(value, Effect):
             raise Issue(f"{value.what} returns nothing; it has no value to assign")
         b = self.names.get(name)
+        if declared is not None and self.out_of_scope(b):
+            b = None  # a new variable of that name
         if b is not None and b.kind != "gone":
             if declared is not None:
                 raise Issue(f"{name} is already declared; annotate its first assignment only")
@@ -326,7 +344,8 @@ class FunctionParser(ExprParser):
             raise Issue(f"a variable's annotation is a scalar type such as f32, not {t!r}")
         name = node.target.id
         if node.value is None:
-            if name in self.names and self.names[name].kind != "gone":
+            b = self.names.get(name)
+            if b is not None and b.kind != "gone" and not self.out_of_scope(b):
                 raise Issue(f"{name} is already declared")
             var = Var(self.fresh(name), t.dtype)
             self.emit(S.Declare(var))
