@@ -91,6 +91,14 @@ def to_torch(dt: DataType):
     return getattr(torch, dt.name)
 
 
+def fits(value: int, dt: DataType) -> bool:
+    """Whether the integer `value` is representable in integer type `dt`."""
+    bits = 8 * dt.nbytes
+    if dt.kind == "uint":
+        return 0 <= value < 2**bits
+    return -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
+
+
 _FLOAT_ORDER = (f16, bf16, f32, f64)
 _INT_ORDER = (u8, i8, i16, i32, i64)
 

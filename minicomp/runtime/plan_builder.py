@@ -13,6 +13,7 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
 from minicomp.ir.symbols import free_symbols, launch_dims
+from minicomp.ir.types import fits
 from minicomp.passes.graph.layout import eager_stride_reads
 from minicomp.runtime.plan import (
     ExternStep,
@@ -23,7 +24,6 @@ from minicomp.runtime.plan import (
     Step,
     dims_fn,
 )
-from minicomp.script.conversions import fits
 
 
 class PlanBuilder:

@@ -29,8 +29,9 @@ import math
 
 from minicomp.ir import expr as E
 from minicomp.ir.expr import Expr
-from minicomp.ir.types import DataType, boolean, f32, i32, i64, promote
+from minicomp.ir.types import DataType, boolean, f32, fits, i32, i64, promote
 from minicomp.script.errors import Issue
+from minicomp.script.values import TensorRef
 
 Number = int | float | bool
 
@@ -38,14 +39,6 @@ Number = int | float | bool
 def is_number(value) -> bool:
     """Whether `value` is a compile-time number (bools included)."""
     return isinstance(value, int | float)
-
-
-def fits(value: int, dt: DataType) -> bool:
-    """Whether the integer `value` is representable in integer type `dt`."""
-    bits = 8 * dt.nbytes
-    if dt.kind == "uint":
-        return 0 <= value < 2**bits
-    return -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
 
 
 def literal_type(value: Number) -> DataType:
@@ -149,8 +142,6 @@ def _cast_name(dt: DataType) -> str:
 
 def describe(value) -> str:
     """A short description of a value for error messages."""
-    from minicomp.script.values import TensorRef
-
     if isinstance(value, Expr):
         return f"a {value.dtype} value"
     if isinstance(value, TensorRef):

@@ -23,9 +23,8 @@ from minicomp.ir import expr as E
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Mutator
 from minicomp.ir.graph import ArgRef, ExternOp, Graph, KernelOp
-from minicomp.ir.types import to_torch
+from minicomp.ir.types import fits, to_torch
 from minicomp.passes.graph.layout import is_row_major
-from minicomp.script.conversions import fits
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction
 from minicomp.script.signature import Param

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.expr import Dim, Expr, StringLiteral, Var  # noqa: F401 - printf's format
-from minicomp.ir.types import DataType, i64
-from minicomp.script.conversions import fits, is_number
+from minicomp.ir.types import DataType, fits, i64
 from minicomp.script.errors import Issue
 
 
@@ -41,7 +40,7 @@ class TensorRef:
         strides = row_major_strides(self.shape)
         flat: Dim = self.offset
         for d, (i, extent, stride) in enumerate(zip(indices, self.shape, strides)):
-            if is_number(i):
+            if isinstance(i, int | float):
                 if isinstance(i, bool) or not isinstance(i, int):
                     raise Issue(f"index {d} of {self.name} is {i!r}, not an integer")
                 if isinstance(extent, int) and extent >= 0 and not 0 <= i < extent:
