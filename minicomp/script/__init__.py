@@ -219,3 +219,7 @@ class _ScriptModule(_types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _ScriptModule
+
+# Last: launching builds through minicomp.targets, which imports templates written with the
+# names above. Importing the launcher registers it with ScriptFunction.
+from minicomp.script import launch as _launch  # noqa: E402, F401

@@ -16,6 +16,17 @@ from minicomp.script.lang import ScriptFunctionBase
 from minicomp.script.parser import FunctionParser
 from minicomp.script.signature import Signature, c_name, parse_signature
 
+# Runs a kernel called from Python: script/launch.py registers it (`set_launcher`) when
+# imported, which importing any module of minicomp.script does (the package imports it). It
+# sits above the targets it builds through, which the language sits below.
+_launcher: Any = None
+
+
+def set_launcher(launch: Any) -> None:
+    """Make `launch(script_function, args, kwargs)` run kernels called from Python."""
+    global _launcher
+    _launcher = launch
+
 
 class _State:
     """What every view of one script function shares: source, signature, IR and builds."""
@@ -128,9 +139,7 @@ class ScriptFunction(ScriptFunctionBase):
         return ScriptFunction(self.fn, target, _state=self._state)
 
     def __call__(self, *args, **kwargs) -> None:
-        from minicomp.script.launch import launch
-
-        launch(self, args, kwargs)
+        _launcher(self, args, kwargs)
 
     def __repr__(self) -> str:
         target = f", target={self.target!r}" if self.target else ""

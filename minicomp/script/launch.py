@@ -29,7 +29,7 @@ from minicomp.ir.symbols import compile_dims, launch_dims
 from minicomp.ir.types import bf16, f16, to_torch
 from minicomp.script.conversions import fits
 from minicomp.script.errors import ScriptError
-from minicomp.script.function import ScriptFunction
+from minicomp.script.function import ScriptFunction, set_launcher
 from minicomp.script.signature import Param, Signature
 from minicomp.targets import script_target
 
@@ -243,3 +243,6 @@ def _check_block(sf: ScriptFunction, f, threads: int, shared: int) -> None:
             sf._state.source.filename,
             sig.lineno,
         )
+
+
+set_launcher(launch)
