@@ -598,10 +598,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from minicomp.bench import options, runner
+    from minicomp.bench import runner
 
     try:
-        settings = options.settings_from_args(args)
+        settings = runner.settings_from_args(args)
     except ValueError as err:
         raise CliError(str(err)) from None
     runner.run(settings)

@@ -21,7 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch._dynamo
 
+from minicomp.backends.cpu import compiler
+from minicomp.backends.cuda import nvrtc
 from minicomp.bench.options import BACKEND_NAMES
+from minicomp.dynamo.backend import recording
+from minicomp.ir.graph import ExternOp
 
 # Pass/fail: the largest absolute difference from eager, divided by the largest magnitude of
 # eager's output, must not exceed this. Both sides compute in the same dtype, so this bounds
@@ -215,9 +219,6 @@ def _forget_in_memory(backend: Backend) -> None:
 
         clear_caches()
     elif backend.cache == "minicomp":
-        from minicomp.backends.cpu import compiler
-        from minicomp.backends.cuda import nvrtc
-
         compiler.clear_memory_cache()
         nvrtc.clear_memory_cache()
 
@@ -248,7 +249,6 @@ def minicomp_stats(records: list) -> dict:
     (op -> reason; zero-copy views excluded, they cost nothing) and how many calls those are."""
     fallbacks: dict[str, str] = {}
     calls = kernels = 0
-    from minicomp.ir.graph import ExternOp
 
     for r in records:
         kernels += len(r.kernels)
@@ -323,8 +323,6 @@ def measure(
 
 
 def _measure(row, backend, model, inputs, expected, device, repeats, warmup, options, warm):
-    from minicomp.dynamo.backend import recording
-
     extra = dict(options or {})
     errors = []
     with _fresh_cache(backend) as cache_dir:

@@ -113,38 +113,3 @@ def batches(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise ValueError(f"bad --batch {text!r}: batch sizes are positive integers")
     return values
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from parsed arguments, with the device's defaults where none were given;
-    raises ValueError on an unknown name or a bad number."""
-    import torch
-
-    from minicomp.bench import measure, suite
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    defaults = CUDA_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    if args.backends:
-        backends = names(args.backends, BACKEND_NAMES, "backend")
-    else:  # the defaults leave out what is not installed; named ones say why they fail
-        backends = [b for b in defaults["backends"] if measure.BACKENDS[b].missing() is None]
-    settings = Settings(
-        models=names(args.models, suite.SUITE, "model") if args.models else suite.model_names(),
-        dtypes=names(args.dtypes, DTYPE_NAMES, "dtype") if args.dtypes else defaults["dtypes"],
-        batch=batches(args.batch) if args.batch else defaults["batch"],
-        backends=backends,
-        device=device,
-        size=args.size,
-        repeats=defaults["repeats"] if args.repeats is None else args.repeats,
-        warmup=defaults["warmup"] if args.warmup is None else args.warmup,
-        json=args.json if args.json is not None else f"minicomp-bench-{device}.json",
-        chart=args.chart if args.chart is not None else f"minicomp-bench-{device}.png",
-        progress=not args.no_progress,
-        jsonl=args.jsonl or None,
-        warm=not args.no_warm,
-    )
-    if settings.repeats < 1 or settings.warmup < 0:
-        raise ValueError("--repeats must be at least 1 and --warmup at least 0")
-    return settings

@@ -15,7 +15,16 @@ from dataclasses import asdict
 import torch
 
 from minicomp.bench import measure, report, suite
-from minicomp.bench.options import Settings, add_arguments, settings_from_args
+from minicomp.bench.options import (
+    BACKEND_NAMES,
+    CPU_DEFAULTS,
+    CUDA_DEFAULTS,
+    DTYPE_NAMES,
+    Settings,
+    add_arguments,
+    batches,
+    names,
+)
 from minicomp.bench.rows import RowWriter, clean
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -233,6 +242,37 @@ def _clean(rows: list[dict]) -> list[dict]:
     """Rows with non-finite numbers as None, so the file is strict JSON."""
 
     return [clean(r) for r in rows]
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from parsed arguments, with the device's defaults where none were given;
+    raises ValueError on an unknown name or a bad number."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    defaults = CUDA_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    if args.backends:
+        backends = names(args.backends, BACKEND_NAMES, "backend")
+    else:  # the defaults leave out what is not installed; named ones say why they fail
+        backends = [b for b in defaults["backends"] if measure.BACKENDS[b].missing() is None]
+    settings = Settings(
+        models=names(args.models, suite.SUITE, "model") if args.models else suite.model_names(),
+        dtypes=names(args.dtypes, DTYPE_NAMES, "dtype") if args.dtypes else defaults["dtypes"],
+        batch=batches(args.batch) if args.batch else defaults["batch"],
+        backends=backends,
+        device=device,
+        size=args.size,
+        repeats=defaults["repeats"] if args.repeats is None else args.repeats,
+        warmup=defaults["warmup"] if args.warmup is None else args.warmup,
+        json=args.json if args.json is not None else f"minicomp-bench-{device}.json",
+        chart=args.chart if args.chart is not None else f"minicomp-bench-{device}.png",
+        progress=not args.no_progress,
+        jsonl=args.jsonl or None,
+        warm=not args.no_warm,
+    )
+    if settings.repeats < 1 or settings.warmup < 0:
+        raise ValueError("--repeats must be at least 1 and --warmup at least 0")
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:

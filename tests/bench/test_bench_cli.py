@@ -95,16 +95,16 @@ def test_bench_prints_the_table_and_writes_json_and_png(tmp_path):
 
 def test_defaults_follow_the_device_and_bad_values_fail_in_one_line(capsys):
     from minicomp import cli
-    from minicomp.bench import options
+    from minicomp.bench import options, runner
 
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)
-    settings = options.settings_from_args(parser.parse_args(["--device", "cpu"]))
+    settings = runner.settings_from_args(parser.parse_args(["--device", "cpu"]))
     assert settings.backends == ["eager", "inductor", "minicomp-ss0"]
     assert (settings.dtypes, settings.batch, settings.size) == (["float32"], [1], "full")
     assert settings.models == suite.model_names() and settings.json == "minicomp-bench-cpu.json"
     args = ["--device", "cpu", "--batch", "1,16", "--dtypes", "bfloat16", "--json", ""]
-    settings = options.settings_from_args(parser.parse_args(args))
+    settings = runner.settings_from_args(parser.parse_args(args))
     assert settings.batch == [1, 16] and settings.dtypes == ["bfloat16"] and settings.json == ""
 
     bad = [

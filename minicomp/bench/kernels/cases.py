@@ -21,8 +21,11 @@ import torch
 import torch._dynamo
 
 from minicomp import config
+from minicomp.backends.cuda import nvrtc, sass
 from minicomp.bench.kernels.timing import copies_beyond_l2, interleaved
 from minicomp.bench.measure import first_call, relative_error
+from minicomp.dynamo.backend import recording
+from minicomp.ir.graph import ExternOp
 from minicomp.targets import get_target
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -86,8 +89,6 @@ def compile_minicomp(fn: Callable, level: int, env: Env) -> Callable:
 def _minicomp_details(records: list, env: Env) -> dict:
     """What minicomp's compile records say about a case: templates, kernels, ATen calls, and
     per kernel the resources and SASS check when env.sass_arch is set."""
-    from minicomp.ir.graph import ExternOp
-
     templates, kernels, aten = set(), 0, []
     for r in records:
         kernels += len(r.kernels)
@@ -101,8 +102,6 @@ def _minicomp_details(records: list, env: Env) -> dict:
 
 
 def _sass_details(records: list, env: Env) -> dict:
-    from minicomp.backends.cuda import nvrtc, sass
-
     detail, missing = [], []
     try:
         for r in records:
@@ -148,8 +147,6 @@ def _sass_line(entry: dict, arch: str) -> str:
 
 def _compile_runners(case: Case, copies: list, expected, env: Env, row: dict) -> dict:
     """Every backend's callable, each compiled, run once and checked; failures go in `row`."""
-    from minicomp.dynamo.backend import recording
-
     runners: dict[str, Callable] = {"library": case.fn}
     out, _ = first_call(case.fn, copies[0], env.device)
     row["library_rel_err"] = relative_error(out, expected)

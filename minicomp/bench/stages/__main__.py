@@ -14,7 +14,10 @@ import os
 import sys
 import traceback
 
-from minicomp.bench.stages import STAGES
+import torch
+
+from minicomp.bench.stages import STAGES, check, kernels, models, report, train
+from minicomp.bench.stages.facts import device_facts
 from minicomp.bench.stages.stage import BUDGETS, MAX_FILES, Budget, Stage, device_slug
 from minicomp.dynamo.backend import ensure_registered
 
@@ -49,8 +52,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _run_body(stage: Stage, args: argparse.Namespace) -> None:
-    from minicomp.bench.stages import check, kernels, models, train
-
     def split(text: str) -> list[str]:
         return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -72,11 +73,7 @@ def _run_body(stage: Stage, args: argparse.Namespace) -> None:
 def run_stage(name: str, args: argparse.Namespace) -> int:
     """Run one stage; 0 when it ran to its end (failures it measured are results), 1 when the
     stage itself broke, 2 when it wrote more files than the device machine returns."""
-    from minicomp.bench.stages.facts import device_facts
-
     if not args.rehearse:
-        import torch
-
         if not torch.cuda.is_available():
             print(f"stage {name} needs a CUDA GPU; use --rehearse to run it on the CPU")
             return 1
@@ -124,8 +121,6 @@ def run_stage(name: str, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.stage == "report":
-        from minicomp.bench.stages import report
-
         path = report.write_page(args.results, include_rehearsals=args.include_rehearsals)
         print(f"wrote {path}")
         return 0

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from minicomp.backends.cuda.sass import find_tool
 from minicomp.bench.rows import read_rows
 from minicomp.bench.stages.stage import Stage
 
@@ -136,8 +137,6 @@ def summarize_tests(rows: list[dict]) -> dict:
 
 
 def _sanitizer_command(tool: str) -> list[str] | None:
-    from minicomp.backends.cuda.sass import find_tool
-
     path = find_tool("compute-sanitizer")
     if path is None:
         return None

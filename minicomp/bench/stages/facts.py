@@ -11,6 +11,8 @@ import subprocess
 import torch
 
 from minicomp import config
+from minicomp.backends.cuda import driver, nvrtc
+from minicomp.bench.kernels.timing import interleaved
 from minicomp.bench.stages.stage import commit, today
 
 PACKAGES = ("torch", "transformers", "torchvision", "timm", "cuda-bindings", "numpy", "minicomp")
@@ -25,8 +27,6 @@ def _version(name: str) -> str | None:
 
 def _nvrtc() -> str:
     try:
-        from minicomp.backends.cuda import nvrtc
-
         major, minor = nvrtc.nvrtc_version(library=config.get("nvrtc_library"))
         return f"{major}.{minor}"
     except Exception as err:  # reported, not fatal: the check stage shows it
@@ -64,7 +64,6 @@ def device_facts(rehearse: bool) -> dict:
         facts.update(device="cuda-emu (CPU rehearsal)", slug="emu", rehearsal=True)
         return facts
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    from minicomp.backends.cuda import driver
 
     try:
         major, minor = driver.driver_version()
@@ -89,8 +88,6 @@ def measure_peaks(device: str, clock) -> dict:
     """The device's measured ceilings: TFLOP/s of a large matrix product through PyTorch's
     library in each dtype (f32 without TF32) and GB/s of a large copy (bytes read + written).
     On the host (a rehearsal) small sizes: the numbers only exercise the procedure."""
-    from minicomp.bench.kernels.timing import interleaved
-
     n, elements = (8192, 2**28) if device == "cuda" else (256, 2**20)
     peaks = {}
     for dtype in (torch.float16, torch.bfloat16, torch.float32):

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minicomp.bench.measure import relative_error
 from minicomp.bench.rows import RowWriter
-from minicomp.dynamo.backend import ensure_registered
+from minicomp.dynamo.backend import ensure_registered, recording
+from minicomp.ir.graph import ExternOp
 from minicomp.targets import get_target
 
 
@@ -116,10 +118,6 @@ WORKLOADS = (
 
 def run_workload(work: Workload, target: str, device: str, cache_dir: str) -> dict:
     """Compile and run one workload; its row (ok, error, templates, kernels, seconds)."""
-    from minicomp.bench.measure import relative_error
-    from minicomp.dynamo.backend import recording
-    from minicomp.ir.graph import ExternOp
-
     row = {"kind": "workload", "workload": work.kind, "target": target, "ok": False}
     start = time.perf_counter()
     try:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from minicomp.bench.rows import RowWriter
+from minicomp.tune import bundle
 
 MAX_FILES = 6
 # Seconds each stage may take on a GPU machine: 23.5 minutes in all, under the 25 the lease
@@ -157,8 +158,6 @@ class Stage:
     def import_carried(self) -> None:
         """Merge every cache bundle in the carry folder (the stages before, on a machine that
         started afresh) into this stage's cache."""
-        from minicomp.tune import bundle
-
         for path in sorted(glob.glob(os.path.join(self.carry_dir, "*" + CACHE_SUFFIX))):
             try:
                 counts = bundle.read_bundle(path, self.cache_dir)
@@ -173,8 +172,6 @@ class Stage:
     def export_cache(self) -> dict | None:
         """Bundle this stage's tuning records and cubins for the next stage, small enough to
         come back from the device machine (the newest cubins first); None: nothing to carry."""
-        from minicomp.tune import bundle
-
         path, cubin_bytes = self.path(CACHE_SUFFIX), MAX_BUNDLE_BYTES * 3
         while True:
             manifest = bundle.write_bundle(self.cache_dir, path, max_bytes=cubin_bytes)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from minicomp.bench import suite
 from minicomp.bench.kernels.timing import Timing
 from minicomp.bench.stages.stage import Stage
+from minicomp.dynamo.backend import recording
 
 MODELS = {"gpt2": 8, "resnet50": 32}  # model: batch
 REHEARSAL_MODELS = {"gpt2": 2, "resnet50": 2}
@@ -80,8 +81,6 @@ def _timed(fn, device: str) -> tuple:
 
 def train_model(stage: Stage, name: str, batch: int, backends, steps: int) -> list[dict]:
     """Each backend's row for one model: check the first step against eager's, then time."""
-    from minicomp.dynamo.backend import recording
-
     spec = suite.get(name)
     size = "small" if stage.rehearse else "full"
     built = spec.build(size, torch.float32, batch, stage.device)
