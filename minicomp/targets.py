@@ -220,15 +220,7 @@ class CudaTarget(CudaSourceTarget):
     def build(self, kernels, options, device_index=None, device_functions=()):
         if not kernels:
             return {}, ""
-        module = Module("graph", (*device_functions, *kernels))
-        index = torch.cuda.current_device() if device_index is None else device_index
-        cuda = cuda_module.build(
-            module,
-            device_index=index,
-            cache_dir=options.cache_dir,
-            arch=options.arch,
-            library=options.nvrtc_library,
-        )
+        cuda = _load(Module("graph", (*device_functions, *kernels)), options, device_index)
         return {k.name: cuda.kernel(k.name, launch_dims(k)) for k in kernels}, cuda.source
 
     def runner_factory(self, layouts, options, device_index):
@@ -245,17 +237,23 @@ class CudaTarget(CudaSourceTarget):
         return plan
 
     def build_script(self, module, function, options, device, checks):
-        index = device.index if device is not None else torch.cuda.current_device()
-        cuda = cuda_module.build(
-            module,
-            device_index=index,
-            cache_dir=options.cache_dir,
-            arch=options.arch,
-            library=options.nvrtc_library,
-        )
+        cuda = _load(module, options, device.index if device is not None else None)
         # The launcher evaluates the dynamic shared memory size itself.
         launcher = cuda.kernel(function.name, launch_dims(function))
         return lambda args, grid, block, shared: launcher(*map(_address, args))
+
+
+def _load(module: Module, options: Options, device_index: int | None) -> Any:
+    """`module` compiled by NVRTC (cached) and loaded on CUDA device `device_index` (None: the
+    current one)."""
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return cuda_module.build(
+        module,
+        device_index=index,
+        cache_dir=options.cache_dir,
+        arch=options.arch,
+        library=options.nvrtc_library,
+    )
 
 
 def _address(value: Any) -> Any:

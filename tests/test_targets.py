@@ -1,0 +1,107 @@
+"""Targets: how one is resolved, and what each one decides."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from graph_builder import GraphBuilder, evaluate_graph, random_inputs
+
+from minicomp import config
+from minicomp.compiler import compile_graph
+from minicomp.ir import expr as E
+from minicomp.passes.graph.anchors import lower_anchors
+from minicomp.passes.graph.attention import lower_attention
+from minicomp.passes.graph.layout import contiguous_kernel_inputs
+from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES
+from minicomp.record import CompileRecord
+from minicomp.script.custom_op import lower_script_ops
+from minicomp.targets import TARGETS, CpuTarget, get_target, resolve_target, script_target
+
+
+def test_every_target_is_registered_under_its_name_and_is_an_option_choice():
+    assert {name: t.name for name, t in TARGETS.items()} == {n: n for n in TARGETS}
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(config.Options)}
+    assert set(choices["target"]) == {"auto", *TARGETS}
+
+
+@pytest.mark.parametrize(
+    "requested, devices, expected",
+    [
+        ("auto", {"cpu"}, "cpu"),
+        ("auto", set(), "cpu"),
+        ("auto", {"cpu", "cuda"}, "cuda"),
+        ("cpu", {"cpu"}, "cpu"),
+        ("cuda-emu", {"cpu"}, "cuda-emu"),
+        ("cuda", {"cuda", "cpu"}, "cuda"),
+        ("cuda", set(), "cuda"),
+    ],
+)
+def test_resolve_target(requested, devices, expected):
+    assert resolve_target(requested, devices) is TARGETS[expected]
+
+
+@pytest.mark.parametrize(
+    "requested, devices, message",
+    [
+        ("cpu", {"cuda"}, "target 'cpu' runs kernels on CPU tensors.*use target='cuda'"),
+        ("cuda-emu", {"cpu", "cuda"}, "target 'cuda-emu' runs kernels on CPU tensors"),
+        ("cuda", {"cpu"}, "target 'cuda' needs tensors on a CUDA device; this graph's are on cpu"),
+        ("tpu", {"cpu"}, "unknown target 'tpu'; the targets are cpu, cuda, cuda-emu"),
+    ],
+)
+def test_a_target_that_cannot_run_the_graph_is_refused(requested, devices, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_target(requested, devices)
+
+
+def test_pass_lists():
+    cpu, emu, cuda = (get_target(n) for n in ("cpu", "cuda-emu", "cuda"))
+    assert list(cpu.passes) == FIRST_PASSES + DEFAULT_PASSES
+    assert emu.passes == cuda.passes
+    # Anchors are lowered before the default passes see them; attention launches come last.
+    assert emu.passes.index(lower_anchors) < emu.passes.index(DEFAULT_PASSES[0])
+    assert emu.passes[-1] is lower_attention
+
+
+def _exp_times_x():
+    b = GraphBuilder()
+    x = b.input("x", (8,))
+    b.output(b.compute("y", (8,), lambda i: E.call("exp", x[i]) * x[i]))
+    return b.build()
+
+
+def test_script_ops_add_their_passes_only_where_the_graph_has_some():
+    graph = _exp_times_x()
+    emu = get_target("cuda-emu")
+    assert emu.passes_for(graph) == list(emu.passes)
+    assert lower_script_ops not in emu.passes and contiguous_kernel_inputs not in emu.passes
+
+
+def test_script_kernels_run_on_the_targets_that_compile_cuda():
+    options = config.resolve()
+    assert script_target(None, torch.device("cpu"), options).name == "cuda-emu"
+    assert script_target("cuda", None, options).name == "cuda"
+    with pytest.raises(ValueError, match="a script kernel runs on cuda or cuda-emu, not 'cpu'"):
+        script_target("cpu", None, options)
+
+
+def test_the_compiler_asks_the_target(monkeypatch):
+    """A target deriving from another overrides only what differs; the compiler asks it."""
+    asked = []
+
+    class LoggingCpu(CpuTarget):
+        name = "cpu"
+
+        def schedule(self, op, layouts, choose, options):
+            asked.append(op.name)
+            return super().schedule(op, layouts, choose, options)
+
+    graph = _exp_times_x()
+    monkeypatch.setitem(TARGETS, "cpu", LoggingCpu())
+    plan = compile_graph(graph, config.resolve({"target": "cpu"}), CompileRecord())
+    inputs = random_inputs(graph)
+    (expected,) = evaluate_graph(graph, inputs)
+    (actual,) = plan(torch.from_numpy(inputs["x"]))
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-6)
+    assert len(asked) == 1
