@@ -1,13 +1,15 @@
-"""Imports point down the layers: a module imports only from lower layers or its own part.
+"""Imports point down the layers: a module imports only from lower layers or its own part,
+and the modules of one package import each other without cycles.
 
 The layers, bottom to top (docs/architecture.md, "Layers"). Parts on one
 layer are siblings and import nothing of each other. Every import counts, the ones inside
-functions too: a lazy import does not make an upward dependency go away.
+functions too: a lazy import does not make an upward dependency go away, nor a cycle.
 """
 
 import ast
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minicomp"
@@ -54,6 +56,26 @@ LAYERS = {
 # Upward or sideways imports the code has today, each to be removed; the test fails when one
 # is gone (delete its line) as when a new one appears. None today: keep it so.
 KNOWN: set[tuple[str, str]] = set()
+
+# Import cycles among the modules of one package (minicomp.<name>, subpackages included), each
+# the set of modules that import each other round, to be broken; the test fails when one is
+# gone (delete it) as when a new one appears.
+KNOWN_CYCLES = {
+    # IR nodes print themselves with the printer (lazily), which knows every node class.
+    frozenset(
+        {
+            "minicomp.ir.compute",
+            "minicomp.ir.expr",
+            "minicomp.ir.func",
+            "minicomp.ir.graph",
+            "minicomp.ir.printer",
+            "minicomp.ir.stmt",
+        }
+    ),
+    # NVRTC's install hint asks the driver's CUDA version; the driver's hint for a cubin it
+    # refuses asks NVRTC's.
+    frozenset({"minicomp.backends.cuda.driver", "minicomp.backends.cuda.nvrtc"}),
+}
 
 
 def module_name(path: Path) -> str:
@@ -107,12 +129,47 @@ def upward_imports(extra: dict[str, str] | None = None) -> set[tuple[str, str]]:
     return found
 
 
+PACKAGES = {module_name(p).removesuffix(".__init__") for p in PACKAGE.rglob("__init__.py")}
+
+
+def import_cycles(extra: dict[str, str] | None = None) -> set[frozenset[str]]:
+    """The import cycles among the modules of each package (minicomp.<name> and everything
+    under it), as sets of modules, over the package's modules and `extra` (name -> source)."""
+    sources = {module_name(p): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+    graph = nx.DiGraph()
+    for here, source in {**sources, **(extra or {})}.items():
+        here = here.removesuffix(".__init__")
+        for target in imports_of(here, source):
+            target = target.removesuffix(".__init__")
+            # A package's __init__ runs before any module of it, whichever imports it first:
+            # `from minicomp.script import lang` is a dependency on lang alone.
+            if target in PACKAGES or target == here:
+                continue
+            if target.split(".")[:2] == here.split(".")[:2]:
+                graph.add_edge(here, target)
+    return {frozenset(c) for c in nx.strongly_connected_components(graph) if len(c) > 1}
+
+
 def test_imports_point_down_the_layers():
     found = upward_imports()
     new = sorted(found - KNOWN)
     gone = sorted(KNOWN - found)
     assert not new, "imports pointing up or sideways:\n" + "\n".join(f"{a} -> {b}" for a, b in new)
     assert not gone, "fixed, remove from KNOWN:\n" + "\n".join(f"{a} -> {b}" for a, b in gone)
+
+
+def test_no_import_cycles_within_a_package():
+    found = import_cycles()
+    new = [sorted(c) for c in found - KNOWN_CYCLES]
+    gone = [sorted(c) for c in KNOWN_CYCLES - found]
+    assert not new, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    assert not gone, "fixed, remove from KNOWN_CYCLES:\n" + "\n".join(" <-> ".join(c) for c in gone)
+
+
+def test_a_lazy_import_closing_a_cycle_is_caught():
+    # runner imports options at the top; options importing runner back, inside a function.
+    found = import_cycles({"minicomp.bench.options": "def f():\n    from . import runner\n"})
+    assert any({"minicomp.bench.options", "minicomp.bench.runner"} <= c for c in found)
 
 
 @pytest.mark.parametrize(
@@ -129,7 +186,9 @@ def test_an_upward_import_is_caught(source):
 
 
 def test_a_sideways_import_is_caught():
-    found = upward_imports({"minicomp.passes.kernel.planted": "from minicomp.backends import cache\n"})
+    found = upward_imports(
+        {"minicomp.passes.kernel.planted": "from minicomp.backends import cache\n"}
+    )
     assert ("minicomp.passes.kernel.planted", "minicomp.backends.cache") in found
 
 
