@@ -69,7 +69,7 @@ def _inductor(mode: str | None) -> Callable:
 
 
 def _hidet(model, cache_dir, extra):
-    import hidet
+    import hidet  # optional: installed where Hidet is measured
 
     hidet.option.cache_dir(cache_dir)
     return torch.compile(model, backend="hidet", dynamic=False)
@@ -202,7 +202,7 @@ def _fresh_cache(backend: Backend) -> Iterator[str]:
     """An empty on-disk cache for the backend, kept for the warm compile and then removed."""
     with tempfile.TemporaryDirectory(prefix="minicomp-bench-") as cache_dir:
         if backend.cache == "inductor":
-            from torch._inductor.utils import fresh_cache
+            from torch._inductor.utils import fresh_cache  # Inductor loads when measured
 
             with fresh_cache(dir=cache_dir):
                 yield cache_dir
@@ -215,7 +215,7 @@ def _forget_in_memory(backend: Backend) -> None:
     as a new process would."""
     torch._dynamo.reset()
     if backend.cache == "inductor":
-        from torch._inductor.utils import clear_caches
+        from torch._inductor.utils import clear_caches  # Inductor loads when measured
 
         clear_caches()
     elif backend.cache == "minicomp":
@@ -238,7 +238,7 @@ def _compile_stats(backend: Backend, records: list) -> dict:
     if backend.cache == "minicomp":
         return minicomp_stats(records)
     if backend.cache == "inductor":
-        from torch._inductor import metrics
+        from torch._inductor import metrics  # Inductor loads when measured
 
         return {"kernel_count": int(metrics.generated_kernel_count)}
     return {}
@@ -330,7 +330,7 @@ def _measure(row, backend, model, inputs, expected, device, repeats, warmup, opt
         if backend.cache != "none":
             torch._dynamo.reset()
             if backend.cache == "inductor":
-                from torch._inductor import metrics
+                from torch._inductor import metrics  # Inductor loads when measured
 
                 metrics.reset()
             records: list = []

@@ -139,7 +139,7 @@ def write_chart(path: str, rows: list[dict], backends: list[str], title: str) ->
     """A PNG bar chart of each backend's speedup over eager per configuration at `path`;
     matplotlib draws it when importable, else the built-in writer. Returns which one did."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - optional
     except ImportError:
         draw_builtin_chart(path, rows, backends, title)
         return "builtin"
@@ -156,6 +156,7 @@ def _speedup_text(row: dict) -> str:
 
 def draw_matplotlib_chart(path: str, rows: list[dict], backends: list[str], title: str) -> None:
     """The chart drawn with matplotlib's object API (no pyplot: no global state touched)."""
+    # matplotlib is optional (write_chart checks it is there) and slow to import.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -84,7 +85,6 @@ def _meta(settings: Settings) -> dict:
         ).stdout.strip()
     except OSError:
         commit = ""
-    import importlib.metadata
 
     def version(name: str) -> str | None:
         try:

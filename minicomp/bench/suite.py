@@ -94,7 +94,7 @@ def _images(batch: int, size: int, dtype: torch.dtype, device: str) -> torch.Ten
 
 
 def _transformers():
-    import transformers
+    import transformers  # optional: the models that need it say so when it is missing
 
     return transformers
 
@@ -133,7 +133,7 @@ def _vit_b16(size: str, dtype: torch.dtype, batch: int, device: str) -> Built:
 
 
 def _resnet50_tv(size: str, dtype: torch.dtype, batch: int, device: str) -> Built:
-    from torchvision.models import resnet
+    from torchvision.models import resnet  # optional, as transformers
 
     with torch.device(device):
         if size == "full":

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from minicomp.ir import expr as E
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Mutator
@@ -130,8 +132,6 @@ class CustomOp:
     # --- PyTorch's side: eager implementation, fake implementation, autograd -----------------
 
     def _register(self) -> None:
-        import torch
-
         opdef = torch.library.custom_op(
             self.qualname, self._run, mutates_args=(), schema=self.schema
         )
@@ -147,8 +147,6 @@ class CustomOp:
     def _output_shapes(self, tensors: tuple, scalars: tuple) -> list[tuple]:
         """The outputs' shapes for these arguments (ints or SymInts), after checking the input
         tensors against their annotations."""
-        import torch
-
         env: dict[str, Any] = {p.name: v for p, v in zip(self.scalars, scalars)}
         device = tensors[0].device
         for p, t in zip(self.inputs, tensors):
@@ -171,8 +169,6 @@ class CustomOp:
         return [tuple(eval_size(d, env) for d in p.shape) for p in self.outputs]
 
     def _run(self, *args):
-        import torch
-
         tensors, scalars = self._split(args)
         shapes = self._output_shapes(tensors, scalars)
         device = tensors[0].device
@@ -303,8 +299,6 @@ def _scalar(p: Param, value: Any) -> E.Expr:
 
 
 def _check_size(want: Any, actual: Any, message: str) -> None:
-    import torch
-
     if isinstance(want, int) and isinstance(actual, int):
         if want != actual:
             raise ValueError(message)

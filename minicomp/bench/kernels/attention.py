@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 from minicomp.bench.kernels.cases import DTYPE_NAMES, Case
 
@@ -27,8 +28,6 @@ SDPA_NAMES = {
 def sdpa_backend(q, k, v, causal: bool) -> str:
     """Which implementation PyTorch's SDPA dispatches these inputs to (its own choice
     function, the one F.scaled_dot_product_attention consults)."""
-    from torch.nn.attention import SDPBackend
-
     choice = torch._fused_sdp_choice(q, k, v, None, 0.0, causal)
     try:
         name = SDPBackend(choice).name

@@ -11,6 +11,7 @@ small selection on `cuda-emu` and the sanitizer's stand-in runs the workloads wi
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -51,8 +52,6 @@ def _pytest_command(paths: list[str], workers: int) -> list[str]:
 
 
 def _importable(module: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None
 
 
