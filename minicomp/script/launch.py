@@ -26,8 +26,7 @@ from minicomp.backends.cuda.emu import MAX_DYNAMIC_SHARED
 from minicomp.backends.cuda.module import dynamic_shared_bytes
 from minicomp.ir import expr as E
 from minicomp.ir.symbols import compile_dims, launch_dims
-from minicomp.ir.types import bf16, f16, to_torch
-from minicomp.script.conversions import fits
+from minicomp.ir.types import bf16, f16, fits, to_torch
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction, set_launcher
 from minicomp.script.signature import Param, Signature
