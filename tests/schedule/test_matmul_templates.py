@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from helpers import check_compiled
 
 import minicomp
+from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
 from minicomp.ir.graph import FusedOp
@@ -365,10 +366,16 @@ def test_more_level1_spaces_compile_with_nvrtc(case, tmp_path):
 
 
 def test_level2_spaces_are_larger():
+    """Level 2 adds valid tilings, each within the shared memory every GPU of the limits table
+    lets a block have: 99 KiB (sm_86, sm_89), so a 100 KiB tiling is out."""
     h = torch.float16
     p = _problem(torch.mm, torch.randn(64, 64, dtype=h), torch.randn(64, 64, dtype=h))
     tc1, tc2 = matmul_tc.space(p, 1), matmul_tc.space(p, 2)
     assert len(tc2) > len(tc1) and all(matmul_tc.valid(p, c) for c in tc2)
+    limit = PORTABLE.shared_per_block_optin
+    assert limit == 99 * 1024 and all(matmul_tc.shared_bytes(p, c) <= limit for c in tc2)
+    at_100k = matmul_tc.TcConfig(256, 32, 64, 32, 32, 2)
+    assert matmul_tc.shared_bytes(p, at_100k) == 100 * 1024 and not matmul_tc.valid(p, at_100k)
     q = _problem(torch.mm, torch.randn(64, 64), torch.randn(64, 64))
     s1, s2 = matmul_simt.space(q, 1), matmul_simt.space(q, 2)
     assert len(s2) > len(s1) and all(matmul_simt.valid(q, c) for c in s2)

@@ -19,12 +19,15 @@ from typing import Any
 
 import torch
 
+from minicomp.backends.cuda.arch import LARGEST, PORTABLE
+
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
-DEFAULT_DYNAMIC_SHARED = 48 * 1024
+DEFAULT_DYNAMIC_SHARED = PORTABLE.shared_per_block
 """Dynamic shared memory a kernel may use without opting in (cuFuncSetAttribute)."""
-MAX_DYNAMIC_SHARED = 227 * 1024
-"""The opt-in limit assumed when the driver cannot say (an H100's; an A100 has 163 KiB)."""
+MAX_DYNAMIC_SHARED = LARGEST.shared_per_block_optin
+"""The opt-in limit assumed when the driver cannot say (the largest of the architecture table,
+an H100's; an A100 has 163 KiB)."""
 
 
 class CudaDriverError(RuntimeError):

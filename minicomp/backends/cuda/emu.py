@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minicomp.backends.cpu import compiler
+from minicomp.backends.cuda.arch import LARGEST
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
 from minicomp.ir import c_names
 from minicomp.ir.expr import Call
@@ -59,8 +60,9 @@ _CHECK_FLAGS = {
 }
 _CHECKED_LAUNCH = threading.Lock()  # a checked launch replaces the SIGSEGV handler meanwhile
 _ERROR_BYTES = 16384
-MAX_DYNAMIC_SHARED = 227 * 1024
-"""The most dynamic shared memory an emulated block may have (an H100's opt-in limit)."""
+MAX_DYNAMIC_SHARED = LARGEST.shared_per_block_optin
+"""The most dynamic shared memory an emulated block may have (the largest opt-in limit of the
+architecture table: an H100's 227 KiB)."""
 
 # Intrinsic names (kernel IR) and CUDA spellings (source) that need the threads as fibers.
 _SYNC_INTRINSICS = (

@@ -39,6 +39,7 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Expr, Var, dim_expr, maximum, minimum
 from minicomp.ir.func import Function
@@ -77,9 +78,9 @@ from minicomp.script import (
 from minicomp.script.values import TensorRef
 
 NAME = "attention"
-# The most dynamic shared memory a config may take: what every sm_80+ GPU lets a block have
-# (sm_86 and sm_89 opt in to 99 KiB; an A100 163, an H100 227).
-MAX_SHARED = 99 * 1024
+# The most dynamic shared memory a config may take: what every GPU of the limits table lets a
+# block have (99 KiB on sm_86 and sm_89; a kernel does not know which GPU it will run on).
+MAX_SHARED = PORTABLE.shared_per_block_optin
 # Elements of padding after each shared row (16 bytes): rows stay 16-byte aligned and the
 # eight rows an ldmatrix reads fall in different banks.
 PAD = 8

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir.expr import Dim, Select
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
@@ -50,8 +51,8 @@ from minicomp.script import (
     unroll,
 )
 
-# Static shared memory a block may have without opting in.
-MAX_SHARED = 48 * 1024
+# Static shared memory a block may have (without opting in; on every GPU of the limits table).
+MAX_SHARED = PORTABLE.shared_per_block
 # Loads per thread per K step the heuristic allows when operands are guarded (see heuristic).
 GUARDED_LOADS = 6
 # Blocks that fill the GPU (an H100 has 132 SMs); the heuristic prefers tiles giving this many.
