@@ -6,7 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from minicomp.ir import stmt as S
 from minicomp.ir.func import Function
+from minicomp.ir.functor import collect
 
 
 def _always(problem: Any) -> bool:
@@ -33,3 +35,17 @@ class Template:
     def signature(self, problem: Any) -> str:
         """The tuning database's key of `problem`."""
         return problem.signature()
+
+
+def finish(kernel: Function, name: str, template: str, **attrs: Any) -> Function:
+    """A template's kernel, named `name`, its launch attributes recording
+    `template` (and `attrs`, such as min_blocks).
+
+    Raises ValueError when two declarations share a variable (IR variables are equal by name
+    and type: an inlined fragment must not reuse a name of the kernel's)."""
+    seen: set = set()
+    for node in collect(kernel.body, (S.Declare, S.DeclareArray, S.For)):
+        if node.var in seen:
+            raise ValueError(f"{template}: {node.var.name} is declared twice")
+        seen.add(node.var)
+    return kernel.replace(name=name, attrs=kernel.attrs.replace(template=template, **attrs))
