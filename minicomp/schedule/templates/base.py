@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
+
+# The most dynamic shared memory a config may take: what every GPU of the limits table lets a
+# block have (a kernel is compiled without knowing which one it will run on).
+MAX_DYNAMIC_SHARED = PORTABLE.shared_per_block_optin
+# Blocks that keep a large GPU busy (an H100 has 132 SMs): the heuristics prefer tilings that
+# launch this many.
+FILL_BLOCKS = 132
+
+Config = TypeVar("Config")
 
 
 def _always(problem: Any) -> bool:
@@ -35,6 +45,36 @@ class Template:
     def signature(self, problem: Any) -> str:
         """The tuning database's key of `problem`."""
         return problem.signature()
+
+
+class WarpTiled:
+    """A config whose block is `warps` warps (a property of the subclass)."""
+
+    warps: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+
+def search_space(
+    problem: Any,
+    level: int,
+    heuristic: Callable[[Any], Config],
+    valid: Callable[[Any, Config], bool],
+    level1: Iterable[Config],
+    config: Callable[..., Config],
+    grid: Iterable[tuple],
+) -> list[Config]:
+    """The configs of search-space `level` for `problem`: the heuristic's alone at level 0,
+    the valid ones of `level1` at level 1, and at level 2 also those of `config(*args)` for
+    the argument tuples of `grid`; each once."""
+    if level <= 0:
+        return [heuristic(problem)]
+    configs = [c for c in level1 if valid(problem, c)]
+    if level >= 2:
+        configs += [c for c in (config(*args) for args in grid) if valid(problem, c)]
+    return list(dict.fromkeys(configs))
 
 
 def finish(kernel: Function, name: str, template: str, **attrs: Any) -> Function:

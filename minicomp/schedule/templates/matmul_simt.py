@@ -15,7 +15,8 @@ passed the barrier of step t + 1, hence finished computing step t.
 A thread owns a TM x TN sub-tile of C in registers, as groups of V consecutive rows (columns)
 V * (BM / TM) apart, so that the shared reads of a warp are 16-byte vectors without bank
 conflicts; the shared rows are padded by one vector so that the transposing stores of A do not
-conflict either. The thread mapping of the cooperative loads follows the operand's contiguous
+conflict either. The cooperative loads are register copies of one-element chunks
+(problem.register_copy, tiles.py), their thread mapping following the operand's contiguous
 dimension in memory (consecutive threads read consecutive addresses). The epilogue macro stores
 each accumulator, guarded where the tiling has partial tiles. Tiles are rasterised in groups of
 GROUP_M rows of tiles, so that blocks running together share their A and B tiles in L2.
@@ -30,14 +31,18 @@ from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir.expr import Dim, Select
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
-from minicomp.schedule.templates.base import Template
+from minicomp.schedule.templates.base import FILL_BLOCKS, Template, finish, search_space
 from minicomp.schedule.templates.problem import (
-    GROUP_M,
+    BlockTile,
     MatmulProblem,
+    RegisterCopy,
     ceil_div,
+    grouped_tiles,
     launch_grid,
     needs_check,
+    register_copy,
 )
+from minicomp.schedule.templates.tiles import Names
 from minicomp.script import (
     attrs,
     blockIdx,
@@ -51,30 +56,25 @@ from minicomp.script import (
     unroll,
 )
 
-# Static shared memory a block may have (without opting in; on every GPU of the limits table).
+# Static shared memory a block may have (without opting in; every GPU of the table).
 MAX_SHARED = PORTABLE.shared_per_block
 # Loads per thread per K step the heuristic allows when operands are guarded (see heuristic).
 GUARDED_LOADS = 6
-# Blocks that fill the GPU (an H100 has 132 SMs); the heuristic prefers tiles giving this many.
-TARGET_BLOCKS = 132
 
 
 @dataclass(frozen=True)
-class SimtConfig:
+class SimtConfig(BlockTile):
     """Block tile bm x bn x bk, thread tile tm x tn."""
 
-    bm: int
-    bn: int
-    bk: int
     tm: int
     tn: int
 
     @property
     def threads(self) -> int:
-        return (self.bm // self.tm) * (self.bn // self.tn)
+        return self.parts(self.tm, self.tn)
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_t{self.tm}x{self.tn}"
+        return f"{BlockTile.__str__(self)}_t{self.tm}x{self.tn}"
 
 
 def _vector(problem: MatmulProblem) -> int:
@@ -126,19 +126,15 @@ def space(problem: MatmulProblem, level: int) -> list[SimtConfig]:
     """The configs to try: level 1 a handful, level 2 every valid tiling of a grid of
     choices (level 0: the heuristic's alone). Guarded operands keep to what fits_guarded
     allows."""
-    if level <= 0:
-        return [heuristic(problem)]
-    first = _F64_LEVEL1 if problem.acc_dtype.nbytes == 8 else _F32_LEVEL1
     guarded = _guarded(problem)
+    first = _F64_LEVEL1 if problem.acc_dtype.nbytes == 8 else _F32_LEVEL1
     if guarded:
         first += _GUARDED_LEVEL1
-    configs = [c for c in first if valid(problem, c)]
-    if level >= 2:
-        grid = itertools.product((32, 64, 128), (32, 64, 128), (8, 16, 32), (2, 4, 8), (2, 4, 8))
-        configs += [c for c in (SimtConfig(*p) for p in grid) if valid(problem, c)]
-    if guarded:
+    grid = itertools.product((32, 64, 128), (32, 64, 128), (8, 16, 32), (2, 4, 8), (2, 4, 8))
+    configs = search_space(problem, level, heuristic, valid, first, SimtConfig, grid)
+    if guarded and level > 0:
         configs = [c for c in configs if fits_guarded(c)] or configs
-    return list(dict.fromkeys(configs))
+    return configs
 
 
 def fits_guarded(cfg: SimtConfig) -> bool:
@@ -162,13 +158,13 @@ def blocks(problem: MatmulProblem, bm: int, bn: int) -> int:
 
 
 def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int, int]:
-    """Of (bm, bn) tiles ordered largest first: the first that launches TARGET_BLOCKS blocks
+    """Of (bm, bn) tiles ordered largest first: the first that launches FILL_BLOCKS blocks
     without tiles much larger than the matrix; else the one launching the most blocks."""
     m, n = _assumed(problem.m), _assumed(problem.n)
     fitting = [(bm, bn) for bm, bn in tiles if bm <= max(2 * m, 32) and bn <= max(2 * n, 32)]
     fitting = fitting or tiles[-1:]
     for bm, bn in fitting:
-        if blocks(problem, bm, bn) >= TARGET_BLOCKS:
+        if blocks(problem, bm, bn) >= FILL_BLOCKS:
             return bm, bn
     return max(fitting, key=lambda t: (blocks(problem, *t), -t[0] * t[1]))
 
@@ -191,6 +187,22 @@ def _guarded(problem: MatmulProblem) -> bool:
 
 def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
     """The kernel computing `problem` with tiling `cfg` (named after the fused group)."""
+    names = Names()
+    threads = cfg.threads
+    a = register_copy(problem, "a", cfg.bm, cfg.bk, threads, names, width=1, rows_of_k=True)
+    b = register_copy(problem, "b", cfg.bn, cfg.bk, threads, names, width=1, rows_of_k=True)
+    kernel = _kernel(problem, cfg, a, b)
+    template = f"{NAME}[{cfg}]"
+    if _guarded(problem):
+        # Guarded loads leave ptxas near an occupancy step, where it spills (4-12 bytes at
+        # 80-168 registers on sm_80) rather than give up a block per SM; one block is enough.
+        return finish(kernel, problem.name, template, min_blocks=1)
+    return finish(kernel, problem.name, template)
+
+
+def _kernel(problem: MatmulProblem, cfg: SimtConfig, a: RegisterCopy, b: RegisterCopy):
+    """The script kernel: the K loop over the operands' register copies (two shared buffers),
+    each thread's TM x TN outer products, the epilogue (see the module doc)."""
     BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
     dt = problem.acc_dtype
     V = _vector(problem)
@@ -199,18 +211,13 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
     THREADS = TX * TY
     SM, SN = TY * VM, TX * VN  # distance between a thread's row (column) groups
     PAD = V
-    A_LOADS, B_LOADS = BM * BK // THREADS, BK * BN // THREADS
-    A_ALONG_K = problem.a_major == "k"
-    B_ALONG_K = problem.b_major == "k"
     M, N, K, B = problem.m, problem.n, problem.k, problem.batch
-    TILES_M, TILES_N = ceil_div(M, BM), ceil_div(N, BN)
+    row0, col0 = grouped_tiles(problem, BM, BN)
     STEPS = ceil_div(K, BK)
-    GROUP = GROUP_M
     GRID = launch_grid(problem, BM, BN)
-    check_m, check_n, check_k = needs_check(M, BM), needs_check(N, BN), needs_check(K, BK)
-    load_a = problem.load_a(check_m=check_m, check_k=check_k)
-    load_b = problem.load_b(check_k=check_k, check_n=check_n)
-    store_c = problem.store_c(check_m=check_m, check_n=check_n)
+    store_c = problem.store_c(check_m=needs_check(M, BM), check_n=needs_check(N, BN))
+    A_REGS, B_REGS = a.regs, b.regs
+    load_a, load_b, store_a, store_b = a.load, b.load, a.store, b.store
 
     @script(params=problem.params)
     def matmul_simt():
@@ -219,18 +226,13 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
         tid = threadIdx.x
         ty = tid // TX
         tx = tid % TX
-        # Grouped rasterisation: GROUP rows of tiles, column by column.
         pid = i64(blockIdx.x)
-        # (max(.., 1): an empty C has no tiles, and the one block stores nothing)
-        width = GROUP * max(TILES_N, 1)
-        first = pid // width * GROUP
-        rows = max(min(TILES_M - first, GROUP), 1)
-        m0 = (first + pid % width % rows) * BM
-        n0 = pid % width // rows * BN
+        m0 = row0(pid)
+        n0 = col0(pid)
         a_s = shared_tensor(dt, (2, BK, BM + PAD))
         b_s = shared_tensor(dt, (2, BK, BN + PAD))
-        a_r = register_tensor(dt, (A_LOADS,))
-        b_r = register_tensor(dt, (B_LOADS,))
+        a_r = register_tensor(dt, A_REGS)
+        b_r = register_tensor(dt, B_REGS)
         a_f = register_tensor(dt, (TM,))
         b_f = register_tensor(dt, (TN,))
         acc = register_tensor(dt, (TM, TN))
@@ -240,47 +242,17 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
                 for j in unroll(range(TN)):
                     acc[i, j] = 0.0
             # Registers <- tile 0.
-            for q in unroll(range(A_LOADS)):
-                e = q * THREADS + tid
-                if A_ALONG_K:
-                    a_r[q] = load_a(bz, m0 + e // BK, e % BK)
-                else:
-                    a_r[q] = load_a(bz, m0 + e % BM, e // BM)
-            for q in unroll(range(B_LOADS)):
-                e = q * THREADS + tid
-                if B_ALONG_K:
-                    b_r[q] = load_b(bz, e % BK, n0 + e // BK)
-                else:
-                    b_r[q] = load_b(bz, e // BN, n0 + e % BN)
+            load_a(a_r, bz, m0, 0)
+            load_b(b_r, bz, n0, 0)
             for t in range(STEPS):
                 buf = t % 2
-                for q in unroll(range(A_LOADS)):
-                    e = q * THREADS + tid
-                    if A_ALONG_K:
-                        a_s[buf, e % BK, e // BK] = a_r[q]
-                    else:
-                        a_s[buf, e // BM, e % BM] = a_r[q]
-                for q in unroll(range(B_LOADS)):
-                    e = q * THREADS + tid
-                    if B_ALONG_K:
-                        b_s[buf, e % BK, e // BK] = b_r[q]
-                    else:
-                        b_s[buf, e // BN, e % BN] = b_r[q]
+                store_a(a_r, a_s[buf])
+                store_b(b_r, b_s[buf])
                 syncthreads()
                 if t + 1 < STEPS:
                     k0 = (t + 1) * BK
-                    for q in unroll(range(A_LOADS)):
-                        e = q * THREADS + tid
-                        if A_ALONG_K:
-                            a_r[q] = load_a(bz, m0 + e // BK, k0 + e % BK)
-                        else:
-                            a_r[q] = load_a(bz, m0 + e % BM, k0 + e // BM)
-                    for q in unroll(range(B_LOADS)):
-                        e = q * THREADS + tid
-                        if B_ALONG_K:
-                            b_r[q] = load_b(bz, k0 + e % BK, n0 + e // BK)
-                        else:
-                            b_r[q] = load_b(bz, k0 + e // BN, n0 + e % BN)
+                    load_a(a_r, bz, m0, k0)
+                    load_b(b_r, bz, n0, k0)
                 for kk in unroll(range(BK)):
                     for i in unroll(range(TM)):
                         a_f[i] = a_s[buf, kk, i // VM * SM + ty * VM + i % VM]
@@ -298,13 +270,7 @@ def instantiate(problem: MatmulProblem, cfg: SimtConfig) -> Function:
             syncthreads()
             bz += gridDim.z
 
-    kernel = matmul_simt.ir
-    launch = kernel.attrs.replace(template=f"{NAME}[{cfg}]")
-    if _guarded(problem):
-        # Guarded loads leave ptxas near an occupancy step, where it spills (4-12 bytes at
-        # 80-168 registers on sm_80) rather than give up a block per SM; one block is enough.
-        launch = launch.replace(min_blocks=1)
-    return kernel.replace(name=problem.name, attrs=launch)
+    return matmul_simt.ir
 
 
 NAME = "matmul_simt"

@@ -33,6 +33,10 @@ and its lanes apply the epilogue macro along the rows, so that stores are coales
 epilogue's code exists WM / 16 times, not once per accumulator (ptxas time). Stores are
 guarded where the tiling has partial tiles. Shared memory is dynamic (all of it one after
 the other: stages, then the staging rows), up to MAX_SHARED.
+
+`instantiate` builds the kernel in steps: each operand's copies (`_operand_copy`: tiles.py's
+cp.async or register copies), the warps' mma step (`_warp_mma`) and the epilogue
+(`_store_tile`) as fragments, then the pipeline calling them (`_kernel`).
 """
 
 from __future__ import annotations
@@ -40,29 +44,37 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir import types as T
+from minicomp.ir.expr import Dim
 from minicomp.ir.func import Function
-from minicomp.schedule.templates.base import Template
+from minicomp.schedule.templates import tiles
+from minicomp.schedule.templates.base import (
+    MAX_DYNAMIC_SHARED,
+    Template,
+    WarpTiled,
+    finish,
+    search_space,
+)
 from minicomp.schedule.templates.matmul_simt import pick_tile
 from minicomp.schedule.templates.problem import (
-    GROUP_M,
+    BlockTile,
     MatmulProblem,
     ceil_div,
+    grouped_tiles,
     launch_grid,
     needs_check,
+    operand_element,
+    register_copy,
 )
 from minicomp.script import (
     attrs,
     blockIdx,
-    cp_async,
     cp_async_commit,
     cp_async_wait,
     cp_async_wait_all,
     dynamic_shared_tensor,
     f32,
     gridDim,
-    i32,
     i64,
     is_aligned,
     ldmatrix_x2,
@@ -76,41 +88,30 @@ from minicomp.script import (
     threadIdx,
     unroll,
 )
+from minicomp.script.lang import Macro, macro
+from minicomp.script.mma import MMA_TYPES
+from minicomp.script.values import TensorRef
 
 NAME = "matmul_tc"
-# The most dynamic shared memory a config may take: what every GPU of the limits table lets a
-# block have (99 KiB on sm_86 and sm_89; a kernel does not know which GPU it will run on).
-MAX_SHARED = PORTABLE.shared_per_block_optin
-# Elements of padding after each shared row (16 bytes of f16/bf16), and of the f32 rows the
-# epilogue stages.
-PAD = 8
+MAX_SHARED = MAX_DYNAMIC_SHARED
+# Elements of padding after each f32 row the epilogue stages.
 CPAD = 4
-# 16-byte chunks hold 8 elements.
-CHUNK = 8
-MMA_TYPES = (T.f16, T.bf16)
 
 
 @dataclass(frozen=True)
-class TcConfig:
+class TcConfig(BlockTile, WarpTiled):
     """Block tile bm x bn x bk, warp tile wm x wn, `stages` shared buffers."""
 
-    bm: int
-    bn: int
-    bk: int
     wm: int
     wn: int
     stages: int
 
     @property
     def warps(self) -> int:
-        return (self.bm // self.wm) * (self.bn // self.wn)
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
+        return self.parts(self.wm, self.wn)
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_s{self.stages}"
+        return f"{BlockTile.__str__(self)}_w{self.wm}x{self.wn}_s{self.stages}"
 
 
 @dataclass(frozen=True)
@@ -124,14 +125,14 @@ class _Operand:
 def _operand(problem: MatmulProblem, side: str) -> _Operand:
     plain = problem.plain_a if side == "a" else problem.plain_b
     major = problem.a_major if side == "a" else problem.b_major
-    if plain is not None and plain.ld_multiple_of(CHUNK) is not False:
+    if plain is not None and plain.ld_multiple_of(tiles.CHUNK) is not False:
         return _Operand("async", plain.contiguous)
     return _Operand("regs", major)
 
 
 def _tile_elems(rows: int, bk: int, layout: str) -> int:
     """Shared elements of one stage of an operand tile of `rows` x bk."""
-    return rows * (bk + PAD) if layout == "k" else bk * (rows + PAD)
+    return rows * (bk + tiles.PAD) if layout == "k" else bk * (rows + tiles.PAD)
 
 
 def shared_bytes(problem: MatmulProblem, cfg: TcConfig) -> int:
@@ -150,7 +151,7 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
     if cfg.wm * cfg.wn // 32 > 64:  # f32 accumulators a thread holds (more spill)
         return False
     for rows in (cfg.bm, cfg.bn):
-        if rows * cfg.bk // CHUNK < cfg.threads:  # every thread copies at least a chunk
+        if rows * cfg.bk // tiles.CHUNK < cfg.threads:  # every thread copies at least a chunk
             return False
     return shared_bytes(problem, cfg) <= MAX_SHARED
 
@@ -168,14 +169,9 @@ _LEVEL1 = (
 def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
     """The configs to try: level 1 a handful, level 2 every valid tiling of a grid of
     choices (level 0: the heuristic's alone)."""
-    if level <= 0:
-        return [heuristic(problem)]
-    configs = [c for c in _LEVEL1 if valid(problem, c)]
-    if level >= 2:
-        tiles, warp_m, warp_n = (32, 64, 128, 256), (16, 32, 64), (8, 16, 32, 64)
-        grid = itertools.product(tiles, tiles, (16, 32, 64), warp_m, warp_n, (2, 3, 4))
-        configs += [c for c in (TcConfig(*p) for p in grid) if valid(problem, c)]
-    return list(dict.fromkeys(configs))
+    sizes, warp_m, warp_n = (32, 64, 128, 256), (16, 32, 64), (8, 16, 32, 64)
+    grid = itertools.product(sizes, sizes, (16, 32, 64), warp_m, warp_n, (2, 3, 4))
+    return search_space(problem, level, heuristic, valid, _LEVEL1, TcConfig, grid)
 
 
 def heuristic(problem: MatmulProblem) -> TcConfig:
@@ -197,40 +193,162 @@ def applies(problem: MatmulProblem) -> bool:
 
 def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     """The kernel computing `problem` with tiling `cfg` (named after the fused group)."""
+    names = tiles.Names()
+    a, b = _operand_copy(problem, cfg, "a", names), _operand_copy(problem, cfg, "b", names)
+    mma = _warp_mma(cfg, a.k_major, b.k_major, names)
+    store = _store_tile(problem, cfg, names)
+    kernel = _kernel(problem, cfg, a, b, mma, store)
+    return finish(kernel, problem.name, f"{NAME}[{cfg}]")
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """How the kernel moves one operand's tiles to shared memory (see the module doc).
+
+    `shape` is its shared buffer's (stages, rows, row length). Async: `issue(dst, base, fast,
+    bz, mn0, k0)` starts the cp.async of step k0's tile into stage view `dst`, from the operand
+    at `base` (`base_of(bz)`, a batch's offset in `ref`), element by element where not `fast`.
+    Regs: `issue(regs, bz, mn0, k0)` loads the tile into register tensor `regs` (of shape
+    `regs`), and `stage(regs, dst)` stores it.
+    """
+
+    is_async: bool
+    k_major: bool
+    shape: tuple[int, int, int]
+    issue: Macro
+    stage: Macro | None = None
+    regs: tuple[int, int] | None = None
+    ref: TensorRef | None = None
+    ld: Dim = 0
+    base_of: Macro | None = None
+
+
+def _operand_copy(problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles.Names) -> _Copy:
+    """The copies of operand `side` ("a" or "b"): cp.async where it is a plain strided read,
+    else through registers; guarded where a size is not a multiple of the tile."""
+    op = _operand(problem, side)
+    mn, size = (cfg.bm, problem.m) if side == "a" else (cfg.bn, problem.n)
+    k_major = op.layout == "k"
+    rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
+    shape = (cfg.stages, rows, cols + tiles.PAD)
+    if op.mode == "regs":
+        regs = register_copy(
+            problem, side, mn, cfg.bk, cfg.threads, names, width=tiles.CHUNK, narrow=True
+        )
+        return _Copy(False, k_major, shape, regs.load, regs.store, regs.regs)
+    plain = problem.plain_a if side == "a" else problem.plain_b
+    # Any partial tile zero-fills along both dimensions.
+    guarded = needs_check(size, mn) or needs_check(problem.k, cfg.bk)
+    extents = (size, problem.k) if k_major else (problem.k, size)
+    rows_ext, cols_ext = extents if guarded else (None, None)
+    matrix = tiles.Matrix(
+        plain.ref, plain.ld, rows_ext, cols_ext, wide=tiles.wide_offsets(plain.ref)
+    )
+    element = operand_element(problem, side, k_major, mn, cfg.bk, narrow=True)
+    copy = tiles.async_copy(names, side, tiles.Tile(rows, cols, cfg.threads), (matrix,), element)
+
+    def issue(dst, base, fast, bz, mn0, k0):
+        row0, col0 = (mn0, k0) if k_major else (k0, mn0)
+        return copy.fn(dst, (0,), (base,), row0, col0, fast, True, bz)
+
+    base_of = plain.batch_offset_macro()
+    return _Copy(True, k_major, shape, macro(issue), ref=plain.ref, ld=plain.ld, base_of=base_of)
+
+
+def _warp_mma(cfg: TcConfig, a_k: bool, b_k: bool, names: tiles.Names) -> Macro:
+    """Macro `mma(a, b, a_frag, b_frag, acc, warp_m, warp_n, lane)`: acc += this warp's part of
+    one K step, its fragments loaded by ldmatrix from stage views a and b."""
+    BK, WM, WN = cfg.bk, cfg.wm, cfg.wn
+    MI, NI = WM // 16, WN // 8
+
+    def step(a, b, a_frag, b_frag, acc, warp_m, warp_n, lane):
+        @script
+        def warp_mma():
+            for kk in unroll(range(0, BK, 16)):
+                for i in unroll(range(MI)):
+                    if a_k:
+                        # Lanes 0-15 name rows 0-15 at k, lanes 16-31 the same at k + 8.
+                        row = warp_m + i * 16 + lane % 16
+                        ldmatrix_x4(a_frag[i], a[row, kk + lane // 16 * 8])
+                    else:
+                        # Rows of K: matrix j (lanes 8j..) is rows k + j // 2 * 8 at column
+                        # m + j % 2 * 8.
+                        kr = kk + lane % 8 + lane // 16 * 8
+                        col = warp_m + i * 16 + lane // 8 % 2 * 8
+                        ldmatrix_x4_trans(a_frag[i], a[kr, col])
+                if NI % 2 == 0:
+                    for j in unroll(range(0, NI, 2)):
+                        # Two n-tiles at once: lanes 16-31 name the next 8 columns.
+                        if b_k:
+                            row = warp_n + j * 8 + lane // 16 * 8 + lane % 8
+                            ldmatrix_x4(b_frag[j, 0], b[row, kk + lane // 8 % 2 * 8])
+                        else:
+                            col = warp_n + j * 8 + lane // 16 * 8
+                            ldmatrix_x4_trans(b_frag[j, 0], b[kk + lane % 16, col])
+                else:
+                    for j in unroll(range(NI)):
+                        if b_k:
+                            row = warp_n + j * 8 + lane % 8
+                            ldmatrix_x2(b_frag[j], b[row, kk + lane // 8 % 2 * 8])
+                        else:
+                            ldmatrix_x2_trans(b_frag[j], b[kk + lane % 16, warp_n + j * 8])
+                for i in unroll(range(MI)):
+                    for j in unroll(range(NI)):
+                        mma_sync_m16n8k16(acc[i, j], a_frag[i], b_frag[j], acc[i, j])
+
+        return warp_mma
+
+    return names.fragment("mma", step)
+
+
+def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Macro:
+    """Macro `store(acc, rows, bz, row0, col0, lane)`: the epilogue of this warp's tile (rows
+    row0..., columns col0... of C), 16 rows at a time through its staging rows `rows`, its
+    lanes along the rows (coalesced), one element an iteration."""
+    MI, NI, WN = cfg.wm // 16, cfg.wn // 8, cfg.wn
+    store_c = problem.store_c(
+        check_m=needs_check(problem.m, cfg.bm), check_n=needs_check(problem.n, cfg.bn)
+    )
+
+    def store(acc, rows, bz, row0, col0, lane):
+        @script
+        def store_tile():
+            g = lane // 4
+            tq = lane % 4
+            for i in unroll(range(MI)):
+                for j in unroll(range(NI)):
+                    for e in unroll(range(4)):
+                        rows[g + e // 2 * 8, j * 8 + tq * 2 + e % 2] = acc[i, j, e]
+                syncthreads()
+                for idx in range(lane, 16 * WN, 32):
+                    r = idx // WN
+                    c = idx % WN
+                    store_c(bz, row0 + i * 16 + r, col0 + c, rows[r, c])
+                syncthreads()
+
+        return store_tile
+
+    return names.fragment("c", store)
+
+
+def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, store) -> Function:
+    """The script kernel: the K loop's pipeline over the operand copies, the warps' mma steps
+    and the epilogue (see the module doc)."""
     BM, BN, BK, WM, WN, STAGES = cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn, cfg.stages
     dt = problem.a_dtype
-    WARPS_N = BN // WN
-    WARPS = cfg.warps
-    THREADS = cfg.threads
+    WARPS_N, WARPS, THREADS = BN // WN, cfg.warps, cfg.threads
     MI, NI = WM // 16, WN // 8
-    oa, ob = _operand(problem, "a"), _operand(problem, "b")
-    A_ASYNC, B_ASYNC = oa.mode == "async", ob.mode == "async"
-    A_K, B_K = oa.layout == "k", ob.layout == "k"
-    A_SHAPE = (STAGES, BM, BK + PAD) if A_K else (STAGES, BK, BM + PAD)
-    B_SHAPE = (STAGES, BN, BK + PAD) if B_K else (STAGES, BK, BN + PAD)
-    # 16-byte chunks of a stage, per thread; chunks per shared row.
-    A_CH, B_CH = BM * BK // CHUNK, BN * BK // CHUNK
-    A_ITERS, B_ITERS = -(-A_CH // THREADS), -(-B_CH // THREADS)
-    A_EXACT, B_EXACT = A_CH % THREADS == 0, B_CH % THREADS == 0
-    A_ROW = BK // CHUNK if A_K else BM // CHUNK
-    B_ROW = BK // CHUNK if B_K else BN // CHUNK
-    M, N, K, B = problem.m, problem.n, problem.k, problem.batch
-    TILES_M, TILES_N = ceil_div(M, BM), ceil_div(N, BN)
-    STEPS = ceil_div(K, BK)
-    GROUP = GROUP_M
+    row0, col0 = grouped_tiles(problem, BM, BN)
+    STEPS = ceil_div(problem.k, BK)
+    B = problem.batch
     GRID = launch_grid(problem, BM, BN)
-    check_m, check_n, check_k = needs_check(M, BM), needs_check(N, BN), needs_check(K, BK)
-    A_ZFILL, B_ZFILL = check_m or check_k, check_n or check_k
-    load_a = problem.load_a(narrow=True, check_m=check_m, check_k=check_k)
-    load_b = problem.load_b(narrow=True, check_k=check_k, check_n=check_n)
-    store_c = problem.store_c(check_m=check_m, check_n=check_n)
-    pa, pb = problem.plain_a, problem.plain_b
-    A_G = pa.ref if A_ASYNC else None
-    B_G = pb.ref if B_ASYNC else None
-    LDA = pa.ld if A_ASYNC else 0
-    LDB = pb.ld if B_ASYNC else 0
-    a_base = pa.batch_offset_macro() if A_ASYNC else None
-    b_base = pb.batch_offset_macro() if B_ASYNC else None
+    A_ASYNC, B_ASYNC = a.is_async, b.is_async
+    STAGED = not (A_ASYNC and B_ASYNC)
+    A_SHAPE, B_SHAPE = a.shape, b.shape
+    A_REGS, B_REGS = a.regs, b.regs
+    A_G, B_G, LDA, LDB = a.ref, b.ref, a.ld, b.ld
+    a_base, b_base = a.base_of, b.base_of
+    issue_a, issue_b, stage_a, stage_b = a.issue, b.issue, a.stage, b.stage
 
     @script(params=problem.params)
     def matmul_tc():
@@ -241,12 +359,8 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
         warp_m = tid // 32 // WARPS_N * WM
         warp_n = tid // 32 % WARPS_N * WN
         pid = i64(blockIdx.x)
-        # (max(.., 1): an empty C has no tiles, and the one block stores nothing)
-        width = GROUP * max(TILES_N, 1)
-        first = pid // width * GROUP
-        rows = max(min(TILES_M - first, GROUP), 1)
-        m0 = (first + pid % width % rows) * BM
-        n0 = pid % width // rows * BN
+        m0 = row0(pid)
+        n0 = col0(pid)
         a_s = dynamic_shared_tensor(dt, A_SHAPE)
         b_s = dynamic_shared_tensor(dt, B_SHAPE)
         c_s = dynamic_shared_tensor(f32, (WARPS, 16, WN + CPAD))
@@ -254,17 +368,17 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
         b_frag = register_tensor(dt, (NI, 4))
         acc = register_tensor(f32, (MI, NI, 4))
         if not A_ASYNC:
-            a_r = register_tensor(dt, (A_ITERS, CHUNK))
+            a_r = register_tensor(dt, A_REGS)
         if not B_ASYNC:
-            b_r = register_tensor(dt, (B_ITERS, CHUNK))
+            b_r = register_tensor(dt, B_REGS)
         bz = i64(blockIdx.z)
         while bz < B:
             if A_ASYNC:
                 a_off = a_base(bz)
-                a_fast = is_aligned(A_G[a_off], 16) and LDA % CHUNK == 0
+                a_fast = is_aligned(A_G[a_off], 16) and LDA % tiles.CHUNK == 0
             if B_ASYNC:
                 b_off = b_base(bz)
-                b_fast = is_aligned(B_G[b_off], 16) and LDB % CHUNK == 0
+                b_fast = is_aligned(B_G[b_off], 16) and LDB % tiles.CHUNK == 0
             for i in unroll(range(MI)):
                 for j in unroll(range(NI)):
                     for e in unroll(range(4)):
@@ -277,155 +391,32 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
                 st = it % STAGES
                 if it < STEPS:
                     k0 = it * BK
-                    for q in unroll(range(A_ITERS)):
-                        c = q * THREADS + tid
-                        if A_EXACT or c < A_CH:
-                            r = c // A_ROW
-                            x = c % A_ROW * CHUNK
-                            if A_ASYNC and A_K:
-                                if a_fast:
-                                    gm = m0 + r
-                                    gk = k0 + x
-                                    if A_ZFILL:
-                                        n_ok = i32(max(min(K - gk, CHUNK), 0) if gm < M else 0)
-                                        src = a_off + gm * LDA + gk if n_ok > 0 else a_off
-                                        cp_async(a_s[st, r, x], A_G[src], 16, n_ok * 2)
-                                    else:
-                                        cp_async(a_s[st, r, x], A_G[a_off + gm * LDA + gk], 16)
-                                else:
-                                    for v in unroll(range(CHUNK)):
-                                        a_s[st, r, x + v] = load_a(bz, m0 + r, k0 + x + v)
-                            elif A_ASYNC:
-                                if a_fast:
-                                    gm = m0 + x
-                                    gk = k0 + r
-                                    if A_ZFILL:
-                                        n_ok = i32(max(min(M - gm, CHUNK), 0) if gk < K else 0)
-                                        src = a_off + gk * LDA + gm if n_ok > 0 else a_off
-                                        cp_async(a_s[st, r, x], A_G[src], 16, n_ok * 2)
-                                    else:
-                                        cp_async(a_s[st, r, x], A_G[a_off + gk * LDA + gm], 16)
-                                else:
-                                    for v in unroll(range(CHUNK)):
-                                        a_s[st, r, x + v] = load_a(bz, m0 + x + v, k0 + r)
-                            elif A_K:
-                                for v in unroll(range(CHUNK)):
-                                    a_r[q, v] = load_a(bz, m0 + r, k0 + x + v)
-                            else:
-                                for v in unroll(range(CHUNK)):
-                                    a_r[q, v] = load_a(bz, m0 + x + v, k0 + r)
-                    for q in unroll(range(B_ITERS)):
-                        c = q * THREADS + tid
-                        if B_EXACT or c < B_CH:
-                            r = c // B_ROW
-                            x = c % B_ROW * CHUNK
-                            if B_ASYNC and B_K:
-                                if b_fast:
-                                    gn = n0 + r
-                                    gk = k0 + x
-                                    if B_ZFILL:
-                                        n_ok = i32(max(min(K - gk, CHUNK), 0) if gn < N else 0)
-                                        src = b_off + gn * LDB + gk if n_ok > 0 else b_off
-                                        cp_async(b_s[st, r, x], B_G[src], 16, n_ok * 2)
-                                    else:
-                                        cp_async(b_s[st, r, x], B_G[b_off + gn * LDB + gk], 16)
-                                else:
-                                    for v in unroll(range(CHUNK)):
-                                        b_s[st, r, x + v] = load_b(bz, k0 + x + v, n0 + r)
-                            elif B_ASYNC:
-                                if b_fast:
-                                    gn = n0 + x
-                                    gk = k0 + r
-                                    if B_ZFILL:
-                                        n_ok = i32(max(min(N - gn, CHUNK), 0) if gk < K else 0)
-                                        src = b_off + gk * LDB + gn if n_ok > 0 else b_off
-                                        cp_async(b_s[st, r, x], B_G[src], 16, n_ok * 2)
-                                    else:
-                                        cp_async(b_s[st, r, x], B_G[b_off + gk * LDB + gn], 16)
-                                else:
-                                    for v in unroll(range(CHUNK)):
-                                        b_s[st, r, x + v] = load_b(bz, k0 + r, n0 + x + v)
-                            elif B_K:
-                                for v in unroll(range(CHUNK)):
-                                    b_r[q, v] = load_b(bz, k0 + x + v, n0 + r)
-                            else:
-                                for v in unroll(range(CHUNK)):
-                                    b_r[q, v] = load_b(bz, k0 + r, n0 + x + v)
+                    if A_ASYNC:
+                        issue_a(a_s[st], a_off, a_fast, bz, m0, k0)
+                    else:
+                        issue_a(a_r, bz, m0, k0)
+                    if B_ASYNC:
+                        issue_b(b_s[st], b_off, b_fast, bz, n0, k0)
+                    else:
+                        issue_b(b_r, bz, n0, k0)
                 if it >= STAGES - 1:
                     ld = (it + 1) % STAGES
-                    for kk in unroll(range(0, BK, 16)):
-                        for i in unroll(range(MI)):
-                            if A_K:
-                                # Lanes 0-15 name rows 0-15 at k, lanes 16-31 the same at k + 8.
-                                row = warp_m + i * 16 + lane % 16
-                                ldmatrix_x4(a_frag[i], a_s[ld, row, kk + lane // 16 * 8])
-                            else:
-                                # Rows of K: matrix j (lanes 8j..) is rows k + j // 2 * 8 at
-                                # column m + j % 2 * 8.
-                                kr = kk + lane % 8 + lane // 16 * 8
-                                col = warp_m + i * 16 + lane // 8 % 2 * 8
-                                ldmatrix_x4_trans(a_frag[i], a_s[ld, kr, col])
-                        if NI % 2 == 0:
-                            for j in unroll(range(0, NI, 2)):
-                                # Two n-tiles at once: lanes 16-31 name the next 8 columns.
-                                if B_K:
-                                    row = warp_n + j * 8 + lane // 16 * 8 + lane % 8
-                                    kc = kk + lane // 8 % 2 * 8
-                                    ldmatrix_x4(b_frag[j, 0], b_s[ld, row, kc])
-                                else:
-                                    col = warp_n + j * 8 + lane // 16 * 8
-                                    ldmatrix_x4_trans(b_frag[j, 0], b_s[ld, kk + lane % 16, col])
-                        else:
-                            for j in unroll(range(NI)):
-                                if B_K:
-                                    row = warp_n + j * 8 + lane % 8
-                                    kc = kk + lane // 8 % 2 * 8
-                                    ldmatrix_x2(b_frag[j], b_s[ld, row, kc])
-                                else:
-                                    col = warp_n + j * 8
-                                    ldmatrix_x2_trans(b_frag[j], b_s[ld, kk + lane % 16, col])
-                        for i in unroll(range(MI)):
-                            for j in unroll(range(NI)):
-                                mma_sync_m16n8k16(acc[i, j], a_frag[i], b_frag[j], acc[i, j])
-                if it < STEPS:
-                    for q in unroll(range(A_ITERS)):
-                        c = q * THREADS + tid
-                        if not A_ASYNC and (A_EXACT or c < A_CH):
-                            r = c // A_ROW
-                            x = c % A_ROW * CHUNK
-                            for v in unroll(range(CHUNK)):
-                                a_s[st, r, x + v] = a_r[q, v]
-                    for q in unroll(range(B_ITERS)):
-                        c = q * THREADS + tid
-                        if not B_ASYNC and (B_EXACT or c < B_CH):
-                            r = c // B_ROW
-                            x = c % B_ROW * CHUNK
-                            for v in unroll(range(CHUNK)):
-                                b_s[st, r, x + v] = b_r[q, v]
+                    mma(a_s[ld], b_s[ld], a_frag, b_frag, acc, warp_m, warp_n, lane)
+                # The registers' tiles go to shared memory after the mma's, which hid the
+                # latency of their loads.
+                if STAGED and it < STEPS:
+                    if not A_ASYNC:
+                        stage_a(a_r, a_s[st])
+                    if not B_ASYNC:
+                        stage_b(b_r, b_s[st])
                 cp_async_commit()
             # The next batch writes the buffers again.
             cp_async_wait_all()
             syncthreads()
-            # Epilogue: a warp stages 16 rows of its tile at a time in shared memory, then
-            # its lanes store them along the rows (coalesced), one element an iteration.
-            g = lane // 4
-            tq = lane % 4
-            wid = tid // 32
-            for i in unroll(range(MI)):
-                for j in unroll(range(NI)):
-                    for e in unroll(range(4)):
-                        c_s[wid, g + e // 2 * 8, j * 8 + tq * 2 + e % 2] = acc[i, j, e]
-                syncthreads()
-                for idx in range(lane, 16 * WN, 32):
-                    er = idx // WN
-                    ec = idx % WN
-                    store_c(bz, m0 + warp_m + i * 16 + er, n0 + warp_n + ec, c_s[wid, er, ec])
-                syncthreads()
+            store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane)
             bz += gridDim.z
 
-    kernel = matmul_tc.ir
-    launch = kernel.attrs.replace(template=f"{NAME}[{cfg}]")
-    return kernel.replace(name=problem.name, attrs=launch)
+    return matmul_tc.ir
 
 
 TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)

@@ -60,6 +60,9 @@ from minicomp.ir.graph import FusedOp
 from minicomp.ir.printer import expr_str
 from minicomp.ir.stmt import If, Stmt, Store, seq
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
+from minicomp.schedule.templates.fragments import Names, expression
+from minicomp.schedule.templates.tiles import Tile, load_regs, store_regs
+from minicomp.script import i64, script
 from minicomp.script.lang import Macro, macro
 from minicomp.script.values import TensorRef
 
@@ -98,6 +101,29 @@ def launch_grid(problem: MatmulProblem, bm: int, bn: int) -> tuple[Dim, Dim, Dim
     else:
         z = minimum(maximum(b, 1), MAX_GRID_Z)
     return x, 1, z
+
+
+def grouped_tiles(problem: MatmulProblem, bm: int, bn: int) -> tuple[Macro, Macro]:
+    """Macros `row0(pid)` and `col0(pid)`: the first row and column of C of the bm x bn tile
+    block pid computes. Tiles are rasterised GROUP_M rows of tiles at a time, column by
+    column, so that the blocks running together share their A and B tiles in L2."""
+    TILES_M, TILES_N = ceil_div(problem.m, bm), ceil_div(problem.n, bn)
+    GROUP = GROUP_M
+
+    def origin(pid, ROW):
+        @script
+        def tile_origin() -> i64:
+            # (max(.., 1): an empty C has no tiles, and its one block stores nothing)
+            width = GROUP * max(TILES_N, 1)
+            first = pid // width * GROUP
+            rows = max(min(TILES_M - first, GROUP), 1)
+            if ROW:
+                return (first + pid % width % rows) * bm
+            return pid % width // rows * bn
+
+        return tile_origin
+
+    return expression(lambda pid: origin(pid, True)), expression(lambda pid: origin(pid, False))
 
 
 def _index(x) -> Expr:
@@ -370,6 +396,86 @@ class MatmulProblem:
         """(B, M, N, K) when all are static."""
         dims = (self.batch, self.m, self.n, self.k)
         return dims if all(isinstance(d, int) for d in dims) else None
+
+
+@dataclass(frozen=True)
+class BlockTile:
+    """A matmul config's block tile: bm x bn of C, stepping over K by bk."""
+
+    bm: int
+    bn: int
+    bk: int
+
+    def parts(self, m: int, n: int) -> int:
+        """The m x n parts of the block tile (warp or thread tiles)."""
+        return (self.bm // m) * (self.bn // n)
+
+    def __str__(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}"
+
+
+@dataclass(frozen=True)
+class RegisterCopy:
+    """An operand's tile copy through registers (tiles.load_regs and store_regs).
+
+    `load(regs, bz, mn0, k0)` reads the tile of batch bz at (mn0, k0) of the operand's (M or
+    N, K) into register tensor `regs` (of shape `regs`), through the prologue macro (guarded
+    where a size is not a multiple of the tile); `store(regs, dst)` writes it into shared view
+    `dst`.
+    """
+
+    regs: tuple[int, int]
+    load: Macro
+    store: Macro
+
+
+def register_copy(
+    problem: MatmulProblem,
+    side: str,
+    tile_mn: int,
+    tile_k: int,
+    threads: int,
+    names: Names,
+    *,
+    width: int,
+    narrow: bool = False,
+    rows_of_k: bool = False,
+) -> RegisterCopy:
+    """The register copy of operand `side` ("a" or "b") in tile_mn x tile_k tiles, moved in
+    chunks of `width` elements along the dimension contiguous in memory (the threads read
+    consecutive addresses). The shared tile is laid out as memory is (rows of M or N for a
+    K-major operand, else rows of K), or always as rows of K when `rows_of_k`."""
+    k_major = (problem.a_major if side == "a" else problem.b_major) == "k"
+    element = operand_element(problem, side, k_major, tile_mn, tile_k, narrow=narrow)
+    rows, cols = (tile_mn, tile_k) if k_major else (tile_k, tile_mn)
+    tile = Tile(rows, cols, threads, width)
+    fill = load_regs(names, side, tile, element)
+
+    def load_tile(regs, bz, mn0, k0):
+        return fill.fn(regs, bz, *((mn0, k0) if k_major else (k0, mn0)))
+
+    store = store_regs(names, side, tile, transposed=rows_of_k and k_major)
+    return RegisterCopy(tile.regs_shape, macro(load_tile), store)
+
+
+def operand_element(
+    problem: MatmulProblem, side: str, k_major: bool, tile_mn: int, tile_k: int, *, narrow: bool
+) -> Macro:
+    """Macro `element(bz, row, col)`: operand `side` of batch bz at (row, col) of its tiles as
+    memory holds them (rows of M or N when `k_major`, else rows of K), through the prologue
+    macro: 0 outside the operand where a size is not a multiple of its tile."""
+    size = problem.m if side == "a" else problem.n
+    check_mn, check_k = needs_check(size, tile_mn), needs_check(problem.k, tile_k)
+    if side == "a":
+        load = problem.load_a(narrow=narrow, check_m=check_mn, check_k=check_k)
+    else:
+        load = problem.load_b(narrow=narrow, check_k=check_k, check_n=check_mn)
+
+    def element(bz, row, col):
+        mn, k = (row, col) if k_major else (col, row)
+        return load.fn(bz, mn, k) if side == "a" else load.fn(bz, k, mn)
+
+    return macro(element)
 
 
 def _affine(e: Expr) -> tuple[dict[Var, int], int] | None:
