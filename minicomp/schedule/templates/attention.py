@@ -31,6 +31,11 @@ same elements one by one. K and V may have fewer heads than Q (grouped-query att
 Q's fragments stay in registers for the whole loop when `q_regs` (its shared rows are then
 reused by the last stage buffer); otherwise they are read from shared memory every step
 (large head dims, where registers are short).
+
+`instantiate` builds the kernel in steps: the tile copies of Q, K/V and O (`_copies`,
+tiles.py), the stages of a key step (`_scores`, `_scale_and_mask`, `_online_softmax`,
+`_add_pv`) and the final division (`_normalize`) as fragments, then the loops calling them
+(`_kernel`).
 """
 
 from __future__ import annotations
@@ -39,18 +44,24 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 
-from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir import types as T
-from minicomp.ir.expr import Dim, Expr, Var, dim_expr, maximum, minimum
+from minicomp.ir.expr import Dim, Expr, Var, dim_expr, maximum, minimum, prod
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
-from minicomp.schedule.templates.base import Template
-from minicomp.schedule.templates.problem import MAX_GRID_Z, ceil_div
+from minicomp.schedule.templates import tiles
+from minicomp.schedule.templates.base import (
+    FILL_BLOCKS,
+    MAX_DYNAMIC_SHARED,
+    Template,
+    WarpTiled,
+    finish,
+    search_space,
+)
+from minicomp.schedule.templates.problem import MAX_GRID_Z, ceil_div, needs_check
 from minicomp.script import (
     attrs,
     bf16,
     blockIdx,
-    cp_async,
     cp_async_commit,
     cp_async_wait,
     cp_async_wait_all,
@@ -64,31 +75,23 @@ from minicomp.script import (
     is_aligned,
     ldmatrix_x4,
     ldmatrix_x4_trans,
-    load_vec,
     log2,
     mma_sync_m16n8k16,
     register_tensor,
     script,
     shfl_xor_sync,
-    store_vec,
     syncthreads,
     threadIdx,
     unroll,
 )
+from minicomp.script.lang import Macro
+from minicomp.script.mma import MMA_TYPES
 from minicomp.script.values import TensorRef
 
 NAME = "attention"
-# The most dynamic shared memory a config may take: what every GPU of the limits table lets a
-# block have (99 KiB on sm_86 and sm_89; a kernel does not know which GPU it will run on).
-MAX_SHARED = PORTABLE.shared_per_block_optin
-# Elements of padding after each shared row (16 bytes): rows stay 16-byte aligned and the
-# eight rows an ldmatrix reads fall in different banks.
-PAD = 8
-# 16-byte chunks hold 8 elements.
-CHUNK = 8
+MAX_SHARED = MAX_DYNAMIC_SHARED
 # f32 registers a thread may hold in accumulators and Q fragments (more spill).
 MAX_ACC_REGS = 144
-MMA_TYPES = (T.f16, T.bf16)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
@@ -96,7 +99,7 @@ _SCRIPT_TYPES = {T.f16: f16, T.bf16: bf16}
 
 
 @dataclass(frozen=True)
-class AttnConfig:
+class AttnConfig(WarpTiled):
     """BM query rows a block (16 a warp), BN keys a step, `stages` K/V buffers, and whether
     Q's fragments stay in registers."""
 
@@ -108,10 +111,6 @@ class AttnConfig:
     @property
     def warps(self) -> int:
         return self.bm // 16
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
 
     def __str__(self) -> str:
         return f"{self.bm}x{self.bn}_s{self.stages}{'_qr' if self.q_regs else ''}"
@@ -135,7 +134,7 @@ class Operand:
         sb, sh, sr, sc = self.strides
         if isinstance(sc, int) and sc != 1:
             return False
-        return not any(isinstance(s, int) and s % CHUNK for s in (sb, sh, sr))
+        return not any(isinstance(s, int) and s % tiles.CHUNK for s in (sb, sh, sr))
 
 
 @dataclass
@@ -226,7 +225,7 @@ def _layout(cfg: AttnConfig) -> tuple[int, int, int]:
 
 
 def shared_bytes(problem: AttentionProblem, cfg: AttnConfig) -> int:
-    return shared_rows(problem, cfg) * (problem.head_dim + PAD) * problem.dtype.nbytes
+    return shared_rows(problem, cfg) * (problem.head_dim + tiles.PAD) * problem.dtype.nbytes
 
 
 def valid(problem: AttentionProblem, cfg: AttnConfig) -> bool:
@@ -258,13 +257,8 @@ _LEVEL1 = (
 def space(problem: AttentionProblem, level: int) -> list[AttnConfig]:
     """The configs to try: level 1 a handful, level 2 every valid combination of a grid of
     choices (level 0: the heuristic's alone)."""
-    if level <= 0:
-        return [heuristic(problem)]
-    configs = [c for c in _LEVEL1 if valid(problem, c)]
-    if level >= 2:
-        grid = itertools.product((32, 64, 128), (16, 32, 64, 128), (2, 3, 4), (True, False))
-        configs += [c for c in (AttnConfig(*p) for p in grid) if valid(problem, c)]
-    return list(dict.fromkeys(configs))
+    grid = itertools.product((32, 64, 128), (16, 32, 64, 128), (2, 3, 4), (True, False))
+    return search_space(problem, level, heuristic, valid, _LEVEL1, AttnConfig, grid)
 
 
 # Level-0 preferences by head dim, first valid wins: FlashAttention-2's shapes where they fit.
@@ -273,13 +267,12 @@ _PREFERRED = {
     128: (AttnConfig(128, 64, 2, True), AttnConfig(64, 64, 2, True)),
     256: (AttnConfig(64, 16, 2, False), AttnConfig(32, 32, 2, False)),
 }
-# Fewer blocks than this leave a large GPU partly idle: take 64-row blocks instead.
-MIN_BLOCKS = 132
 
 
 def heuristic(problem: AttentionProblem) -> AttnConfig:
     """The config used without measuring: per head dim (rounded up to 64, 128 or 256), the
-    first valid preference; 64-row blocks when 128-row ones would give too few blocks."""
+    first valid preference; 64-row blocks when 128-row ones would give too few blocks to
+    fill the GPU."""
     d = problem.head_dim
     key = 64 if d <= 64 else 128 if d <= 128 else 256
     prefs = [c for c in _PREFERRED[key] if valid(problem, c)]
@@ -288,7 +281,7 @@ def heuristic(problem: AttentionProblem) -> AttnConfig:
     best = prefs[0]
     bh, sq = problem.batch * problem.heads, problem.seq_q
     if best.bm == 128 and isinstance(bh, int) and isinstance(sq, int):
-        if bh * ceil_div(sq, 128) < MIN_BLOCKS:
+        if bh * ceil_div(sq, 128) < FILL_BLOCKS:
             smaller = [c for c in prefs if c.bm == 64]
             best = smaller[0] if smaller else best
     return best
@@ -319,47 +312,261 @@ def _static(*dims: Dim) -> bool:
     return all(isinstance(d, int) for d in dims)
 
 
-def _mul(a: Dim, b: Dim) -> Dim:
-    return a * b if _static(a, b) else dim_expr(a) * dim_expr(b)
-
-
 def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
     """The kernel computing `problem` with tiling `cfg` (named after the problem)."""
     if not applies(problem):
         raise ValueError(
             f"{NAME} does not compute {problem.dtype.name} with head dim {problem.head_dim}"
         )
+    names = tiles.Names()
+    copies = _copies(problem, cfg, names)
+    steps = _Steps(
+        _scores(problem, cfg, names),
+        _scale_and_mask(problem, cfg, names),
+        _online_softmax(problem, cfg, names),
+        _add_pv(problem, cfg, names),
+        _normalize(problem, cfg, names),
+    )
+    kernel = _kernel(problem, cfg, copies, steps)
+    return finish(kernel, problem.name, f"{NAME}[{cfg}]")
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """The block's tile copies (tiles.py): `q(smem, rows, bases, m0, 0, fast, partial)` and
+    `kv(...)` into the shared rows, `o(smem, base, m0, fast)` out of them."""
+
+    q: Macro
+    kv: Macro
+    o: Macro
+
+
+def _copies(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> _Copies:
+    """The copies of Q (BM rows), K and V (BN rows each, one step) and O, each row a head's
+    D elements: 16-byte chunks, a thread's rows a constant apart; rows past the sequence
+    guarded where a tile can cross it."""
+    D, BM, BN, threads = problem.head_dim, cfg.bm, cfg.bn, cfg.threads
+    q, k, v, o = problem.q, problem.k, problem.v, problem.o
+    sq = problem.seq_q if needs_check(problem.seq_q, BM) else None
+    sk = problem.seq_k if needs_check(problem.seq_k, BN) else None
+    q_rows, kv_rows = (
+        tiles.Tile(BM, D, threads, rows_apart=True),
+        tiles.Tile(BN, D, threads, rows_apart=True),
+    )
+    return _Copies(
+        tiles.async_copy(names, "q", q_rows, (_matrix(q, sq),)),
+        tiles.async_copy(names, "kv", kv_rows, (_matrix(k, sk), _matrix(v, sk))),
+        tiles.store_rows(names, "o", q_rows, _matrix(o, sq)),
+    )
+
+
+def _matrix(op: Operand, rows: Dim | None) -> tiles.Matrix:
+    """One (batch, head)'s rows of `op` (its offset given at run time)."""
+    _, _, row_stride, col_stride = op.strides
+    return tiles.Matrix(op.ref, row_stride, rows=rows, step=col_stride)
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """A key step's stages, each a macro over the warp's registers (see the module doc)."""
+
+    scores: Macro
+    mask: Macro
+    softmax: Macro
+    pv: Macro
+    normalize: Macro
+
+
+def _scores(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
+    """Macro `scores(s, smem, q_frag, q_row, k_row, lane)`: s = Q K^T for the warp's 16 rows
+    (shared rows q_row...) and the step's keys (shared rows k_row...); Q's fragments are
+    `q_frag` when they stay in registers, else read into q_frag[0] at each k step."""
+    dt, DK, NT, Q_REGS = problem.dtype, problem.head_dim // 16, cfg.bn // 8, cfg.q_regs
+
+    def scores(s, smem, q_frag, q_row, k_row, lane):
+        @script
+        def qk():
+            kf = register_tensor(dt, (2, 4))
+            for t in unroll(range(NT)):
+                for e in unroll(range(4)):
+                    s[t, e] = 0.0
+            for kk in unroll(range(DK)):
+                if not Q_REGS:
+                    ldmatrix_x4(q_frag[0], smem[q_row + lane % 16, kk * 16 + lane // 16 * 8])
+                qi = kk if Q_REGS else 0
+                for t in unroll(range(0, NT, 2)):
+                    krow = k_row + t * 8 + lane // 16 * 8 + lane % 8
+                    ldmatrix_x4(kf[0, 0], smem[krow, kk * 16 + lane // 8 % 2 * 8])
+                    mma_sync_m16n8k16(s[t], q_frag[qi], kf[0], s[t])
+                    mma_sync_m16n8k16(s[t + 1], q_frag[qi], kf[1], s[t + 1])
+
+        return qk
+
+    return names.fragment("qk", scores)
+
+
+def _scale_and_mask(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
+    """Macro `mask(s, row0, first_row, n0, mk_off, tq)`: the scores scaled (log2 domain), the
+    additive mask (at mk_off) added, -inf past the last key and above the causal diagonal; the
+    lane's rows are row0 and row0 + 8 (first_row the warp's first), the step's keys n0...."""
+    BN, NT, SQ, SK, CAUSAL = cfg.bn, cfg.bn // 8, problem.seq_q, problem.seq_k, problem.causal
+    SCALE2 = problem.scale * LOG2E
+    HAS_MASK = problem.mask is not None
+    if HAS_MASK:
+        M_G = problem.mask.ref
+        _, _, MSQ, MSK = problem.mask.strides
+
+    def mask(s, row0, first_row, n0, mk_off, tq):
+        @script
+        def scale_mask():
+            edge = n0 + BN > SK
+            if CAUSAL:
+                edge = edge or n0 + BN - 1 > first_row
+            for t in unroll(range(NT)):
+                for e in unroll(range(4)):
+                    s[t, e] = s[t, e] * SCALE2
+            if HAS_MASK:
+                for t in unroll(range(NT)):
+                    for e in unroll(range(4)):
+                        gr = row0 + e // 2 * 8
+                        gc = n0 + t * 8 + tq * 2 + e % 2
+                        if gr < SQ and gc < SK:
+                            mv = M_G[mk_off + i64(gr) * MSQ + i64(gc) * MSK]
+                            s[t, e] = s[t, e] + f32(mv) * LOG2E
+            if edge:
+                for t in unroll(range(NT)):
+                    for e in unroll(range(4)):
+                        gr = row0 + e // 2 * 8
+                        gc = n0 + t * 8 + tq * 2 + e % 2
+                        if CAUSAL:
+                            if gc >= SK or gc > gr:
+                                s[t, e] = NEG_INF
+                        else:
+                            if gc >= SK:
+                                s[t, e] = NEG_INF
+
+        return scale_mask
+
+    return names.fragment("mask", mask)
+
+
+def _online_softmax(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
+    """Macro `softmax(s, m_i, l_i, acc)`: the running max m_i and sum l_i of the lane's two
+    rows updated with the step's scores, which become probabilities (exp2), and O (`acc`)
+    rescaled by exp2(m - m'). A lane holds rows g (e < 2) and g + 8 (e >= 2)."""
+    NT, DT = cfg.bn // 8, problem.head_dim // 8
+
+    def softmax(s, m_i, l_i, acc):
+        @script
+        def online_softmax():
+            for hr in unroll(range(2)):
+                mx = m_i[hr]
+                for t in unroll(range(NT)):
+                    mx = max(mx, s[t, hr * 2], s[t, hr * 2 + 1])
+                mx = max(mx, shfl_xor_sync(mx, 1))
+                mx = max(mx, shfl_xor_sync(mx, 2))
+                base = 0.0 if mx == NEG_INF else mx
+                alpha = exp2(m_i[hr] - base)
+                m_i[hr] = mx
+                total = 0.0
+                for t in unroll(range(NT)):
+                    for c2 in unroll(range(2)):
+                        p = exp2(s[t, hr * 2 + c2] - base)
+                        s[t, hr * 2 + c2] = p
+                        total += p
+                l_i[hr] = l_i[hr] * alpha + total
+                for d in unroll(range(DT)):
+                    acc[d, hr * 2] *= alpha
+                    acc[d, hr * 2 + 1] *= alpha
+
+        return online_softmax
+
+    return names.fragment("sm", softmax)
+
+
+def _add_pv(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
+    """Macro `pv(s, smem, acc, v_row, lane)`: acc += P V, P converted to f16/bf16 in registers
+    (the accumulator layout of S is the A-operand layout of P), V (shared rows v_row...) by
+    ldmatrix.trans."""
+    dt, PK, DT = problem.dtype, cfg.bn // 16, problem.head_dim // 8
+    CAST = _SCRIPT_TYPES[dt]
+
+    def pv(s, smem, acc, v_row, lane):
+        @script
+        def add_pv():
+            pa = register_tensor(dt, 8)
+            vf = register_tensor(dt, (2, 4))
+            for pk in unroll(range(PK)):
+                for e in unroll(range(8)):
+                    pa[e] = CAST(s[pk * 2 + e // 4, e % 4])
+                for d in unroll(range(0, DT, 2)):
+                    vrow = v_row + pk * 16 + lane % 16
+                    ldmatrix_x4_trans(vf[0, 0], smem[vrow, d * 8 + lane // 16 * 8])
+                    mma_sync_m16n8k16(acc[d], pa, vf[0], acc[d])
+                    mma_sync_m16n8k16(acc[d + 1], pa, vf[1], acc[d + 1])
+
+        return add_pv
+
+    return names.fragment("pv", pv)
+
+
+def _normalize(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
+    """Macro `normalize(acc, m_i, l_i, smem, row, m0, lse_off, tq)`: O / l of the lane's two
+    rows (block rows `row` and row + 8) into the shared rows, and their logsumexp
+    ((m + log2 l) ln 2) when the problem asks for it."""
+    SQ, DT = problem.seq_q, problem.head_dim // 8
+    CAST = _SCRIPT_TYPES[problem.dtype]
+    HAS_LSE = problem.lse is not None
+    if HAS_LSE:
+        L_G = problem.lse.ref
+        _, _, LSQ, _ = problem.lse.strides
+
+    def normalize(acc, m_i, l_i, smem, row, m0, lse_off, tq):
+        @script
+        def divide():
+            for hr in unroll(range(2)):
+                lt = l_i[hr]
+                lt += shfl_xor_sync(lt, 1)
+                lt += shfl_xor_sync(lt, 2)
+                inv = 1.0 / lt if lt > 0.0 else 0.0
+                lr = row + hr * 8
+                for d in unroll(range(DT)):
+                    for c2 in unroll(range(2)):
+                        smem[lr, d * 8 + tq * 2 + c2] = CAST(acc[d, hr * 2 + c2] * inv)
+                if HAS_LSE:
+                    if tq == 0 and m0 + lr < SQ:
+                        # A row every key masks: 0, as PyTorch's kernels give (its backward
+                        # then finds every probability exp(-inf - 0) = 0).
+                        lse = (m_i[hr] + log2(lt)) * LN2 if lt > 0.0 else 0.0
+                        L_G[lse_off + i64(m0 + lr) * LSQ] = lse
+
+        return divide
+
+    return names.fragment("out", normalize)
+
+
+def _kernel(problem: AttentionProblem, cfg: AttnConfig, copies: _Copies, steps: _Steps):
+    """The script kernel: per (batch, head), Q's tile, then the key steps' pipeline of K/V
+    copies and the warps' stages, then O (see the module doc)."""
     dt = problem.dtype
     D, BM, BN, STAGES = problem.head_dim, cfg.bm, cfg.bn, cfg.stages
     THREADS = cfg.threads
     Q_REGS = cfg.q_regs
     Q_ROW, KV_ROW, ROWS = _layout(cfg)
     Q_LAST = Q_ROW > 0  # Q shares the last stage's rows
-    CAST = _SCRIPT_TYPES[dt]
     DK = D // 16  # k steps of Q K^T
     DT = D // 8  # n tiles of O
     NT = BN // 8  # n tiles of S
-    PK = BN // 16  # k steps of P V
-    CPR = D // CHUNK  # 16-byte chunks a row
-    # Tile copies: a thread copies chunk tid % CPR of rows tid // CPR + i * RSTEP (one base
-    # address a thread, the rows at constant offsets from it); for a head dim whose chunk
-    # count does not divide the block, chunks i * THREADS + tid in row-major order.
-    SPLIT = THREADS % CPR == 0
-    RSTEP = THREADS // CPR if SPLIT else 0
-    Q_CH, KV_CH = BM * CPR, BN * CPR
-    Q_IT, KV_IT = -(-Q_CH // THREADS), -(-KV_CH // THREADS)
-    Q_EXACT, KV_EXACT = Q_CH % THREADS == 0, KV_CH % THREADS == 0
     B, H, SQ, SK = problem.batch, problem.heads, problem.seq_q, problem.seq_k
     GQ = (
         H // problem.kv_heads
         if _static(H, problem.kv_heads)
         else (dim_expr(H) // dim_expr(problem.kv_heads))
     )
-    BH = _mul(B, H)
+    BH = prod((B, H))
     TILES_M = ceil_div(SQ, BM)
     GRID = _grid(problem, BM)
     CAUSAL = problem.causal
-    SCALE2 = problem.scale * LOG2E
     q, k, v, o = problem.q, problem.k, problem.v, problem.o
     Q_G, K_G, V_G, O_G = q.ref, k.ref, v.ref, o.ref
     QSB, QSH, QSS, QSD = q.strides
@@ -368,16 +575,17 @@ def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
     OSB, OSH, OSS, OSD = o.strides
     Q_VEC, O_VEC = q.vector_ok(), o.vector_ok()
     KV_VEC = k.vector_ok() and v.vector_ok()
-    # Key tiles all full: no partial tile to guard.
-    KV_EVEN = isinstance(SK, int) and SK % BN == 0
     HAS_MASK = problem.mask is not None
-    HAS_LSE = problem.lse is not None
-    if HAS_MASK:
-        M_G = problem.mask.ref
-        MSB, MSH, MSQ, MSK = problem.mask.strides
-    if HAS_LSE:
-        L_G = problem.lse.ref
-        LSB, LSH, LSQ, _ = problem.lse.strides
+    MSB, MSH = problem.mask.strides[:2] if HAS_MASK else (0, 0)
+    LSB, LSH = problem.lse.strides[:2] if problem.lse is not None else (0, 0)
+    copy_q, copy_kv, store_o = copies.q, copies.kv, copies.o
+    scores, mask, softmax, pv, normalize = (
+        steps.scores,
+        steps.mask,
+        steps.softmax,
+        steps.pv,
+        steps.normalize,
+    )
 
     @script(params=problem.params)
     def attention():
@@ -388,19 +596,12 @@ def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
         wr = tid // 32 * 16  # the warp's first row in the block
         g = lane // 4
         tq = lane % 4
-        smem = dynamic_shared_tensor(dt, (ROWS, D + PAD))
-        if Q_REGS:
-            q_frag = register_tensor(dt, (DK, 8))
-        else:
-            q_a = register_tensor(dt, 8)
-        kf = register_tensor(dt, (2, 4))
-        vf = register_tensor(dt, (2, 4))
-        pa = register_tensor(dt, 8)
+        smem = dynamic_shared_tensor(dt, (ROWS, D + tiles.PAD))
+        q_frag = register_tensor(dt, (DK if Q_REGS else 1, 8))
         s = register_tensor(f32, (NT, 4))
         acc = register_tensor(f32, (DT, 4))
         m_i = register_tensor(f32, 2)
         l_i = register_tensor(f32, 2)
-        ov = register_tensor(dt, CHUNK)
         # Row and key coordinates are i32, element offsets i64.
         if CAUSAL:
             m0 = i32(TILES_M - 1 - blockIdx.x) * BM  # the longest rows first
@@ -417,6 +618,8 @@ def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
             o_off = b * OSB + h * OSH
             if HAS_MASK:
                 mk_off = b * MSB + h * MSH
+            else:
+                mk_off = 0
             if CAUSAL:
                 n_end = max(min(SK, m0 + BM), 0)
             else:
@@ -426,25 +629,7 @@ def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
             kv_fast = KV_VEC and KSD == 1 and VSD == 1 and KSS % 8 == 0 and VSS % 8 == 0
             kv_fast = kv_fast and is_aligned(K_G[k_off], 16) and is_aligned(V_G[v_off], 16)
             # Q: one commit group ahead of the K/V steps.
-            if q_fast:
-                for it_q in unroll(range(Q_IT)):
-                    if SPLIT:
-                        r = tid // CPR + it_q * RSTEP
-                        x = tid % CPR * CHUNK
-                    else:
-                        r = (it_q * THREADS + tid) // CPR
-                        x = (it_q * THREADS + tid) % CPR * CHUNK
-                    if Q_EXACT or r < BM:
-                        gm = m0 + r
-                        src = q_off + i64(gm if gm < SQ else 0) * QSS + x
-                        cp_async(smem[Q_ROW + r, x], Q_G[src], 16, 16 if gm < SQ else 0)
-            else:
-                # Element by element (a compact loop: the rare case stays out of the way).
-                for c in range(tid, BM * D, THREADS):
-                    gm = m0 + c // D
-                    col = c % D
-                    src = q_off + i64(gm) * QSS + col * QSD
-                    smem[Q_ROW + c // D, col] = Q_G[src] if gm < SQ else 0.0
+            copy_q(smem, (Q_ROW,), (q_off,), m0, 0, q_fast, True)
             cp_async_commit()
             for d in unroll(range(DT)):
                 for e in unroll(range(4)):
@@ -467,160 +652,27 @@ def instantiate(problem: AttentionProblem, cfg: AttnConfig) -> Function:
                 if it < steps:
                     kr = KV_ROW + it % STAGES * 2 * BN
                     n0 = it * BN
-                    if kv_fast:
-                        for it_kv in unroll(range(KV_IT)):
-                            if SPLIT:
-                                r = tid // CPR + it_kv * RSTEP
-                                x = tid % CPR * CHUNK
-                            else:
-                                r = (it_kv * THREADS + tid) // CPR
-                                x = (it_kv * THREADS + tid) % CPR * CHUNK
-                            if KV_EXACT or r < BN:
-                                gn = n0 + r
-                                if KV_EVEN or n0 + BN <= SK:
-                                    # A whole tile: one base address, rows at fixed offsets.
-                                    ks = k_off + i64(gn) * KSS + x
-                                    vs = v_off + i64(gn) * VSS + x
-                                    cp_async(smem[kr + r, x], K_G[ks], 16)
-                                    cp_async(smem[kr + BN + r, x], V_G[vs], 16)
-                                else:
-                                    # The last, partial tile: keys past SK are zero-filled.
-                                    row = gn if gn < SK else 0
-                                    nb = 16 if gn < SK else 0
-                                    ks = k_off + i64(row) * KSS + x
-                                    vs = v_off + i64(row) * VSS + x
-                                    cp_async(smem[kr + r, x], K_G[ks], 16, nb)
-                                    cp_async(smem[kr + BN + r, x], V_G[vs], 16, nb)
-                    else:
-                        for c in range(tid, BN * D, THREADS):
-                            gn = n0 + c // D
-                            col = c % D
-                            ks = k_off + i64(gn) * KSS + col * KSD
-                            vs = v_off + i64(gn) * VSS + col * VSD
-                            smem[kr + c // D, col] = K_G[ks] if gn < SK else 0.0
-                            smem[kr + BN + c // D, col] = V_G[vs] if gn < SK else 0.0
+                    # Only the last tile can cross the last key.
+                    copy_kv(smem, (kr, kr + BN), (k_off, v_off), n0, 0, kv_fast, n0 + BN > SK)
                 if it >= STAGES - 1:
-                    j = it - (STAGES - 1)
                     kr = KV_ROW + (it + 1) % STAGES * 2 * BN
-                    n0 = j * BN
-                    # S = Q K^T
-                    for t in unroll(range(NT)):
-                        for e in unroll(range(4)):
-                            s[t, e] = 0.0
-                    for kk in unroll(range(DK)):
-                        if not Q_REGS:
-                            ldmatrix_x4(q_a, smem[Q_ROW + wr + lane % 16, kk * 16 + lane // 16 * 8])
-                        for t in unroll(range(0, NT, 2)):
-                            krow = kr + t * 8 + lane // 16 * 8 + lane % 8
-                            ldmatrix_x4(kf[0, 0], smem[krow, kk * 16 + lane // 8 % 2 * 8])
-                            if Q_REGS:
-                                mma_sync_m16n8k16(s[t], q_frag[kk], kf[0], s[t])
-                                mma_sync_m16n8k16(s[t + 1], q_frag[kk], kf[1], s[t + 1])
-                            else:
-                                mma_sync_m16n8k16(s[t], q_a, kf[0], s[t])
-                                mma_sync_m16n8k16(s[t + 1], q_a, kf[1], s[t + 1])
-                    # Scale (log2 domain), mask.
-                    row0 = m0 + wr + g
-                    edge = n0 + BN > SK
-                    if CAUSAL:
-                        edge = edge or n0 + BN - 1 > m0 + wr
-                    for t in unroll(range(NT)):
-                        for e in unroll(range(4)):
-                            s[t, e] = s[t, e] * SCALE2
-                    if HAS_MASK:
-                        for t in unroll(range(NT)):
-                            for e in unroll(range(4)):
-                                gr = row0 + e // 2 * 8
-                                gc = n0 + t * 8 + tq * 2 + e % 2
-                                if gr < SQ and gc < SK:
-                                    mv = M_G[mk_off + i64(gr) * MSQ + i64(gc) * MSK]
-                                    s[t, e] = s[t, e] + f32(mv) * LOG2E
-                    if edge:
-                        for t in unroll(range(NT)):
-                            for e in unroll(range(4)):
-                                gr = row0 + e // 2 * 8
-                                gc = n0 + t * 8 + tq * 2 + e % 2
-                                if CAUSAL:
-                                    if gc >= SK or gc > gr:
-                                        s[t, e] = NEG_INF
-                                else:
-                                    if gc >= SK:
-                                        s[t, e] = NEG_INF
-                    # Online softmax: a lane holds rows g (e < 2) and g + 8 (e >= 2).
-                    for hr in unroll(range(2)):
-                        mx = m_i[hr]
-                        for t in unroll(range(NT)):
-                            mx = max(mx, s[t, hr * 2], s[t, hr * 2 + 1])
-                        mx = max(mx, shfl_xor_sync(mx, 1))
-                        mx = max(mx, shfl_xor_sync(mx, 2))
-                        base = 0.0 if mx == NEG_INF else mx
-                        alpha = exp2(m_i[hr] - base)
-                        m_i[hr] = mx
-                        total = 0.0
-                        for t in unroll(range(NT)):
-                            for c2 in unroll(range(2)):
-                                p = exp2(s[t, hr * 2 + c2] - base)
-                                s[t, hr * 2 + c2] = p
-                                total += p
-                        l_i[hr] = l_i[hr] * alpha + total
-                        for d in unroll(range(DT)):
-                            acc[d, hr * 2] *= alpha
-                            acc[d, hr * 2 + 1] *= alpha
-                    # O += P V
-                    for pk in unroll(range(PK)):
-                        for e in unroll(range(8)):
-                            pa[e] = CAST(s[pk * 2 + e // 4, e % 4])
-                        for d in unroll(range(0, DT, 2)):
-                            vrow = kr + BN + pk * 16 + lane % 16
-                            ldmatrix_x4_trans(vf[0, 0], smem[vrow, d * 8 + lane // 16 * 8])
-                            mma_sync_m16n8k16(acc[d], pa, vf[0], acc[d])
-                            mma_sync_m16n8k16(acc[d + 1], pa, vf[1], acc[d + 1])
+                    n0 = (it - (STAGES - 1)) * BN
+                    scores(s, smem, q_frag, Q_ROW + wr, kr, lane)
+                    mask(s, m0 + wr + g, m0 + wr, n0, mk_off, tq)
+                    softmax(s, m_i, l_i, acc)
+                    pv(s, smem, acc, kr + BN, lane)
                 cp_async_commit()
             cp_async_wait_all()
             syncthreads()
             # O / l through shared memory (the block's first BM rows), then 16-byte stores.
-            for hr in unroll(range(2)):
-                lt = l_i[hr]
-                lt += shfl_xor_sync(lt, 1)
-                lt += shfl_xor_sync(lt, 2)
-                inv = 1.0 / lt if lt > 0.0 else 0.0
-                lr = wr + g + hr * 8
-                for d in unroll(range(DT)):
-                    for c2 in unroll(range(2)):
-                        smem[lr, d * 8 + tq * 2 + c2] = CAST(acc[d, hr * 2 + c2] * inv)
-                if HAS_LSE:
-                    if tq == 0 and m0 + lr < SQ:
-                        # A row every key masks: 0, as PyTorch's kernels give (its backward
-                        # then finds every probability exp(-inf - 0) = 0).
-                        lse = (m_i[hr] + log2(lt)) * LN2 if lt > 0.0 else 0.0
-                        L_G[b * LSB + h * LSH + i64(m0 + lr) * LSQ] = lse
+            normalize(acc, m_i, l_i, smem, wr + g, m0, b * LSB + h * LSH, tq)
             syncthreads()
             o_fast = O_VEC and OSD == 1 and OSS % 8 == 0 and is_aligned(O_G[o_off], 16)
-            if o_fast:
-                for it_o in unroll(range(Q_IT)):
-                    if SPLIT:
-                        r = tid // CPR + it_o * RSTEP
-                        x = tid % CPR * CHUNK
-                    else:
-                        r = (it_o * THREADS + tid) // CPR
-                        x = (it_o * THREADS + tid) % CPR * CHUNK
-                    if Q_EXACT or r < BM:
-                        gm = m0 + r
-                        if gm < SQ:
-                            load_vec(ov, smem[r, x])
-                            store_vec(O_G[o_off + i64(gm) * OSS + x], ov)
-            else:
-                for c in range(tid, BM * D, THREADS):
-                    gm = m0 + c // D
-                    if gm < SQ:
-                        col = c % D
-                        O_G[o_off + i64(gm) * OSS + col * OSD] = smem[c // D, col]
+            store_o(smem, o_off, m0, o_fast)
             syncthreads()
             bh += gridDim.y
 
-    kernel = attention.ir
-    launch = kernel.attrs.replace(template=f"{NAME}[{cfg}]")
-    return kernel.replace(name=problem.name, attrs=launch)
+    return attention.ir
 
 
 TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)
