@@ -105,9 +105,15 @@ def imports_of(here: str, source: str) -> set[str]:
                 node_module = ".".join(base + ([node.module] if node.module else []))
             else:
                 node_module = node.module or ""
-            out.add(node_module)
-            # `from minicomp import config` imports the module minicomp.config.
-            out |= {f"{node_module}.{a.name}" for a in node.names}
+            for a in node.names:
+                # `from minicomp import config` imports the module minicomp.config; `from
+                # minicomp.script import attrs` a name the package's __init__ defines.
+                if f"{node_module}.{a.name}" in MODULES:
+                    out.add(f"{node_module}.{a.name}")
+                elif f"{node_module}.__init__" in MODULES:
+                    out.add(f"{node_module}.__init__")
+                else:
+                    out.add(node_module)
     return {m for m in out if m in MODULES and m.startswith("minicomp.")}
 
 
@@ -125,7 +131,7 @@ def upward_imports(extra: dict[str, str] | None = None) -> set[tuple[str, str]]:
             if dst == src:
                 continue
             if LAYERS[dst] >= LAYERS[src]:
-                found.add((here.removesuffix(".__init__"), target.removesuffix(".__init__")))
+                found.add((here.removesuffix(".__init__"), target))
     return found
 
 
@@ -183,6 +189,13 @@ def test_a_lazy_import_closing_a_cycle_is_caught():
 def test_an_upward_import_is_caught(source):
     found = upward_imports({"minicomp.ir.planted": source})
     assert ("minicomp.ir.planted", "minicomp.dynamo.backend") in found
+
+
+def test_a_name_a_package_defines_is_an_import_of_its_init():
+    found = upward_imports({"minicomp.schedule.planted": "from minicomp.script import attrs\n"})
+    assert ("minicomp.schedule.planted", "minicomp.script.__init__") in found
+    found = upward_imports({"minicomp.schedule.planted": "from minicomp.script import lang\n"})
+    assert not any(here == "minicomp.schedule.planted" for here, _ in found)
 
 
 def test_a_sideways_import_is_caught():

@@ -58,34 +58,30 @@ from minicomp.schedule.templates.base import (
     search_space,
 )
 from minicomp.schedule.templates.problem import MAX_GRID_Z, ceil_div, needs_check
-from minicomp.script import (
+from minicomp.script.function import script
+from minicomp.script.lang import (
+    Macro,
     attrs,
-    bf16,
     blockIdx,
     cp_async_commit,
     cp_async_wait,
     cp_async_wait_all,
     dynamic_shared_tensor,
     exp2,
-    f16,
-    f32,
     gridDim,
-    i32,
-    i64,
     is_aligned,
     ldmatrix_x4,
     ldmatrix_x4_trans,
     log2,
     mma_sync_m16n8k16,
     register_tensor,
-    script,
     shfl_xor_sync,
     syncthreads,
     threadIdx,
     unroll,
 )
-from minicomp.script.lang import Macro
 from minicomp.script.mma import MMA_TYPES
+from minicomp.script.types import bf16, f16, f32, i32, i64
 from minicomp.script.values import TensorRef
 
 NAME = "attention"

@@ -43,18 +43,18 @@ from minicomp.schedule.templates.problem import (
     register_copy,
 )
 from minicomp.schedule.templates.tiles import Names
-from minicomp.script import (
+from minicomp.script.function import script
+from minicomp.script.lang import (
     attrs,
     blockIdx,
     gridDim,
-    i64,
     register_tensor,
-    script,
     shared_tensor,
     syncthreads,
     threadIdx,
     unroll,
 )
+from minicomp.script.types import i64
 
 # Static shared memory a block may have (without opting in; every GPU of the table).
 MAX_SHARED = PORTABLE.shared_per_block

@@ -66,30 +66,30 @@ from minicomp.schedule.templates.problem import (
     operand_element,
     register_copy,
 )
-from minicomp.script import (
+from minicomp.script.function import script
+from minicomp.script.lang import (
+    Macro,
     attrs,
     blockIdx,
     cp_async_commit,
     cp_async_wait,
     cp_async_wait_all,
     dynamic_shared_tensor,
-    f32,
     gridDim,
-    i64,
     is_aligned,
     ldmatrix_x2,
     ldmatrix_x2_trans,
     ldmatrix_x4,
     ldmatrix_x4_trans,
+    macro,
     mma_sync_m16n8k16,
     register_tensor,
-    script,
     syncthreads,
     threadIdx,
     unroll,
 )
-from minicomp.script.lang import Macro, macro
 from minicomp.script.mma import MMA_TYPES
+from minicomp.script.types import f32, i64
 from minicomp.script.values import TensorRef
 
 NAME = "matmul_tc"

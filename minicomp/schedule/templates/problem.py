@@ -62,8 +62,9 @@ from minicomp.ir.stmt import If, Stmt, Store, seq
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
 from minicomp.schedule.templates.fragments import Names, expression
 from minicomp.schedule.templates.tiles import Tile, load_regs, store_regs
-from minicomp.script import i64, script
+from minicomp.script.function import script
 from minicomp.script.lang import Macro, macro
+from minicomp.script.types import i64
 from minicomp.script.values import TensorRef
 
 # Accumulator types the templates compute in.

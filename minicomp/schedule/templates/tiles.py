@@ -42,18 +42,18 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import Dim
 from minicomp.schedule.templates.fragments import Names
 from minicomp.script import conversions as C
-from minicomp.script import (
+from minicomp.script.function import ScriptFunction, script
+from minicomp.script.lang import (
+    Macro,
     cp_async,
-    i32,
     load_vec,
+    macro,
     register_tensor,
-    script,
     store_vec,
     threadIdx,
     unroll,
 )
-from minicomp.script.function import ScriptFunction
-from minicomp.script.lang import Macro, macro
+from minicomp.script.types import i32
 from minicomp.script.values import TensorRef
 
 # The bytes of a cp.async or vector chunk, and the f16/bf16 elements it holds.
