@@ -6,7 +6,9 @@ emulator, NVRTC), whether it can time kernels to tune them, what runs the finish
 how a script kernel launched from Python builds on it. The compiler (minicomp/compiler.py)
 and the script launcher ask the target; nothing else branches on a target's name.
 
-Adding a target is one class here and one line in TARGETS.
+Adding a target is one class here, one line in TARGETS, and its name among the `target`
+option's choices in config.py (which sits below and cannot import this; a test checks that
+the two agree).
 """
 
 from __future__ import annotations
