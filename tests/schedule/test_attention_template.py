@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from helpers import check_compiled
 
 import minicomp
-from minicomp.passes.graph.attention import attention_problem, sdpa_ops, tune_attention
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
 from minicomp.ir.graph import ExternOp, KernelOp
+from minicomp.passes.graph.attention import attention_problem, sdpa_ops, tune_attention
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.schedule.templates import attention as template
 
@@ -92,43 +92,71 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_attention(case):
-    dt, d, sq, sk, causal = CASES[case]
-    dtype = DTYPES[dt]
-    nodes = run(sdpa(is_causal=causal), *qkv(2, 2, sq, sk, d, dtype), dtype=dtype)
-    assert fused(nodes), nodes
+def sdpas(calls: list[dict]):
+    """A function of len(calls) (q, k, v[, mask]) groups: sdpa of each, with calls[i]'s
+    keyword arguments (a mask when `mask` is true)."""
+
+    def f(*args):
+        outs, at = [], 0
+        for kwargs in calls:
+            kw = {k: v for k, v in kwargs.items() if k != "mask"}
+            n = 4 if kwargs.get("mask") else 3
+            q, k, v, *mask = args[at : at + n]
+            outs.append(F.scaled_dot_product_attention(q, k, v, *mask, **kw))
+            at += n
+        return tuple(outs)
+
+    return f
 
 
-LEVEL1 = {str(c): c for c in template._LEVEL1}
+def all_fused(nodes: list, count: int) -> bool:
+    return len(nodes) == count and all(kind == "kernel" for kind, _ in nodes)
 
 
-@pytest.mark.parametrize("config", list(LEVEL1))
-def test_every_level1_config(monkeypatch, config):
-    """Each candidate tiling computes the same attention (partial query and key tiles, a
-    mask or the causal diagonal), whatever the heuristic would pick."""
-    cfg = LEVEL1[config]
-    monkeypatch.setattr(template, "heuristic", lambda problem: cfg)
-    fixed = dataclasses.replace(template.TEMPLATE, heuristic=lambda problem: cfg)
-    monkeypatch.setattr(template, "TEMPLATE", fixed)
-    args = qkv(2, 2, 72, 88, 64, torch.float16)
-    if list(LEVEL1).index(config) % 2:
-        nodes = run(sdpa_masked(), *args, torch.randn(72, 88, dtype=torch.float16))
-    else:
-        nodes = run(sdpa(is_causal=True), *args)
-    assert nodes == [("kernel", f"attention[{config}]")], nodes
-
-
-@pytest.mark.parametrize(
-    "mask_shape", [(40, 72), (2, 1, 40, 72), (2, 2, 1, 72)], ids=["2d", "per-batch", "row"]
-)
 @pytest.mark.parametrize("dt", list(DTYPES))
-def test_additive_mask(dt, mask_shape):
+def test_attention(dt):
+    """The cases of one type (head dims, lengths, causal), one sdpa each, in one graph."""
+    dtype = DTYPES[dt]
+    cases = [c for c in CASES.values() if c[0] == dt]
+    args = [t for _, d, sq, sk, _ in cases for t in qkv(2, 2, sq, sk, d, dtype)]
+    nodes = run(sdpas([{"is_causal": c[4]} for c in cases]), *args, dtype=dtype)
+    assert all_fused(nodes, len(cases)), nodes
+
+
+LEVEL1 = list(template._LEVEL1)
+
+
+def test_every_level1_config(monkeypatch):
+    """Each candidate tiling computes the same attention (partial query and key tiles, a
+    mask or the causal diagonal), whatever the heuristic would pick: one call per config,
+    told apart by its batch size, in one graph."""
+    by_batch = {2 + i: c for i, c in enumerate(LEVEL1)}
+    monkeypatch.setattr(template, "heuristic", lambda problem: by_batch[problem.batch])
+    fixed = dataclasses.replace(
+        template.TEMPLATE, heuristic=lambda problem: by_batch[problem.batch]
+    )
+    monkeypatch.setattr(template, "TEMPLATE", fixed)
+    calls, args = [], []
+    for i, b in enumerate(by_batch):
+        args += qkv(b, 2, 72, 88, 64, torch.float16)
+        if i % 2:
+            args.append(torch.randn(72, 88, dtype=torch.float16))
+            calls.append({"mask": True})
+        else:
+            calls.append({"is_causal": True})
+    nodes = run(sdpas(calls), *args)
+    assert sorted(nodes) == sorted(("kernel", f"attention[{c}]") for c in LEVEL1), nodes
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_additive_mask(dt):
+    """Masks of the whole (Sq, Sk), per batch, and per key (broadcast rows), in one graph."""
     dtype = DTYPES[dt]
     d = 64 if dt == "f16" else 128
-    mask = torch.randn(mask_shape, dtype=dtype)
-    nodes = run(sdpa_masked(), *qkv(2, 2, 40, 72, d, dtype), mask, dtype=dtype)
-    assert fused(nodes), nodes
+    shapes = [(40, 72), (2, 1, 40, 72), (2, 2, 1, 72)]
+    args = [t for s in shapes for t in (*qkv(2, 2, 40, 72, d, dtype), torch.randn(s, dtype=dtype))]
+    nodes = run(sdpas([{"mask": True}] * len(shapes)), *args, dtype=dtype)
+    assert all_fused(nodes, len(shapes)), nodes
 
 
 def test_boolean_mask_and_masked_rows():
@@ -309,8 +337,8 @@ def compile_aten(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from minicomp import config
-    from minicomp.dynamo.importer import import_graph
     from minicomp.compiler import compile_graph
+    from minicomp.dynamo.importer import import_graph
     from minicomp.record import CompileRecord
 
     gm = make_fx(fn, tracing_mode="fake")(*args)
@@ -366,8 +394,8 @@ def test_cuda_training_forward_stays_aten():
     stays PyTorch's (the template has no such state to give)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from minicomp.passes.graph.attention import lower_attention
     from minicomp.dynamo.importer import import_graph
+    from minicomp.passes.graph.attention import lower_attention
 
     q, k, v = qkv(2, 2, 40, 40, 64, torch.float16)
 

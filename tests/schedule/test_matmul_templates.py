@@ -3,7 +3,9 @@ and tensor cores (f16, bf16), with fused prologues and epilogues, transposed, st
 batched operands and sizes that are no multiple of any tile, compiled by torch.compile on
 cuda-emu against float64 PyTorch; every level-1 candidate compiled by NVRTC without spills."""
 
+import copy
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -70,15 +72,15 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 @pytest.mark.parametrize("size", list(SIZES))
-@pytest.mark.parametrize("tb", [False, True], ids=["b", "bT"])
-@pytest.mark.parametrize("ta", [False, True], ids=["a", "aT"])
 @pytest.mark.parametrize("dt", list(DTYPES))
-def test_matmul(dt, ta, tb, size):
+def test_matmul(dt, size):
+    """A and B each row-major or transposed: the four products in one graph (one build)."""
     dtype = DTYPES[dt]
     m, n, k = SIZES[size]
-    a, b = operand((m, k), ta, dtype), operand((k, n), tb, dtype)
-    used = run(torch.mm, a, b, dtype=dtype)
-    assert uses(used, TEMPLATE_OF[dtype]), used
+    a, at = operand((m, k), False, dtype), operand((m, k), True, dtype)
+    b, bt = operand((k, n), False, dtype), operand((k, n), True, dtype)
+    used = run(lambda a, at, b, bt: (a @ b, a @ bt, at @ b, at @ bt), a, at, b, bt, dtype=dtype)
+    assert uses(used, TEMPLATE_OF[dtype], 4), used
 
 
 def test_f64_matmul():
@@ -93,12 +95,17 @@ def test_tensor_cores_off_uses_simt():
 
 
 @pytest.mark.parametrize("dt", ["f32", "f16"])
-@pytest.mark.parametrize("shape", [(0, 5, 7), (4, 0, 6), (3, 6, 0)], ids=["m0", "k0", "n0"])
-def test_empty_sizes(dt, shape):
+def test_empty_sizes(dt):
+    """M, K or N zero (one product each, in one graph)."""
     dtype = DTYPES[dt]
-    m, k, n = shape
-    a, b, c = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype), torch.randn(n)
-    used = run(lambda a, b, c: torch.addmm(c.to(a.dtype), a, b), a, b, c, dtype=dtype)
+    args = []
+    for m, k, n in ((0, 5, 7), (4, 0, 6), (3, 6, 0)):
+        args += [torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype), torch.randn(n)]
+
+    def addmms(*args):
+        return tuple(torch.addmm(c.to(a.dtype), a, b) for a, b, c in zip(*[iter(args)] * 3))
+
+    used = run(addmms, *args, dtype=dtype)
     assert all(t.startswith(TEMPLATE_OF[dtype]) for t in used), used
 
 
@@ -212,33 +219,38 @@ def test_widening_prologue_on_simt():
 # ---- every template config ----
 
 
-def _fixed_config(monkeypatch, module, config) -> None:
-    """Make `module`'s template pick `config` at level 0."""
-    fixed = dataclasses.replace(module.TEMPLATE, heuristic=lambda problem: config)
+def _config_by_n(monkeypatch, module, configs) -> list[int]:
+    """Make `module`'s template pick configs[i] for the product whose N is 33 + i; those Ns."""
+    by_n = {33 + i: c for i, c in enumerate(configs)}
+    fixed = dataclasses.replace(module.TEMPLATE, heuristic=lambda problem: by_n[problem.n])
     monkeypatch.setattr(module, "TEMPLATE", fixed)
+    return list(by_n)
 
 
-SIMT_CONFIGS = [str(c) for c in matmul_simt._F32_LEVEL1]
-TC_CONFIGS = [str(c) for c in matmul_tc._LEVEL1]
+def test_simt_configs(monkeypatch):
+    """Every level-1 tiling computes the same fused product (partial tiles): one product per
+    config, told apart by N, in one graph."""
+    configs = matmul_simt._F32_LEVEL1
+    ns = _config_by_n(monkeypatch, matmul_simt, configs)
+    x = torch.randn(40, 72)
+    wbs = [t for n in ns for t in (torch.randn(72, n), torch.randn(n))]
+
+    def products(x, *wbs):
+        return tuple(torch.tanh(x.t().t() @ w + b) for w, b in zip(wbs[::2], wbs[1::2]))
+
+    used = run(products, x, *wbs)
+    assert sorted(used) == sorted(f"{SIMT}[{c}]" for c in configs)
 
 
-@pytest.mark.parametrize("config", SIMT_CONFIGS)
-def test_simt_configs(monkeypatch, config):
-    cfg = next(c for c in matmul_simt._F32_LEVEL1 if str(c) == config)
-    _fixed_config(monkeypatch, matmul_simt, cfg)
-    x, w, b = torch.randn(40, 72), torch.randn(72, 33), torch.randn(33)
-    used = run(lambda x, w, b: torch.tanh(x.t().t() @ w + b), x, w, b)
-    assert used == [f"{SIMT}[{config}]"]
-
-
-@pytest.mark.parametrize("config", TC_CONFIGS)
-def test_tc_configs(monkeypatch, config):
-    cfg = next(c for c in matmul_tc._LEVEL1 if str(c) == config)
-    _fixed_config(monkeypatch, matmul_tc, cfg)
+def test_tc_configs(monkeypatch):
+    """Every level-1 tiling computes the same product (a transposed A, partial tiles, a fused
+    relu): one product per config, told apart by N, in one graph."""
+    configs = matmul_tc._LEVEL1
+    ns = _config_by_n(monkeypatch, matmul_tc, configs)
     a = torch.randn(72, 40, dtype=torch.float16).t()
-    b = torch.randn(72, 33, dtype=torch.float16)
-    used = run(lambda a, b: F.relu(a @ b), a, b, dtype=torch.float16)
-    assert used == [f"{TC}[{config}]"]
+    bs = [torch.randn(72, n, dtype=torch.float16) for n in ns]
+    used = run(lambda a, *bs: tuple(F.relu(a @ b) for b in bs), a, *bs, dtype=torch.float16)
+    assert sorted(used) == sorted(f"{TC}[{c}]" for c in configs)
 
 
 @pytest.mark.slow
@@ -365,27 +377,30 @@ def test_more_level1_spaces_compile_with_nvrtc(case, tmp_path):
     _check_level1_space(case, tmp_path)
 
 
+@functools.cache
+def _square_problem(dtype: torch.dtype):
+    """The problem of a 64 x 64 x 64 product (built once; tests copy it before changing it)."""
+    return _problem(torch.mm, torch.randn(64, 64, dtype=dtype), torch.randn(64, 64, dtype=dtype))
+
+
 def test_level2_spaces_are_larger():
     """Level 2 adds valid tilings, each within the shared memory every GPU of the limits table
     lets a block have: 99 KiB (sm_86, sm_89), so a 100 KiB tiling is out."""
-    h = torch.float16
-    p = _problem(torch.mm, torch.randn(64, 64, dtype=h), torch.randn(64, 64, dtype=h))
+    p = _square_problem(torch.float16)
     tc1, tc2 = matmul_tc.space(p, 1), matmul_tc.space(p, 2)
     assert len(tc2) > len(tc1) and all(matmul_tc.valid(p, c) for c in tc2)
     limit = PORTABLE.shared_per_block_optin
     assert limit == 99 * 1024 and all(matmul_tc.shared_bytes(p, c) <= limit for c in tc2)
     at_100k = matmul_tc.TcConfig(256, 32, 64, 32, 32, 2)
     assert matmul_tc.shared_bytes(p, at_100k) == 100 * 1024 and not matmul_tc.valid(p, at_100k)
-    q = _problem(torch.mm, torch.randn(64, 64), torch.randn(64, 64))
+    q = _square_problem(torch.float32)
     s1, s2 = matmul_simt.space(q, 1), matmul_simt.space(q, 2)
     assert len(s2) > len(s1) and all(matmul_simt.valid(q, c) for c in s2)
 
 
 def test_heuristic_rules():
     """Large problems get the large tiles; a small M or N gets tiles no larger than needed."""
-    q = _problem(torch.mm, torch.randn(64, 64), torch.randn(64, 64))
-    h = torch.float16
-    p = _problem(torch.mm, torch.randn(64, 64, dtype=h), torch.randn(64, 64, dtype=h))
+    p, q = copy.copy(_square_problem(torch.float16)), copy.copy(_square_problem(torch.float32))
     for problem in (p, q):
         problem.m, problem.n = 4096, 4096
     assert str(matmul_simt.heuristic(q)) == "128x128x8_t8x8"
