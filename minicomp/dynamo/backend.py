@@ -13,7 +13,6 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
-from minicomp.compiler import compile_graph
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.output_aliases import (
@@ -159,6 +158,10 @@ def _import_and_compile(
         graph = import_graph(gm, frozen, externs)
         record.passes.clear()
         try:
+            # Lazy for import cost: the compiler brings the schedulers, templates and backends
+            # (about 150 ms), which `import minicomp` registering the backend does not need.
+            from minicomp.compiler import compile_graph
+
             return compile_graph(
                 graph, options, record, device_index=_cuda_index(gm), static_inputs=static
             )

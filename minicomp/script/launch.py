@@ -30,7 +30,6 @@ from minicomp.ir.types import bf16, f16, fits, to_torch
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction, set_launcher
 from minicomp.script.signature import Param, Signature
-from minicomp.targets import script_target
 
 
 def _size_symbol(d) -> str | None:
@@ -197,6 +196,10 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
         binder = state.launcher
     values, device = binder.bind(args, kwargs)
     options = config.resolve()
+    # Lazy for import cost: the targets bring the schedulers, templates and backends, which
+    # importing minicomp.script (and so this launcher) does not need.
+    from minicomp.targets import script_target
+
     target = script_target(sf.target, device, options)
     if device is not None and device.type != target.device:
         where = "CUDA tensors" if target.device == "cuda" else "CPU tensors"
