@@ -15,14 +15,14 @@ import pytest
 import torch
 
 import minicomp
-from minicomp.dynamo import backend
+from minicomp import compiler
 
 
 def _give_up(monkeypatch):
     def fails(*args, **kwargs):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(backend, "compile_graph", fails)
+    monkeypatch.setattr(compiler, "compile_graph", fails)
     torch._dynamo.reset()
     return torch.compile(lambda x: x + 1, backend="minicomp")
 
