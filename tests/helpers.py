@@ -102,3 +102,20 @@ def check_compiled(
         expected = _cast_like(expected, actual)
     assert_same(actual, expected, rtol=rtol, atol=atol, **kwargs)
     return actual
+
+
+def attention_problem_of(fn, *args):
+    """The attention template's problem for the one fused attention call of `fn` on `args`
+    (imported for the cpu target, where the call stays an ATen call)."""
+    from minicomp.ir.graph import ExternOp
+    from minicomp.passes.graph.attention import attention_problem, sdpa_ops
+    from minicomp.passes.graph.layout import layouts_for
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = minicomp.explain(fn, *args, options={"target": "cpu"})
+    (record,) = report.records
+    graph = record.graph
+    (call,) = [n for n in graph.nodes if isinstance(n, ExternOp) and n.target in sdpa_ops()]
+    read = set(graph.users()) | graph.output_values()
+    return attention_problem(call, layouts_for(graph), read)[0]

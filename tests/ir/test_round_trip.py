@@ -26,6 +26,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import attention_problem_of
 
 import minicomp
 from minicomp.dynamo.backend import recording
@@ -35,7 +36,7 @@ from minicomp.ir import types as T
 from minicomp.ir.error_flag import checked_index
 from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.functor import collect, substitute
-from minicomp.ir.graph import ExternOp, FusedOp, KernelOp
+from minicomp.ir.graph import FusedOp, KernelOp
 from minicomp.ir.node import Node
 from minicomp.ir.printer import function_str, module_str
 from minicomp.passes.graph.layout import layouts_for
@@ -253,19 +254,6 @@ def _matmul_problem(fn, *args):
     return problem
 
 
-def _attention_problem(fn, *args):
-    from minicomp.passes.graph.attention import attention_problem, sdpa_ops
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        report = minicomp.explain(fn, *args, options={"target": "cpu"})
-    (record,) = report.records
-    graph = record.graph
-    (call,) = [n for n in graph.nodes if isinstance(n, ExternOp) and n.target in sdpa_ops()]
-    read = set(graph.users()) | graph.output_values()
-    return attention_problem(call, layouts_for(graph), read)[0]
-
-
 def _representative(configs: list, count: int = 4) -> list:
     """`count` configs spread over a search space (its first and last among them)."""
     if len(configs) <= count:
@@ -338,7 +326,7 @@ def _sdpa(**kwargs):
 def test_attention_template(kwargs, d, masked):
     q, k, v = (torch.randn(1, 2, s, d, dtype=H) for s in (40, 72, 72))
     mask = (torch.randn(1, 1, 40, 72, dtype=H),) if masked else ()
-    problem = _attention_problem(_sdpa(**kwargs), q, k, v, *mask)
+    problem = attention_problem_of(_sdpa(**kwargs), q, k, v, *mask)
     configs = _representative(attention.space(problem, 1), 3)
     configs += _representative(attention.space(problem, 2), 3)
     assert {c.q_regs for c in configs} == ({False} if d == 256 else {True, False})

@@ -12,14 +12,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import check_compiled
+from helpers import attention_problem_of, check_compiled
 
 import minicomp
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
 from minicomp.ir.graph import ExternOp, KernelOp
-from minicomp.passes.graph.attention import attention_problem, sdpa_ops, tune_attention
-from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.graph.attention import sdpa_ops, tune_attention
 from minicomp.schedule.templates import attention as template
 
 TARGET = "cuda-emu"
@@ -449,23 +448,10 @@ def test_cpu_target_calls_aten_whole():
 # ---- the search space and the tuning hook ----
 
 
-def _problem(fn, *args):
-    """The attention problem of the one attention call of `fn` (imported for the cpu target,
-    where it stays an ATen call)."""
-    torch._dynamo.reset()
-    with torch.no_grad():
-        report = minicomp.explain(fn, *args, options={"target": "cpu"})
-    (record,) = report.records
-    graph = record.graph
-    (call,) = [n for n in graph.nodes if isinstance(n, ExternOp) and n.target in sdpa_ops()]
-    read = set(graph.users()) | graph.output_values()
-    return attention_problem(call, layouts_for(graph), read)[0]
-
-
 def test_problem_strides_and_signature():
     q = torch.randn(2, 40, 2, 64, dtype=torch.float16).transpose(1, 2)
     k, v = qkv(2, 2, 72, 72, 64, torch.float16)[1:]
-    p = _problem(sdpa(is_causal=True), q, k, v)
+    p = attention_problem_of(sdpa(is_causal=True), q, k, v)
     assert (p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim) == (2, 2, 40, 72, 64)
     assert p.q.strides == (40 * 2 * 64, 64, 2 * 64, 1)
     assert p.k.strides == (2 * 72 * 64, 72 * 64, 64, 1)
@@ -475,7 +461,7 @@ def test_problem_strides_and_signature():
 
 def test_space_and_heuristic():
     for d in (64, 128, 256):
-        small = _problem(sdpa(), *qkv(1, 2, 16, 16, d, torch.float16))
+        small = attention_problem_of(sdpa(), *qkv(1, 2, 16, 16, d, torch.float16))
         p = dataclasses.replace(small, batch=8, heads=16, seq_q=1024, seq_k=1024)
         level1, level2 = template.space(p, 1), template.space(p, 2)
         assert len(level1) >= 4 and len(level2) > len(level1)
@@ -533,20 +519,20 @@ def _nvrtc():
     return nvrtc
 
 
-def _nvrtc_problem(case: str):
+def _nvrtcattention_problem_of(case: str):
     h = torch.float16
     if case == "d64-mask":
         q = torch.randn(4, 8, 512, 64, dtype=h)
-        return _problem(sdpa_masked(), q, q, q, torch.randn(512, 512, dtype=h))
+        return attention_problem_of(sdpa_masked(), q, q, q, torch.randn(512, 512, dtype=h))
     if case == "d128-causal":
         q = torch.randn(4, 8, 512, 128, dtype=torch.bfloat16)
-        return _problem(sdpa(is_causal=True), q, q, q)
+        return attention_problem_of(sdpa(is_causal=True), q, q, q)
     if case == "d128-mask":
         q = torch.randn(4, 8, 500, 128, dtype=h)
-        return _problem(sdpa_masked(), q, q, q, torch.randn(4, 1, 500, 500, dtype=h))
+        return attention_problem_of(sdpa_masked(), q, q, q, torch.randn(4, 1, 500, 500, dtype=h))
     if case == "d256":
         q = torch.randn(4, 8, 512, 256, dtype=h)
-        return _problem(sdpa(), q, q, q)
+        return attention_problem_of(sdpa(), q, q, q)
     raise ValueError(case)
 
 
@@ -554,7 +540,7 @@ def _check_level1_space(case: str, tmp_path) -> None:
     from minicomp.backends.cuda.codegen import render_module
 
     nvrtc = _nvrtc()
-    problem = _nvrtc_problem(case)
+    problem = _nvrtcattention_problem_of(case)
     configs = template.space(problem, 1)
     assert len(configs) >= 4
     for config in configs:
