@@ -38,8 +38,8 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-// A checked build's kernel-address instrumentation defines __SANITIZE_ADDRESS__ too.
-#if defined(MC_EMU_CHECKS)
+// A checked or counted build's kernel-address instrumentation defines __SANITIZE_ADDRESS__ too.
+#if defined(MC_EMU_CHECKS) || defined(MC_EMU_LENS)
 #elif defined(__SANITIZE_ADDRESS__)
 #define MC_EMU_ASAN 1
 #elif defined(__has_feature)
@@ -144,6 +144,13 @@ static const unsigned long long MAX_DYNAMIC_SHARED = 227ull * 1024;
 
 // Thrown only in plain mode, where the kernel runs on the worker's own stack.
 struct PlainModeBarrier {};
+
+}  // namespace mc_emu
+
+// Counted launches (emu_lens.h; emu.py puts its text here).
+#include "emu_lens.h"
+
+namespace mc_emu {
 
 static std::string format(const char* fmt, ...) {
     char buf[1024];
@@ -321,6 +328,7 @@ static void syncthreads(int line) {
     Block* b = tls_block;
     if (!b) throw PlainModeBarrier();
     Fiber* f = b->current;
+    MC_LENS_COUNT(LENS_BARRIERS, 1);
     f->site = line;
     if (++b->arrived < b->nthreads) {
         f->state = WAIT_BLOCK;
@@ -544,8 +552,9 @@ static std::string misaligned_error() {
 }
 
 // Runs block `linear` of the grid; returns an error message, or "" on success.
-static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
-                             uint3 dim, size_t shared, unsigned linear, Worker& w) {
+static std::string run_one_block(const char* kernel, Body body, void** args, bool fibers,
+                                 uint3 grid, uint3 dim, size_t shared, unsigned linear,
+                                 Worker& w) {
     Block b{};
     b.kernel = kernel;
     b.body = body;
@@ -600,6 +609,16 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     return b.error.empty() ? misaligned_error() : b.error;
 }
 
+// run_one_block, counted by `lens` when it is not null.
+static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
+                             uint3 dim, size_t shared, unsigned linear, Worker& w,
+                             LensWorker* lens) {
+    if (lens) lens_begin_block(lens, dim.x * dim.y * dim.z, w.dynamic_smem(shared), shared);
+    std::string error = run_one_block(kernel, body, args, fibers, grid, dim, shared, linear, w);
+    if (lens) lens_end_block(lens);
+    return error;
+}
+
 #ifdef MC_EMU_ASAN
 // With halt_on_error=0, ASan reports come here and the launch fails with the report.
 static std::mutex* asan_mutex = new std::mutex;
@@ -611,10 +630,11 @@ static void asan_callback(const char* report) {
 #endif
 
 // Runs a kernel; `checks`, when not null, describes its tensor arguments for a checked launch
-// (emu_checks.h) and receives its first bad access.
+// (emu_checks.h) and receives its first bad access; `lens`, when not null, which blocks to
+// count (emu_lens.h), and receives the counts.
 static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsigned gy,
                   unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned long long shared,
-                  void** args, Checks* checks, char* err, int errlen) {
+                  void** args, Checks* checks, Lens* lens, char* err, int errlen) {
     std::string error;
     unsigned long long threads = (unsigned long long)bx * by * bz;
     if (!gx || !gy || !gz || !bx || !by || !bz) {
@@ -633,6 +653,15 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
 #endif
     unsigned long long nblocks = (unsigned long long)gx * gy * gz;
     uint3 grid{gx, gy, gz}, dim{bx, by, bz};
+    // A counted launch may run its sampled blocks only: the i-th block claimed is sample[i].
+    unsigned long long nclaims = lens && lens->sample_only ? lens->nsample : nblocks;
+    if (lens) {
+        memset(lens->counts, 0, sizeof lens->counts);
+        if (error.empty() && lens->nsample && lens->sample[lens->nsample - 1] >= nblocks) {
+            error = "a counted block is outside the grid";
+        }
+        __atomic_store_n(&active_lens, lens, __ATOMIC_RELAXED);
+    }
     // Blocks are claimed in increasing order, and a failure stops claims past it: every block
     // before the first failing one still runs, so the reported failure is deterministic.
     std::atomic<unsigned long long> next{0};
@@ -647,31 +676,39 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         Worker w;
         tls_worker = &w;
         tls_checks = checks ? &checked : nullptr;
+        LensWorker counted;
+        if (lens) lens_begin_launch(&counted, lens);
+        tls_lens = lens ? &counted : nullptr;
         for (;;) {
-            unsigned long long i = next.fetch_add(1);
-            if (i >= nblocks || i > first_bad.load()) break;
-            std::string e =
-                run_block(kernel, body, args, fibers, grid, dim, (size_t)shared, (unsigned)i, w);
+            unsigned long long claim = next.fetch_add(1);
+            if (claim >= nclaims || claim > first_bad.load()) break;
+            unsigned long long i = lens && lens->sample_only ? lens->sample[claim] : claim;
+            LensWorker* counting = lens && lens_sampled(lens, i) ? &counted : nullptr;
+            std::string e = run_block(kernel, body, args, fibers, grid, dim, (size_t)shared,
+                                      (unsigned)i, w, counting);
             if (e.empty()) continue;
             std::lock_guard<std::mutex> lock(mutex);
-            if (i < first_bad.load()) {
-                first_bad = i;
+            if (claim < first_bad.load()) {
+                first_bad = claim;
                 error = e;
                 if (checks) checks->violation = tls_violation.found ? tls_violation : Violation{};
             }
         }
+        if (lens) lens_end_launch(&counted, lens, mutex);
+        tls_lens = nullptr;
         tls_checks = nullptr;
         tls_worker = nullptr;
     };
     if (error.empty()) {
         unsigned hw = config.workers ? config.workers : std::thread::hardware_concurrency();
-        unsigned long long n = nblocks < hw ? nblocks : (hw ? hw : 1);
+        unsigned long long n = nclaims < hw ? nclaims : (hw ? hw : 1);
         std::vector<std::thread> pool;
         for (unsigned long long t = 1; t < n; t++) pool.emplace_back(work);
         work();
         for (auto& t : pool) t.join();
     }
     if (checks) end_checks(&checked);
+    if (lens) __atomic_store_n(&active_lens, (const Lens*)nullptr, __ATOMIC_RELAXED);
 #ifdef MC_EMU_ASAN
     {
         std::lock_guard<std::mutex> lock(*asan_mutex);
@@ -733,16 +770,25 @@ static inline T atomic_float_add(T* p, T v) {
 // CUDA atomics are relaxed; blocks on different OS threads need real atomics.
 template <class T>
 static inline T atomicAdd(T* p, typename mc_emu::same<T>::type v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
-static inline float atomicAdd(float* p, float v) { return mc_emu::atomic_float_add(p, v); }
-static inline double atomicAdd(double* p, double v) { return mc_emu::atomic_float_add(p, v); }
+static inline float atomicAdd(float* p, float v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
+    return mc_emu::atomic_float_add(p, v);
+}
+static inline double atomicAdd(double* p, double v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
+    return mc_emu::atomic_float_add(p, v);
+}
 template <class T>
 static inline T atomicSub(T* p, typename mc_emu::same<T>::type v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
     return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED);
 }
 template <class T>
 static inline T atomicMax(T* p, typename mc_emu::same<T>::type v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED,
                                                    __ATOMIC_RELAXED)) {
@@ -751,6 +797,7 @@ static inline T atomicMax(T* p, typename mc_emu::same<T>::type v) {
 }
 template <class T>
 static inline T atomicMin(T* p, typename mc_emu::same<T>::type v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED,
                                                    __ATOMIC_RELAXED)) {
@@ -760,11 +807,13 @@ static inline T atomicMin(T* p, typename mc_emu::same<T>::type v) {
 template <class T>
 static inline T atomicCAS(T* p, typename mc_emu::same<T>::type compare,
                           typename mc_emu::same<T>::type value) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
     __atomic_compare_exchange_n(p, &compare, value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return compare;
 }
 template <class T>
 static inline T atomicExch(T* p, typename mc_emu::same<T>::type v) {
+    MC_LENS_COUNT(LENS_ATOMICS, 1);
     return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
 }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -805,7 +854,8 @@ static inline long long max(long long a, long long b) { return a > b ? a : b; }
 
 namespace mc_emu {
 // Copies `bytes` as one access would, noting an address the GPU could not access that way.
-static inline void vector_copy(void* dst, const void* src, unsigned bytes) {
+MC_LENS_UNINSTRUMENTED static inline void vector_copy(void* dst, const void* src,
+                                                      unsigned bytes) {
     uintptr_t align = bytes < 16 ? bytes : 16;
     if (((uintptr_t)dst | (uintptr_t)src) % align && !tls_misaligned) {
         tls_misaligned = (uintptr_t)src % align ? src : dst;
@@ -815,6 +865,8 @@ static inline void vector_copy(void* dst, const void* src, unsigned bytes) {
     check_range(src, bytes, 0);
     check_range(dst, bytes, 1);
 #endif
+    MC_LENS_ACCESS(LENS_SITE_VECTOR, src, bytes, 0);
+    MC_LENS_ACCESS(LENS_SITE_VECTOR, dst, bytes, 1);
     memcpy(dst, src, bytes);
 }
 }  // namespace mc_emu

@@ -14,6 +14,11 @@ access of a kernel against its tensor arguments, which a launch copies between g
 the kernel, the tensor, the element index and the thread, and the process goes on. A launch
 checks the arguments given as tensors, not those given as addresses.
 
+Counted builds (``lens=True``, the performance lens) record, for a sample of a launch's
+blocks, each warp instruction's global sectors and shared-memory wavefronts, and count mma,
+ldmatrix, cp.async, barriers, atomics and the kernel's own operation counts
+(:meth:`EmuModule.launch_counted`; ``emu_lens.h`` says how).
+
 ASan builds (``asan=True``) need the ASan runtime loaded before anything else in the process:
 run them in a subprocess started with :func:`asan_environment` (``LD_PRELOAD`` of libasan).
 With ``halt_on_error=0`` (set there) an invalid access makes the launch raise
@@ -46,6 +51,7 @@ from minicomp.ir.types import PointerType
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
 CHECKS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_checks.h")
+LENS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_lens.h")
 DEFAULT_CXXFLAGS = "-O2 -std=c++17 -fPIC -shared -pthread -fno-strict-aliasing"
 _ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g"
 # The kernel-address instrumentation as a call before every load and store (emu_checks.h
@@ -58,7 +64,39 @@ _CHECK_FLAGS = {
     "-mllvm -asan-instrumentation-with-call-threshold=0 -mllvm -asan-stack=0 "
     "-mllvm -asan-globals=0",
 }
+# A counted build: the same instrumentation, its hooks recording instead of checking.
+_LENS_FLAGS = {k: v.replace("MC_EMU_CHECKS", "MC_EMU_LENS") for k, v in _CHECK_FLAGS.items()}
 _CHECKED_LAUNCH = threading.Lock()  # a checked launch replaces the SIGSEGV handler meanwhile
+_COUNTED_LAUNCH = threading.Lock()  # the hooks read one counted launch at a time
+LENS_COUNTERS = (
+    "global_loads",
+    "global_load_sectors",
+    "global_load_bytes",
+    "global_stores",
+    "global_store_sectors",
+    "global_store_bytes",
+    "shared_loads",
+    "shared_stores",
+    "shared_wavefronts",
+    "shared_ideal_wavefronts",
+    "ldmatrix",
+    "cp_async",
+    "mma",
+    "barriers",
+    "atomics",
+    "flops",
+    "fp_instructions",
+    "int_instructions",
+    "int64_instructions",
+    "int_divides",
+    "special",
+    "conversions",
+    "threads",
+    "blocks",
+)
+"""emu_lens.h's counters, in its order (that file says what each counts)."""
+SAMPLED_BLOCKS = 8
+"""How many blocks of a launch a counted launch counts by default (all of a smaller grid)."""
 _ERROR_BYTES = 16384
 MAX_DYNAMIC_SHARED = LARGEST.shared_per_block_optin
 """The most dynamic shared memory an emulated block may have (the largest opt-in limit of the
@@ -268,23 +306,25 @@ def _wrapper(spec: KernelSpec) -> str:
         f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
         f'extern "C" int mc_emu_launch_{spec.name}(unsigned gx, unsigned gy, unsigned gz,\n'
         "    unsigned bx, unsigned by, unsigned bz, unsigned long long shared, void** args,\n"
-        "    mc_emu::Checks* checks, char* err, int errlen) {\n"
+        "    mc_emu::Checks* checks, mc_emu::Lens* lens, char* err, int errlen) {\n"
         f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
         f"mc_emu_body_{spec.name},\n"
-        "                        gx, gy, gz, bx, by, bz, shared, args, checks, err, errlen);\n"
+        "                        gx, gy, gz, bx, by, bz, shared, args, checks, lens, err, "
+        "errlen);\n"
         "}\n"
     )
 
 
 @functools.cache
 def emulator_prelude(*, ucontext: bool = False) -> str:
-    """What every emulated kernel starts with: the emulator's macros, emu.h (emu_checks.h in
-    its place) and emu_mma.h (read once per process)."""
+    """What every emulated kernel starts with: the emulator's macros, emu.h (emu_checks.h and
+    emu_lens.h in their places) and emu_mma.h (read once per process)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
-    with open(CHECKS_HEADER_PATH, encoding="utf-8") as f:
-        # In the build cache, the prelude has no emu_checks.h beside it to include.
-        header = header.replace('#include "emu_checks.h"\n', f.read())
+    for path in (CHECKS_HEADER_PATH, LENS_HEADER_PATH):
+        with open(path, encoding="utf-8") as f:
+            # In the build cache, the prelude has no headers beside it to include.
+            header = header.replace(f'#include "{os.path.basename(path)}"\n', f.read())
     with open(EMU_HEADER_PATH, encoding="utf-8") as f:
         header += "\n" + f.read()
     prefix = "#define MC_EMULATE 1\n" + ("#define MC_EMU_UCONTEXT 1\n" if ucontext else "")
@@ -364,18 +404,69 @@ class _Checks(ctypes.Structure):
     ]
 
 
+class _LensSpan(ctypes.Structure):
+    _fields_ = [("lo", ctypes.c_size_t), ("hi", ctypes.c_size_t)]
+
+
+class _Lens(ctypes.Structure):
+    """emu_lens.h's Lens: the blocks to count, the arguments' bytes, and the counts."""
+
+    _fields_ = [
+        ("nspans", ctypes.c_int),
+        ("spans", ctypes.POINTER(_LensSpan)),
+        ("nsample", ctypes.c_int),
+        ("sample", ctypes.POINTER(ctypes.c_ulonglong)),
+        ("sample_only", ctypes.c_int),
+        ("counts", ctypes.c_ulonglong * len(LENS_COUNTERS)),
+        ("read", ctypes.POINTER(ctypes.c_ubyte)),
+        ("written", ctypes.POINTER(ctypes.c_ubyte)),
+    ]
+
+
+@dataclass(frozen=True)
+class LaunchSample:
+    """What a counted launch saw: emu_lens.h's counters summed over the `sampled` blocks (linear
+    indices) of a grid of `blocks`, and which tensor arguments (by position) they read and
+    wrote."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    blocks: int
+    sampled: tuple[int, ...]
+    counters: dict[str, int]
+    read: tuple[int, ...]
+    written: tuple[int, ...]
+
+
+def default_sample(blocks: int, most: int = SAMPLED_BLOCKS) -> tuple[int, ...]:
+    """The blocks a counted launch counts: all of a grid of `most` or fewer, else `most` spread
+    evenly from the first to the last (the last is often a partial tile at the grid's edge)."""
+    if blocks <= most:
+        return tuple(range(blocks))
+    return tuple(sorted({round(i * (blocks - 1) / (most - 1)) for i in range(most)}))
+
+
 class EmuModule:
     """A compiled emulator library: ``launch(name, grid, block, args)`` runs a kernel.
 
     The library stays loaded while the module is referenced."""
 
     def __init__(
-        self, source: str, specs: Sequence[KernelSpec], path: str, library, checks: bool = False
+        self,
+        source: str,
+        specs: Sequence[KernelSpec],
+        path: str,
+        library,
+        checks: bool = False,
+        lens: bool = False,
     ):
         self.source = source
         self.path = path
         self.library = library
         self.checks = checks
+        self.lens = lens
         self.specs = {s.name: s for s in specs}
         self._entries = {}
         for s in specs:
@@ -384,6 +475,7 @@ class EmuModule:
             entry.argtypes = [ctypes.c_uint] * 6 + [
                 ctypes.c_ulonglong,
                 ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_void_p,
                 ctypes.c_void_p,
                 ctypes.c_char_p,
                 ctypes.c_int,
@@ -400,6 +492,61 @@ class EmuModule:
         """Run kernel ``name`` with ``shared_bytes`` of dynamic shared memory a block; tensors
         pass their data pointer (they must be on the CPU). A checked module checks the accesses
         to the arguments given as tensors and raises :class:`OutOfBoundsError` for a bad one."""
+        self._launch(name, grid, block, args, shared_bytes, None)
+
+    def launch_counted(
+        self,
+        name: str,
+        grid,
+        block,
+        args: Sequence[Any],
+        shared_bytes: int = 0,
+        *,
+        sample: Sequence[int] | None = None,
+        sample_only: bool = False,
+    ) -> LaunchSample:
+        """Run kernel ``name`` as :meth:`launch` does and count what the ``sample`` blocks
+        (linear indices; :func:`default_sample` when None) ask of the GPU (emu_lens.h says how);
+        with ``sample_only`` only those blocks run. Needs a module built with ``lens=True``."""
+        if not self.lens:
+            raise EmulatorError(f"kernel {name}: counting needs a module built with lens=True")
+        grid3, block3 = _as_dims(grid), _as_dims(block)
+        blocks = grid3[0] * grid3[1] * grid3[2]
+        chosen = tuple(sorted(set(default_sample(blocks) if sample is None else sample)))
+        if chosen and not 0 <= chosen[0] <= chosen[-1] < blocks:
+            raise ValueError(f"kernel {name}: sampled blocks {chosen} outside a grid of {blocks}")
+        tensors = [i for i, a in enumerate(args) if hasattr(a, "data_ptr")]
+        spans = []
+        for i in tensors:
+            lo, hi = _byte_span(args[i])
+            spans.append(_LensSpan(args[i].data_ptr() + lo, args[i].data_ptr() + hi))
+        n = max(1, len(spans))
+        lens = _Lens(
+            len(spans),
+            (_LensSpan * n)(*spans),
+            len(chosen),
+            (ctypes.c_ulonglong * max(1, len(chosen)))(*chosen),
+            int(sample_only),
+        )
+        read, written = (ctypes.c_ubyte * n)(), (ctypes.c_ubyte * n)()
+        lens.read, lens.written = read, written
+        keep = (lens.spans, lens.sample)  # noqa: F841 - the arrays live as long as the launch
+        with _COUNTED_LAUNCH:
+            self._launch(name, grid, block, args, shared_bytes, lens)
+        counters = dict(zip(LENS_COUNTERS, (int(c) for c in lens.counts)))
+        return LaunchSample(
+            name,
+            grid3,
+            block3,
+            shared_bytes,
+            blocks,
+            chosen,
+            counters,
+            tuple(tensors[k] for k in range(len(tensors)) if read[k]),
+            tuple(tensors[k] for k in range(len(tensors)) if written[k]),
+        )
+
+    def _launch(self, name, grid, block, args, shared_bytes, lens) -> None:
         entry, ctypes_ = self._entries[name]
         if len(args) != len(ctypes_):
             raise TypeError(f"kernel {name} takes {len(ctypes_)} arguments, {len(args)} given")
@@ -422,6 +569,7 @@ class EmuModule:
                 shared_bytes,
                 pointers,
                 None if checks is None else ctypes.addressof(checks),
+                None if lens is None else ctypes.addressof(lens),
                 err,
                 _ERROR_BYTES,
             )
@@ -432,8 +580,8 @@ class EmuModule:
         raise EmulatorError(err.value.decode(errors="replace"), kernel=name)
 
     def __repr__(self) -> str:
-        checked = ", checked" if self.checks else ""
-        return f"EmuModule({', '.join(self.specs)}; {self.path}{checked})"
+        kind = ", checked" if self.checks else ", counted" if self.lens else ""
+        return f"EmuModule({', '.join(self.specs)}; {self.path}{kind})"
 
 
 def _byte_span(t) -> tuple[int, int]:
@@ -530,9 +678,9 @@ def _asan_loaded() -> bool:
     return hasattr(ctypes.CDLL(None), "__asan_init")
 
 
-def _check_flags(cxx: str) -> str:
+def _check_flags(cxx: str, table=_CHECK_FLAGS) -> str:
     ident = compiler._compiler_id(shutil.which(cxx) or cxx)
-    return _CHECK_FLAGS["clang" if "clang" in ident.lower() else "gcc"]
+    return table["clang" if "clang" in ident.lower() else "gcc"]
 
 
 def build_emulated(
@@ -543,6 +691,7 @@ def build_emulated(
     cxx: str = "c++",
     asan: bool = False,
     checks: bool = False,
+    lens: bool = False,
     ucontext: bool = False,
     cxxflags: str = DEFAULT_CXXFLAGS,
 ) -> EmuModule:
@@ -552,18 +701,19 @@ def build_emulated(
     are a list or a comma-separated string; ``sync`` (whether the kernel reaches a barrier or a
     warp shuffle, so its threads need fibers) is otherwise found by scanning ``source``.
     ``checks`` builds it to check its accesses to tensor arguments (see the module's
-    docstring); ``ucontext`` selects the swapcontext fiber switch instead of the x86-64 routine.
+    docstring); ``lens`` builds it to count them (:meth:`EmuModule.launch_counted`);
+    ``ucontext`` selects the swapcontext fiber switch instead of the x86-64 routine.
     """
     specs = _specs(source, kernels)
-    if asan and checks:
-        raise EmulatorError("a build has ASan or checks, not both")
-    flags = (
-        cxxflags + (" " + _ASAN_FLAGS if asan else "") + (" " + _check_flags(cxx) if checks else "")
-    )
+    if asan + checks + lens > 1:
+        raise EmulatorError("a build has one of ASan, checks and lens, not two")
+    flags = cxxflags + (" " + _ASAN_FLAGS if asan else "")
+    flags += " " + _check_flags(cxx) if checks else ""
+    flags += " " + _check_flags(cxx, _LENS_FLAGS) if lens else ""
     if asan and not _asan_loaded():
         raise EmulatorError(
             "an ASan build needs the ASan runtime loaded first: run this in a process started "
             "with minicomp.backends.cuda.emu.asan_environment() (LD_PRELOAD of libasan)"
         )
     library = _compile(source, specs, ucontext=ucontext, cxx=cxx, flags=flags, cache_dir=cache_dir)
-    return EmuModule(source, specs, library._name, library, checks=checks)
+    return EmuModule(source, specs, library._name, library, checks=checks, lens=lens)

@@ -151,7 +151,7 @@ static_assert(sizeof(MmaOperands) <= sizeof(Slot), "mma operands fit a slot");
 // with its own rounding, so the two agree exactly whenever every partial sum is a float, and
 // otherwise differ by a few float ulps of the sum of |terms|.
 template <float (*Widen)(uint16_t)>
-static void mma_compute(Slot* lanes) {
+MC_LENS_UNINSTRUMENTED static void mma_compute(Slot* lanes) {
     MmaOperands in[32];
     float A[16][16], B[16][8];
     for (unsigned l = 0; l < 32; l++) {
@@ -180,6 +180,7 @@ static void mma_compute(Slot* lanes) {
 
 static inline void mma_m16n8k16(unsigned op, Compute compute, float* d, const uint16_t* a,
                                 const uint16_t* b, const float* c) {
+    MC_LENS_COUNT(LENS_MMA, 1);
     MmaOperands in;
     memcpy(in.a, a, sizeof in.a);
     memcpy(in.b, b, sizeof in.b);
@@ -194,7 +195,7 @@ static inline void mma_m16n8k16(unsigned op, Compute compute, float* d, const ui
 // row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1; with .trans (the matrix read column-major)
 // rows 2 * (l % 4) and 2 * (l % 4) + 1 of column l / 4.
 template <unsigned NUM, bool TRANS>
-static void ldmatrix_compute(Slot* lanes) {
+MC_LENS_UNINSTRUMENTED static void ldmatrix_compute(Slot* lanes) {
     const unsigned char* rows[32];
     for (unsigned l = 0; l < 8 * NUM; l++) {
         memcpy(&rows[l], lanes[l].bytes, sizeof rows[l]);
@@ -219,6 +220,13 @@ static void ldmatrix_compute(Slot* lanes) {
 
 template <unsigned NUM, bool TRANS>
 static inline void ldmatrix(unsigned op, void* dst, const void* row) {
+#ifdef MC_EMU_LENS
+    // Lanes 8 * NUM and up give no address: their rows are not read.
+    if (tls_block && (tls_block->current->linear & 31) < 8 * NUM) {
+        MC_LENS_ACCESS(LENS_SITE_LDMATRIX, row, 16, 0);
+    }
+    MC_LENS_COUNT(LENS_LDMATRIX, 1);
+#endif
     collective(op, &row, sizeof row, dst, 4 * NUM, ldmatrix_compute<NUM, TRANS>);
 }
 
@@ -226,7 +234,8 @@ static inline void ldmatrix(unsigned op, void* dst, const void* row) {
 
 // Copies the first `src_bytes` of `size` bytes and zeroes the rest; src_bytes outside
 // [0, size] (undefined in PTX) is clamped to it.
-static inline void async_copy(void* dst, const void* src, unsigned size, int src_bytes) {
+MC_LENS_UNINSTRUMENTED static inline void async_copy(void* dst, const void* src, unsigned size,
+                                                     int src_bytes) {
     if (((uintptr_t)dst | (uintptr_t)src) % size && !tls_misaligned) {
         tls_misaligned = (uintptr_t)src % size ? src : dst;
         tls_misaligned_bytes = size;
@@ -236,6 +245,9 @@ static inline void async_copy(void* dst, const void* src, unsigned size, int src
     check_range(src, n, 0);
     check_range(dst, size, 1);
 #endif
+    MC_LENS_COUNT(LENS_CP_ASYNC, 1);
+    if (n) MC_LENS_ACCESS(LENS_SITE_CP_ASYNC, src, n, 0);
+    MC_LENS_ACCESS(LENS_SITE_CP_ASYNC, dst, size, 1);
     if (n) memcpy(dst, src, n);
     memset((unsigned char*)dst + n, 0, size - n);
 }
