@@ -35,6 +35,9 @@ LAYERS = {
     "minicomp.passes.graph": 4,
     # Script kernels as PyTorch custom ops, and their calls lowered to kernel launches.
     "minicomp.script.custom_op": 4.5,
+    # The performance lens: emulator counters, occupancy and the roofline estimate the tuner
+    # ranks by.
+    "minicomp.lens": 4.75,
     "minicomp.passes.pipeline": 5,
     "minicomp.passes.__init__": 5,
     "minicomp.runtime": 5,

@@ -1,5 +1,6 @@
-"""SASS, the GPU's machine code, read from a cubin: each kernel's instruction counts, and
-whether the instructions its source asked for (tensor-core mma, ldmatrix, cp.async) are there.
+"""SASS, the GPU's machine code, read from a cubin: each kernel's instruction counts, the
+classes of instructions the performance lens reports (integer divisions, spills, conversions...),
+and whether the instructions its source asked for (tensor-core mma, ldmatrix, cp.async) are there.
 
 The disassembler is CUDA's `cuobjdump` (or `nvdisasm`). Neither needs a GPU: a CUDA toolkit
 has them, and so do the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels (the `sass`
@@ -14,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # What the CUDA helpers (mma.h) compile to: a kernel calling the helper must contain the opcode.
@@ -96,6 +98,91 @@ def opcode_counts(sass: str) -> collections.Counter:
         if op in ("LDG", "STG", "LDS", "STS", "LDL", "STL") and (w := _WIDTH.search(m["mods"])):
             counts[f"{op}.{w['bits']}"] += 1
     return counts
+
+
+def full_opcode_counts(sass: str) -> collections.Counter:
+    """How often each instruction occurs in a kernel's SASS with all its modifiers
+    ("I2F.U32.RP", "LDG.E.128", "HMMA.16816.F32"): what instruction_classes reads."""
+    return collections.Counter(m["op"] + m["mods"] for m in _INSTRUCTION.finditer(sass))
+
+
+def _is(*ops: str) -> Callable[[str, tuple[str, ...]], bool]:
+    return lambda op, mods: op in ops
+
+
+def _wide(*ops: str) -> Callable[[str, tuple[str, ...]], bool]:
+    return lambda op, mods: op in ops and "128" in mods
+
+
+# The classes of instructions the performance lens reports, each a test on an instruction's
+# opcode and modifiers; instruction_classes counts the instructions that pass. Classes overlap
+# (a 128-bit global load is also a global load; a division's MUFU.RCP is a special function).
+INSTRUCTION_CLASSES: dict[str, Callable[[str, tuple[str, ...]], bool]] = {
+    # Matrix multiply-accumulate: HMMA (f16/bf16/tf32, mma.sync), IMMA (integer), DMMA (f64),
+    # QMMA (fp8, sm_89), and Hopper's warpgroup HGMMA/IGMMA/QGMMA (wgmma).
+    "tensor core": _is("HMMA", "IMMA", "DMMA", "QMMA", "HGMMA", "IGMMA", "QGMMA"),
+    "ldmatrix": _is("LDSM"),
+    # cp.async (LDGSTS), and Hopper's bulk and tensor-map copies (cp.async.bulk).
+    "async copy": _is("LDGSTS", "UBLKCP", "UTMALDG"),
+    "global load": _is("LDG"),
+    "global load 128-bit": _wide("LDG"),
+    "global store": _is("STG"),
+    "global store 128-bit": _wide("STG"),
+    "shared load": _is("LDS"),
+    "shared store": _is("STS"),
+    "shared 128-bit": _wide("LDS", "STS"),
+    # Local memory: register spills, and arrays the compiler could not keep in registers.
+    "local (spill) access": _is("LDL", "STL"),
+    # Conversions to and from f16/bf16: F2FP packs f32 into f16/bf16 (F2FP.F16.F32.PACK_AB,
+    # F2FP.BF16...), ptxas widens f16 to f32 with HADD2.F32 (adding -0), and F2F.F16.F64 or
+    # F2F.F64.F16 go to and from f64 (F2F.F64.F32 and F2F.F32.F64 are not counted). Widening
+    # bf16 to f32 is a shift, not counted either.
+    "half conversion": lambda op, mods: (
+        op == "F2FP"
+        or (op, mods) == ("HADD2", ("F32",))
+        or (op == "F2F" and bool({"F16", "BF16"} & set(mods)))
+    ),
+    "F2F": _is("F2F"),
+    "F2FP": _is("F2FP"),
+    # I2F (I2FP.F32.S32 on sm_90), F2I; the pair that each integer division contains is not
+    # counted here (instruction_classes subtracts it).
+    "int<->float conversion": _is("I2F", "I2FP", "F2I"),
+    # An integer division (or remainder) by a value known only at run time has no opcode:
+    # ptxas computes a reciprocal estimate and corrects it. Each such sequence starts with an
+    # I2F rounding toward +inf (I2F.U32.RP unsigned, I2F.RP signed, I2F.U64.RP in the 64-bit
+    # subroutine), then MUFU.RCP and F2I. A quotient and remainder of the same operands share
+    # one; division by a constant is a multiply-high, not counted. A 64-bit division counts 2:
+    # its 32-bit fast path, and the subroutine it CALLs.
+    "integer divide": lambda op, mods: op == "I2F" and "RP" in mods,
+    # Subroutine calls (CALL.REL): 64-bit integer division, IEEE float division's slow path.
+    "calls": _is("CALL"),
+    # IMAD.WIDE(.U32): a 32 x 32 -> 64-bit multiply-add. Every address formed from a 32-bit
+    # index takes one (pointer + index * size); 64-bit index products take more.
+    "wide integer multiply": lambda op, mods: op == "IMAD" and "WIDE" in mods,
+    # The high half of a 64-bit add (IADD3.X, IMAD.X, LEA.HI.X): 64-bit index arithmetic,
+    # which a 32-bit index folds into its IMAD.WIDE.
+    "64-bit integer add": lambda op, mods: op in ("IADD3", "IMAD", "LEA") and "X" in mods,
+    "barrier": _is("BAR"),
+    "special function": _is("MUFU"),
+    "fp32 fma/add/mul": _is("FFMA", "FADD", "FMUL"),
+}
+
+
+def instruction_classes(counts: collections.Counter) -> dict[str, int]:
+    """How many instructions of each of INSTRUCTION_CLASSES a kernel has, from its
+    `full_opcode_counts` (opcodes with their modifiers; `opcode_counts` loses the modifiers
+    some classes need). Every class is present, zero or not, in INSTRUCTION_CLASSES's order."""
+    classes = dict.fromkeys(INSTRUCTION_CLASSES, 0)
+    for full, n in counts.items():
+        op, *mods = full.split(".")
+        for name, test in INSTRUCTION_CLASSES.items():
+            if test(op, tuple(mods)):
+                classes[name] += n
+    # Each division sequence holds one I2F...RP and one F2I: not conversions of the kernel's.
+    classes["int<->float conversion"] = max(
+        0, classes["int<->float conversion"] - 2 * classes["integer divide"]
+    )
+    return classes
 
 
 def kernel_sources(source: str) -> dict[str, str]:
