@@ -31,16 +31,20 @@ extern "C" __global__ void copy_vec16(const float* x, float* y, int n) {
 extern "C" __global__ void transpose(const float* x, float* y, int n) {
     __shared__ float t[32][32];
     int bx = blockIdx.x * 32, by = blockIdx.y * 32;
-    for (int r = threadIdx.y; r < 32; r += blockDim.y) t[r][threadIdx.x] = x[(by + r) * n + bx + threadIdx.x];
+    for (int r = threadIdx.y; r < 32; r += blockDim.y)
+        t[r][threadIdx.x] = x[(by + r) * n + bx + threadIdx.x];
     __syncthreads();
-    for (int r = threadIdx.y; r < 32; r += blockDim.y) y[(bx + r) * n + by + threadIdx.x] = t[threadIdx.x][r];
+    for (int r = threadIdx.y; r < 32; r += blockDim.y)
+        y[(bx + r) * n + by + threadIdx.x] = t[threadIdx.x][r];
 }
 extern "C" __global__ void transpose_padded(const float* x, float* y, int n) {
     __shared__ float t[32][33];
     int bx = blockIdx.x * 32, by = blockIdx.y * 32;
-    for (int r = threadIdx.y; r < 32; r += blockDim.y) t[r][threadIdx.x] = x[(by + r) * n + bx + threadIdx.x];
+    for (int r = threadIdx.y; r < 32; r += blockDim.y)
+        t[r][threadIdx.x] = x[(by + r) * n + bx + threadIdx.x];
     __syncthreads();
-    for (int r = threadIdx.y; r < 32; r += blockDim.y) y[(bx + r) * n + by + threadIdx.x] = t[threadIdx.x][r];
+    for (int r = threadIdx.y; r < 32; r += blockDim.y)
+        y[(bx + r) * n + by + threadIdx.x] = t[threadIdx.x][r];
 }
 extern "C" __global__ void dynamic_stride2(const float* x, float* y) {
     float* s = (float*)mc_dynamic_smem;
@@ -66,7 +70,9 @@ SIGNATURES = [
 
 @pytest.fixture(scope="module")
 def lens(tmp_path_factory):
-    return build_emulated(KERNELS, SIGNATURES, cache_dir=str(tmp_path_factory.mktemp("c")), lens=True)
+    return build_emulated(
+        KERNELS, SIGNATURES, cache_dir=str(tmp_path_factory.mktemp("c")), lens=True
+    )
 
 
 def sector_efficiency(c, kind="load"):

@@ -223,6 +223,11 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
 
     # ---- intrinsics ----
 
+    def intrinsic_lens_ops(self, e: E.Call) -> str:
+        """The operation counts passes/kernel/count_ops.py inserts: only a counted emulator
+        build (emu_lens.h) defines mc_lens_ops."""
+        return f"mc_lens_ops({', '.join(f'{int(a.value)}ull' for a in e.args)})"
+
     def _shuffle(self, e: E.Call, builtin: str, helper: str) -> str:
         if len(e.args) != 2:
             raise ValueError(f"{e.name} takes (value, lane): {e}")

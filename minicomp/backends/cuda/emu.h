@@ -668,6 +668,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
     std::atomic<unsigned long long> first_bad{~0ull};
     std::mutex mutex;
     CheckedLaunch checked;
+    LensSectors sectors;
     if (checks) {
         checks->violation.found = 0;
         if (error.empty()) error = begin_checks(checks, args, &checked);
@@ -694,7 +695,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
                 if (checks) checks->violation = tls_violation.found ? tls_violation : Violation{};
             }
         }
-        if (lens) lens_end_launch(&counted, lens, mutex);
+        if (lens) lens_end_launch(&counted, lens, &sectors, mutex);
         tls_lens = nullptr;
         tls_checks = nullptr;
         tls_worker = nullptr;
@@ -708,7 +709,10 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         for (auto& t : pool) t.join();
     }
     if (checks) end_checks(&checked);
-    if (lens) __atomic_store_n(&active_lens, (const Lens*)nullptr, __ATOMIC_RELAXED);
+    if (lens) {
+        __atomic_store_n(&active_lens, (const Lens*)nullptr, __ATOMIC_RELAXED);
+        lens_tally(lens, sectors);
+    }
 #ifdef MC_EMU_ASAN
     {
         std::lock_guard<std::mutex> lock(*asan_mutex);

@@ -420,14 +420,17 @@ class _Lens(ctypes.Structure):
         ("counts", ctypes.c_ulonglong * len(LENS_COUNTERS)),
         ("read", ctypes.POINTER(ctypes.c_ubyte)),
         ("written", ctypes.POINTER(ctypes.c_ubyte)),
+        ("read_sectors", ctypes.POINTER(ctypes.c_ulonglong)),
+        ("written_sectors", ctypes.POINTER(ctypes.c_ulonglong)),
     ]
 
 
 @dataclass(frozen=True)
 class LaunchSample:
     """What a counted launch saw: emu_lens.h's counters summed over the `sampled` blocks (linear
-    indices) of a grid of `blocks`, and which tensor arguments (by position) they read and
-    wrote."""
+    indices) of a grid of `blocks`, which tensor arguments (by position) they read and wrote,
+    the bytes each argument spans (0 for a scalar), and the distinct 32-byte sectors of each
+    argument the sample read and wrote (by position, 0 for a scalar)."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -438,6 +441,9 @@ class LaunchSample:
     counters: dict[str, int]
     read: tuple[int, ...]
     written: tuple[int, ...]
+    arg_bytes: tuple[int, ...] = ()
+    read_sectors: tuple[int, ...] = ()
+    written_sectors: tuple[int, ...] = ()
 
 
 def default_sample(blocks: int, most: int = SAMPLED_BLOCKS) -> tuple[int, ...]:
@@ -446,6 +452,13 @@ def default_sample(blocks: int, most: int = SAMPLED_BLOCKS) -> tuple[int, ...]:
     if blocks <= most:
         return tuple(range(blocks))
     return tuple(sorted({round(i * (blocks - 1) / (most - 1)) for i in range(most)}))
+
+
+def _by_position(count: int, tensors: Sequence[int], values) -> tuple[int, ...]:
+    out = [0] * count
+    for k, i in enumerate(tensors):
+        out[i] = int(values[k])
+    return tuple(out)
 
 
 class EmuModule:
@@ -516,10 +529,11 @@ class EmuModule:
         if chosen and not 0 <= chosen[0] <= chosen[-1] < blocks:
             raise ValueError(f"kernel {name}: sampled blocks {chosen} outside a grid of {blocks}")
         tensors = [i for i, a in enumerate(args) if hasattr(a, "data_ptr")]
-        spans = []
+        spans, arg_bytes = [], [0] * len(args)
         for i in tensors:
             lo, hi = _byte_span(args[i])
             spans.append(_LensSpan(args[i].data_ptr() + lo, args[i].data_ptr() + hi))
+            arg_bytes[i] = hi - lo
         n = max(1, len(spans))
         lens = _Lens(
             len(spans),
@@ -529,7 +543,9 @@ class EmuModule:
             int(sample_only),
         )
         read, written = (ctypes.c_ubyte * n)(), (ctypes.c_ubyte * n)()
+        read_sectors, written_sectors = (ctypes.c_ulonglong * n)(), (ctypes.c_ulonglong * n)()
         lens.read, lens.written = read, written
+        lens.read_sectors, lens.written_sectors = read_sectors, written_sectors
         keep = (lens.spans, lens.sample)  # noqa: F841 - the arrays live as long as the launch
         with _COUNTED_LAUNCH:
             self._launch(name, grid, block, args, shared_bytes, lens)
@@ -544,6 +560,9 @@ class EmuModule:
             counters,
             tuple(tensors[k] for k in range(len(tensors)) if read[k]),
             tuple(tensors[k] for k in range(len(tensors)) if written[k]),
+            tuple(arg_bytes),
+            _by_position(len(args), tensors, read_sectors),
+            _by_position(len(args), tensors, written_sectors),
         )
 
     def _launch(self, name, grid, block, args, shared_bytes, lens) -> None:

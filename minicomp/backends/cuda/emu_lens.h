@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace mc_emu {
 
@@ -77,7 +78,14 @@ struct Lens {
     unsigned long long counts[LENS_COUNTERS];
     unsigned char* read;     // nspans flags: the argument was read by a sampled block
     unsigned char* written;  // and written
+    unsigned long long* read_sectors;     // nspans: the distinct sectors the sample read
+    unsigned long long* written_sectors;  // and wrote
 };
+
+// A sector of an argument, as a set key (sector numbers fit in 56 bits of an address space).
+static inline uint64_t lens_sector_key(uintptr_t sector, int span) {
+    return ((uint64_t)sector << 8) | (uint64_t)span;
+}
 
 enum LensSpace : unsigned char { LENS_GLOBAL, LENS_SHARED };
 // The emulator's own accesses, each helper a call site of its own: its lanes' k-th calls are one
@@ -109,6 +117,7 @@ struct LensWorker {
     std::vector<std::vector<LensEvent>> events;  // per thread of the block
     unsigned long long counts[LENS_COUNTERS] = {};
     std::vector<unsigned char> read, written;
+    std::unordered_set<uint64_t> read_sectors, written_sectors;
 };
 
 static const Lens* active_lens;            // the counted launch running now (one at a time)
@@ -198,9 +207,11 @@ static void lens_instruction(LensWorker* w, const std::vector<const LensEvent*>&
     if (first.space == LENS_GLOBAL) {
         std::vector<uintptr_t> sectors;
         unsigned long long bytes = 0;
+        auto& touched = first.store ? w->written_sectors : w->read_sectors;
         for (const LensEvent* e : accesses) {
             for (uintptr_t s = e->addr >> 5; s <= (e->addr + e->bytes - 1) >> 5; s++) {
                 sectors.push_back(s);
+                if (e->span < 256) touched.insert(lens_sector_key(s, e->span));
             }
             bytes += e->bytes;
             (e->store ? w->written : w->read)[e->span] = 1;
@@ -273,13 +284,26 @@ static void lens_end_block(LensWorker* w) {
     }
 }
 
-static void lens_end_launch(LensWorker* w, Lens* lens, std::mutex& mutex) {
+// The sectors every OS thread's sampled blocks touched, merged (blocks share sectors).
+struct LensSectors {
+    std::unordered_set<uint64_t> read, written;
+};
+
+static void lens_end_launch(LensWorker* w, Lens* lens, LensSectors* all, std::mutex& mutex) {
     std::lock_guard<std::mutex> lock(mutex);
     for (int c = 0; c < LENS_COUNTERS; c++) lens->counts[c] += w->counts[c];
     for (int i = 0; i < lens->nspans; i++) {
         lens->read[i] |= w->read[i];
         lens->written[i] |= w->written[i];
     }
+    all->read.insert(w->read_sectors.begin(), w->read_sectors.end());
+    all->written.insert(w->written_sectors.begin(), w->written_sectors.end());
+}
+
+static void lens_tally(Lens* lens, const LensSectors& all) {
+    for (int i = 0; i < lens->nspans; i++) lens->read_sectors[i] = lens->written_sectors[i] = 0;
+    for (uint64_t key : all.read) lens->read_sectors[key & 255]++;
+    for (uint64_t key : all.written) lens->written_sectors[key & 255]++;
 }
 
 static bool lens_sampled(const Lens* lens, unsigned long long block) {

@@ -1,0 +1,141 @@
+"""A launch's counts for the whole grid, from a counted emulator launch of a sample of its
+blocks: each sampled block stands for blocks / sampled of the grid's, and thread-level counts
+of warp instructions (mma, ldmatrix, cp.async) become warp-level."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from minicomp.backends.cuda.emu import LaunchSample
+
+WARP = 32
+MMA_FLOPS = 2 * 16 * 8 * 16
+"""The floating-point operations of one m16n8k16 tensor-core instruction."""
+
+
+@dataclass(frozen=True)
+class KernelCounts:
+    """What one launch of a kernel asks of the GPU, for its whole grid (estimated from a
+    sample of blocks: `sampled` of `blocks`). Requests are warp instructions; sectors are 32
+    bytes; thread-level operation counts are per thread, summed."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem: int
+    blocks: int
+    sampled: int
+    global_loads: float
+    global_load_sectors: float
+    global_load_bytes: float
+    global_stores: float
+    global_store_sectors: float
+    global_store_bytes: float
+    shared_loads: float
+    shared_stores: float
+    shared_wavefronts: float
+    shared_ideal_wavefronts: float
+    ldmatrix: float
+    cp_async: float
+    mma: float
+    barriers: float
+    atomics: float
+    flops: float
+    fp_instructions: float
+    int_instructions: float
+    int64_instructions: float
+    int_divides: float
+    special: float
+    conversions: float
+    dram_bytes: float
+    """Bytes between DRAM and L2: the distinct sectors the sample touched in each tensor
+    argument, scaled to the grid, at most the tensor's bytes (L2 keeps what blocks share)."""
+    minimum_bytes: float
+    """The bytes the kernel must move: the DRAM bytes it would move if each sector carried only
+    bytes it asked for (each tensor it reads once, each it writes once, at most)."""
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def sector_bytes(self) -> float:
+        """Bytes moved between the SMs and L2: every sector of every global request."""
+        return 32 * (self.global_load_sectors + self.global_store_sectors)
+
+    @property
+    def sector_efficiency(self) -> float:
+        """Bytes the lanes asked for over the bytes of the sectors that carried them (1 is
+        perfectly coalesced; a broadcast counts as used)."""
+        if not self.sector_bytes:
+            return 1.0
+        asked = self.global_load_bytes + self.global_store_bytes
+        return min(1.0, asked / self.sector_bytes)
+
+    @property
+    def bank_conflict_factor(self) -> float:
+        """Shared-memory wavefronts over the conflict-free ideal (1 means no bank conflicts)."""
+        if not self.shared_ideal_wavefronts:
+            return 1.0
+        return self.shared_wavefronts / self.shared_ideal_wavefronts
+
+    @property
+    def mma_flops(self) -> float:
+        return self.mma * MMA_FLOPS
+
+    @classmethod
+    def from_sample(cls, sample: LaunchSample) -> KernelCounts:
+        """The grid's counts from a counted launch's sample."""
+        c = sample.counters
+        n = max(1, len(sample.sampled))
+        scale = sample.blocks / n
+
+        def grid(name: str) -> float:
+            return c[name] * scale
+
+        def warp(name: str) -> float:
+            return c[name] * scale / WARP
+
+        def dram(sectors: tuple[int, ...]) -> float:
+            return sum(min(b, 32 * n * scale) for b, n in zip(sample.arg_bytes, sectors))
+
+        read, written = dram(sample.read_sectors), dram(sample.written_sectors)
+
+        return cls(
+            kernel=sample.kernel,
+            grid=sample.grid,
+            block=sample.block,
+            dynamic_smem=sample.shared_bytes,
+            blocks=sample.blocks,
+            sampled=len(sample.sampled),
+            global_loads=grid("global_loads"),
+            global_load_sectors=grid("global_load_sectors"),
+            global_load_bytes=grid("global_load_bytes"),
+            global_stores=grid("global_stores"),
+            global_store_sectors=grid("global_store_sectors"),
+            global_store_bytes=grid("global_store_bytes"),
+            shared_loads=grid("shared_loads"),
+            shared_stores=grid("shared_stores"),
+            shared_wavefronts=grid("shared_wavefronts"),
+            shared_ideal_wavefronts=grid("shared_ideal_wavefronts"),
+            ldmatrix=warp("ldmatrix"),
+            cp_async=warp("cp_async"),
+            mma=warp("mma"),
+            barriers=c["barriers"] * scale / math.prod(sample.block),
+            atomics=grid("atomics"),
+            flops=grid("flops"),
+            fp_instructions=grid("fp_instructions"),
+            int_instructions=grid("int_instructions"),
+            int64_instructions=grid("int64_instructions"),
+            int_divides=grid("int_divides"),
+            special=grid("special"),
+            conversions=grid("conversions"),
+            dram_bytes=read + written,
+            minimum_bytes=read * _efficiency(c, "load") + written * _efficiency(c, "store"),
+        )
+
+
+def _efficiency(c: dict[str, int], kind: str) -> float:
+    sectors = c[f"global_{kind}_sectors"]
+    return min(1.0, c[f"global_{kind}_bytes"] / (32 * sectors)) if sectors else 1.0

@@ -1,0 +1,207 @@
+"""A roofline-style estimate of a kernel's time on a named device, from its counts (the emulator)
+and its resources (ptxas): each unit's time is its work over its rate, the kernel takes as long
+as the busiest unit, stretched by the last partial wave of blocks. Every rate and price is in
+ASSUMPTIONS and in the device table (devices.py), printed with every report: a transparent
+model to compare candidates and find a kernel's gap, not a simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from minicomp.backends.cuda.nvrtc import KernelResources
+from minicomp.lens.counts import WARP, KernelCounts
+from minicomp.lens.devices import Device
+from minicomp.lens.occupancy import Occupancy, occupancy
+
+DIVIDE_INSTRUCTIONS = 20
+"""Integer instructions of a division or remainder by a run-time value (ptxas's reciprocal
+sequence)."""
+INT64_INSTRUCTIONS = 2
+"""32-bit integer instructions of one 64-bit add, compare or multiply-add."""
+ISSUE_PER_SM_PER_CLOCK = 4
+"""Warp instructions an SM issues a clock (one per scheduler)."""
+
+ASSUMPTIONS = (
+    "DRAM traffic is the distinct sectors the sampled blocks touch, scaled to the grid, at most "
+    "each tensor once (L2 keeps what blocks share); every global request's sectors cross L2",
+    "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
+    "the device's mma.sync rate",
+    f"an integer division costs {DIVIDE_INSTRUCTIONS} instructions, a 64-bit integer operation "
+    f"{INT64_INSTRUCTIONS}, a transcendental call one special-function slot",
+    "the units overlap perfectly: the kernel takes as long as the busiest; the last wave of "
+    "blocks runs as long as a full one; latency is hidden (occupancy is reported, not priced)",
+    "counts come from a sample of blocks scaled to the grid; launch overhead is counted once "
+    "per kernel in a graph's total",
+)
+
+
+@dataclass(frozen=True)
+class KernelEstimate:
+    """One launch's estimated time on `device` and what explains it."""
+
+    kernel: str
+    device: Device
+    counts: KernelCounts
+    times: dict[str, float]
+    """Seconds each unit needs: dram, l2, shared, tensor, fp32, int, special, issue."""
+    occupancy: Occupancy
+    waves: float
+    roofline_time: float
+    """Seconds the kernel needs at best: its minimum bytes at DRAM speed, or its flops at the
+    peak of the instructions it uses, whichever is longer."""
+    resources: KernelResources | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def bound(self) -> str:
+        """The unit the kernel waits for."""
+        return max(self.times, key=lambda k: self.times[k])
+
+    @property
+    def tail_efficiency(self) -> float:
+        """The fraction of the last wave's SM time that does work (1 when waves are whole)."""
+        if self.waves <= 0 or math.isinf(self.waves):
+            return 1.0
+        return self.waves / math.ceil(self.waves)
+
+    @property
+    def time(self) -> float:
+        """Estimated seconds of one launch (without launch overhead)."""
+        if self.occupancy.blocks_per_sm == 0:
+            return math.inf
+        return max(self.times.values()) / self.tail_efficiency
+
+    @property
+    def fraction_of_roofline(self) -> float:
+        """The roofline time over the estimated time: 1 means the kernel is at its bound."""
+        if not self.time or math.isinf(self.time):
+            return 0.0 if self.time else 1.0
+        return min(1.0, self.roofline_time / self.time)
+
+    @property
+    def spill_bytes(self) -> int:
+        r = self.resources
+        return 0 if r is None else r.spill_stores + r.spill_loads
+
+    def as_dict(self) -> dict:
+        """The estimate as plain data (for --json)."""
+        c = self.counts
+        return {
+            "kernel": self.kernel,
+            "device": self.device.key,
+            "time_us": None if math.isinf(self.time) else self.time * 1e6,
+            "bound": self.bound,
+            "fraction_of_roofline": self.fraction_of_roofline,
+            "roofline_time_us": self.roofline_time * 1e6,
+            "times_us": {k: v * 1e6 for k, v in self.times.items()},
+            "grid": list(c.grid),
+            "block": list(c.block),
+            "blocks_sampled": c.sampled,
+            "occupancy": {
+                "blocks_per_sm": self.occupancy.blocks_per_sm,
+                "warps_per_sm": self.occupancy.warps_per_sm,
+                "fraction": self.occupancy.fraction,
+                "limiter": self.occupancy.limiter,
+            },
+            "waves": self.waves,
+            "tail_efficiency": self.tail_efficiency,
+            "sector_efficiency": c.sector_efficiency,
+            "bank_conflict_factor": c.bank_conflict_factor,
+            "minimum_bytes": c.minimum_bytes,
+            "dram_bytes": c.dram_bytes,
+            "sector_bytes": c.sector_bytes,
+            "flops": c.flops + c.mma_flops,
+            "registers": None if self.resources is None else self.resources.registers,
+            "spill_bytes": self.spill_bytes,
+            "notes": list(self.notes),
+        }
+
+
+def estimate(
+    counts: KernelCounts, device: Device, resources: KernelResources | None = None
+) -> KernelEstimate:
+    """The estimate of one launch from its counts and (when NVRTC could build it) its
+    resources: registers and static shared memory set the occupancy, and so the waves."""
+    d = device
+    registers = resources.registers if resources is not None else 0
+    static_smem = resources.shared_bytes if resources is not None else 0
+    occ = occupancy(
+        d.limits,
+        threads_per_block=counts.threads_per_block,
+        registers_per_thread=registers,
+        shared_bytes_per_block=static_smem + counts.dynamic_smem,
+    )
+    int_ops = (
+        counts.int_instructions
+        + INT64_INSTRUCTIONS * counts.int64_instructions
+        + DIVIDE_INSTRUCTIONS * counts.int_divides
+    )
+    thread_instructions = counts.fp_instructions + int_ops + counts.special + counts.conversions
+    warp_instructions = (
+        thread_instructions / WARP
+        + counts.global_loads
+        + counts.global_stores
+        + counts.shared_loads
+        + counts.shared_stores
+        + counts.mma
+        + counts.barriers * math.ceil(counts.threads_per_block / WARP)
+    )
+    clock = d.clock_ghz * 1e9
+    mma_rate = d.mma_sync_tflops_f16 * 1e12
+    times = {
+        "dram": counts.dram_bytes / (d.dram_gbps * 1e9),
+        "l2": counts.sector_bytes / (d.l2_gbps * 1e9),
+        "shared": counts.shared_wavefronts / (d.sms * d.shared_wavefronts_per_sm_per_clock * clock),
+        "tensor": counts.mma_flops / mma_rate,
+        "fp32": (counts.fp_instructions + counts.conversions) / d.fp32_per_second,
+        "int": int_ops / d.int32_per_second,
+        "special": counts.special / d.sfu_per_second,
+        "issue": warp_instructions / (d.sms * ISSUE_PER_SM_PER_CLOCK * clock),
+    }
+    roofline = max(
+        counts.minimum_bytes / (d.dram_gbps * 1e9),
+        times["tensor"],
+        counts.flops / (2 * d.fp32_per_second),
+    )
+    slots = d.sms * occ.blocks_per_sm
+    waves = counts.blocks / slots if slots else math.inf
+    notes = []
+    if occ.blocks_per_sm == 0:
+        notes.append(f"does not launch on {d.name}: {occ}")
+    elif occ.fraction < 0.25:
+        notes.append(f"low occupancy: {occ}")
+    if resources is not None and resources.spill_stores + resources.spill_loads:
+        notes.append(
+            f"spills {resources.spill_stores} bytes to local memory and loads "
+            f"{resources.spill_loads} back"
+        )
+    if counts.sector_efficiency < 0.9:
+        notes.append(f"global accesses use {counts.sector_efficiency:.0%} of their sectors")
+    if counts.bank_conflict_factor > 1.05:
+        notes.append(f"shared memory bank conflicts: x{counts.bank_conflict_factor:.2f} wavefronts")
+    return KernelEstimate(
+        counts.kernel, d, counts, times, occ, waves, roofline, resources, tuple(notes)
+    )
+
+
+@dataclass(frozen=True)
+class GraphEstimate:
+    """The estimates of a graph's launches, in launch order."""
+
+    kernels: tuple[KernelEstimate, ...]
+    device: Device
+
+    @property
+    def overhead(self) -> float:
+        """Seconds of launch overhead: one CUDA-graph node a launch."""
+        return len(self.kernels) * self.device.graph_launch_overhead_us * 1e-6
+
+    @property
+    def time(self) -> float:
+        return sum(k.time for k in self.kernels) + self.overhead
+
+    @property
+    def roofline_time(self) -> float:
+        return sum(k.roofline_time for k in self.kernels)

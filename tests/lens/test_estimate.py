@@ -1,0 +1,96 @@
+"""The roofline estimate from a counted launch: a copy is DRAM-bound near its roofline, a
+strided gather moves 8x the DRAM it needs, bank conflicts and partial waves show where the time
+goes, a block that cannot fit does not launch."""
+
+import math
+
+import pytest
+import torch
+
+from minicomp.backends.cuda.emu import build_emulated
+from minicomp.backends.cuda.nvrtc import KernelResources
+from minicomp.lens.counts import KernelCounts
+from minicomp.lens.devices import get_device
+from minicomp.lens.estimate import ASSUMPTIONS, estimate
+
+KERNELS = r"""
+extern "C" __global__ void copy(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+extern "C" __global__ void gather32(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i * 32];
+}
+extern "C" __global__ void column_sums(const float* x, float* y, int n) {
+    __shared__ float t[32][32];
+    for (int r = 0; r < 32; r++) t[r][threadIdx.x] = x[(blockIdx.x * 32 + r) * 32 + threadIdx.x];
+    __syncthreads();
+    float s = 0;
+    for (int c = 0; c < 32; c++) s += t[threadIdx.x][c];  // a row per lane: 32-way conflicts
+    y[blockIdx.x * 32 + threadIdx.x] = s;
+}
+"""
+SIGNATURES = [
+    ("copy", "const float*, float*, int"),
+    ("gather32", "const float*, float*, int"),
+    ("column_sums", "const float*, float*, int", True),
+]
+H100 = get_device("h100")
+
+
+@pytest.fixture(scope="module")
+def lens(tmp_path_factory):
+    return build_emulated(
+        KERNELS, SIGNATURES, cache_dir=str(tmp_path_factory.mktemp("c")), lens=True
+    )
+
+
+def counts(lens, name, grid, block, args):
+    return KernelCounts.from_sample(lens.launch_counted(name, grid, block, args, sample_only=True))
+
+
+def test_a_large_copy_is_dram_bound_at_its_roofline(lens):
+    n = 1 << 22
+    c = counts(lens, "copy", n // 256, 256, [torch.empty(n), torch.empty(n), n])
+    assert c.dram_bytes == c.minimum_bytes == 8 * n  # scaled from 8 of 16384 blocks
+    e = estimate(c, H100)
+    assert e.bound == "dram"
+    assert e.time == pytest.approx(8 * n / 3350e9 / e.tail_efficiency)
+    assert e.fraction_of_roofline > 0.95 and not e.notes
+
+
+def test_a_strided_gather_moves_eight_times_the_bytes_it_needs(lens):
+    n = 1 << 20
+    c = counts(lens, "gather32", n // 256, 256, [torch.empty(32 * n), torch.empty(n), n])
+    assert c.sector_efficiency < 0.25
+    # x: a sector for every 4 bytes used; y: written whole.
+    assert c.dram_bytes == pytest.approx(32 * n + 4 * n)
+    assert c.minimum_bytes == pytest.approx(8 * n)
+    e = estimate(c, H100)
+    assert e.fraction_of_roofline == pytest.approx(8 / 36, rel=0.05)
+    assert any("sectors" in note for note in e.notes)
+
+
+def test_bank_conflicts_and_resources_show_in_the_estimate(lens):
+    blocks = 4 * 132
+    c = counts(
+        lens, "column_sums", blocks, 32, [torch.randn(blocks * 1024), torch.empty(blocks * 32), 0]
+    )
+    assert c.bank_conflict_factor == pytest.approx((32 + 32 * 32) / (32 + 32))
+    e = estimate(c, H100, KernelResources(registers=32, shared_bytes=4096))
+    assert any("bank conflicts" in note for note in e.notes)
+    assert e.bound == "shared" and e.times["shared"] > 3 * e.times["dram"]
+    assert e.occupancy.blocks_per_sm == 32 and e.waves == pytest.approx(4 / 32)
+
+
+def test_a_block_that_does_not_fit_does_not_launch(lens):
+    c = counts(lens, "copy", 4, 1024, [torch.empty(4096), torch.empty(4096), 4096])
+    e = estimate(c, H100, KernelResources(registers=255))  # 32 warps of 255 registers
+    assert e.occupancy.blocks_per_sm == 0 and math.isinf(e.time)
+    assert e.fraction_of_roofline == 0 and "does not launch" in e.notes[0]
+    assert e.as_dict()["time_us"] is None
+
+
+def test_the_assumptions_are_spelled_out():
+    assert len(ASSUMPTIONS) >= 4 and all(isinstance(a, str) and a for a in ASSUMPTIONS)

@@ -1,0 +1,69 @@
+"""count_ops: a kernel's lens build counts the operations its IR performs, per thread, as it
+runs: checked by running hand-built kernels in a counted emulator build."""
+
+import pytest
+import torch
+
+from minicomp.backends.cuda.codegen import render_module
+from minicomp.backends.cuda.emu import build_emulated
+from minicomp.ir import stmt as S
+from minicomp.ir import types as T
+from minicomp.ir.expr import Binary, Call, Cast, Const, Load, Var
+from minicomp.ir.func import Function, Module
+from minicomp.passes.kernel.count_ops import count_ops
+
+x, y = Var("x", T.PointerType(T.f32)), Var("y", T.PointerType(T.f32))
+n, k = Var("n", T.i64), Var("k", T.i64)
+i = Var("i", T.i64)
+
+
+def axpy_divide_exp() -> Function:
+    """One thread: for i < n, y[i] = 2 * x[i] + y[i] (a fused multiply-add), then
+    y[i] = exp(y[i]) + i / k (an integer division by a run-time value, a conversion)."""
+    fma = Binary("add", Binary("mul", Const(2.0, T.f32), Load(x, i)), Load(y, i))
+    quotient = Cast(Binary("idiv", i, k), T.f32)
+    body = S.Seq(
+        (
+            S.Store(y, i, fma),
+            S.Store(y, i, Binary("add", Call("exp", (Load(y, i),), T.f32), quotient)),
+        )
+    )
+    return Function("axpy_divide_exp", (x, y, n, k), S.For(i, n, body))
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory):
+    fn = count_ops(axpy_divide_exp())
+    source = render_module(Module("m", (fn,)))
+    assert "mc_lens_ops(" in source
+    return build_emulated(source, [fn], cache_dir=str(tmp_path_factory.mktemp("c")), lens=True)
+
+
+def test_each_iteration_counts_its_operations(counted):
+    xs, ys = torch.randn(10), torch.randn(10)
+    expected = torch.exp(2 * xs + ys) + torch.arange(10).div(3, rounding_mode="trunc")
+    c = counted.launch_counted("axpy_divide_exp", 1, 1, [xs, ys, 10, 3]).counters
+    torch.testing.assert_close(ys, expected)
+    assert c["flops"] == 10 * 3  # the multiply-add is two, the outer add one
+    assert c["fp_instructions"] == 10 * 2  # the multiply-add is one instruction
+    assert c["int_divides"] == 10 and c["special"] == 10
+    assert c["int64_instructions"] == 10 * 2  # the loop's increment and test
+    assert c["int_instructions"] == 0
+
+
+def test_a_division_by_a_power_of_two_is_not_a_divide():
+    fn = Function(
+        "halve",
+        (y, n),
+        S.Store(y, Const(0, T.i64), Cast(Binary("idiv", n, Const(8, T.i64)), T.f32)),
+    )
+    counted = count_ops(fn)
+    call = counted.body.body[0].expr
+    assert call.name == "lens_ops"
+    flops, fp, i32, i64, divides, special, conversions = (a.value for a in call.args)
+    assert (divides, i64, flops) == (0, 1, 0)
+
+
+def test_a_kernel_without_operations_gets_no_calls():
+    fn = Function("store_zero", (y,), S.Store(y, Const(0, T.i64), Const(0.0, T.f32)))
+    assert "lens_ops" not in repr(count_ops(fn))
