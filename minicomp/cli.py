@@ -597,6 +597,25 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import os
+
+    # Imported lazily: profiling pulls in torch and the whole compiler.
+    from minicomp.lens.devices import DEVICES
+    from minicomp.profile import profile_file
+
+    if args.device not in DEVICES:
+        raise CliError(f"unknown device {args.device!r}; known: {', '.join(DEVICES)}")
+    if not os.path.isfile(args.script):
+        raise CliError(f"no such script: {args.script}")
+    result = profile_file(args.script, list(args.script_args), device=args.device)
+    if not result.graph.kernels:
+        print("minicomp ran no kernels in this script", file=sys.stderr)
+        return 1
+    print(result.json() if args.json else result)
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from minicomp.bench import runner
 
@@ -630,6 +649,16 @@ and a PNG chart of speedups. docs/bench.md explains every column.
 """
 
 
+_PROFILE_DESCRIPTION = """\
+Run a Python script with every model minicomp compiles built for cuda-emu with the performance
+lens: each kernel launch runs in the emulator and counts, for a sample of its blocks, the
+sectors of its global accesses, its shared-memory wavefronts, its tensor-core and other
+instructions; NVRTC gives its registers, shared memory and spills. Prints each launch's
+estimated time on the device (a roofline model whose assumptions it prints), slowest first.
+The script's tensors must be on the CPU.
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minicomp", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -638,6 +667,18 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("script", metavar="SCRIPT.py")
     explain.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
     explain.set_defaults(func=_cmd_explain)
+
+    prof = commands.add_parser(
+        "profile",
+        help="estimate each kernel of a script's models on a GPU, without one",
+        description=_PROFILE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prof.add_argument("--device", default="h100", help="h100 (default), h200 or a100")
+    prof.add_argument("--json", action="store_true", help="print the profile as JSON")
+    prof.add_argument("script", metavar="SCRIPT.py")
+    prof.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    prof.set_defaults(func=_cmd_profile)
 
     show = commands.add_parser("config", help="list every option, its default and env variable")
     show.add_argument("--markdown", action="store_true", help="print a Markdown table")

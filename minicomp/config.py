@@ -100,6 +100,12 @@ class Options:
         "instead of corrupting the process. Several times slower.",
     )
 
+    lens: bool = _option(
+        False,
+        "cuda-emu builds each graph's kernels to also count what they ask of a GPU (sectors, "
+        "bank conflicts, tensor-core and other instructions) for a sample of each launch's "
+        "blocks: the performance lens that `minicomp profile` reports. Slower to build and run.",
+    )
 
 @dataclass(frozen=True)
 class _Spec:

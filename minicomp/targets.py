@@ -26,6 +26,7 @@ from minicomp.config import Options
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import FusedOp, Graph
 from minicomp.ir.symbols import launch_dims
+from minicomp.lens import session as lens_session
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.aten_contraction import tune_contractions
 from minicomp.passes.graph.attention import lower_attention, tune_attention
@@ -33,6 +34,7 @@ from minicomp.passes.graph.fold_constants import constant_operand_layouts
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.graph.split_reductions import split_reductions
+from minicomp.passes.kernel.count_ops import count_ops
 from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES, GraphPass
 from minicomp.runtime.cuda_graphs import GraphedPlan
 from minicomp.runtime.plan import Plan
@@ -195,6 +197,8 @@ class CudaEmuTarget(CudaSourceTarget):
         if not kernels:
             return {}, ""
         source = render_module(Module("graph", (*device_functions, *kernels)))
+        if options.lens:
+            return _counted_launchers(source, kernels, device_functions, options), source
         emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
         return {k.name: _emulated_launcher(emu, k) for k in kernels}, source
 
@@ -277,6 +281,36 @@ def _emulated_launcher(emu: Any, kernel: Function) -> Callable:
             emu.launch(name, grid, block, args)
 
     return launch
+
+
+def _counted_launchers(
+    source: str, kernels: Sequence[Function], device_functions: Sequence[Function], options
+) -> dict[str, Callable]:
+    """Launchers of a counted build of `kernels` (the lens option): each launch runs the whole
+    grid, counts a sample of its blocks and gives the counts to the open lens sessions, with
+    `source` (the kernels without their counters, as NVRTC builds them)."""
+    counted = [count_ops(k) for k in kernels]
+    emu = build_emulated(
+        render_module(Module("graph", (*device_functions, *counted))),
+        counted,
+        cache_dir=options.cache_dir,
+        lens=True,
+    )
+
+    def launcher(kernel: Function) -> Callable:
+        name, dims = kernel.name, launch_dims(kernel)
+        shared = cuda_module.dynamic_shared_bytes(kernel)
+
+        def launch(*args: Any) -> None:
+            grid, block = dims(args)
+            nbytes = shared(args) if callable(shared) else shared
+            sample = emu.launch_counted(name, grid, block, args, nbytes)
+            lens_session.record(kernel, source, sample)
+
+        launch.takes_tensors = True  # the plan passes tensors: the lens needs their bytes
+        return launch
+
+    return {k.name: launcher(k) for k in kernels}
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (CpuTarget(), CudaTarget(), CudaEmuTarget())}

@@ -49,6 +49,7 @@ LAYERS = {
     "minicomp.script.__init__": 7.5,
     "minicomp.dynamo": 8,
     "minicomp.explain": 9,
+    "minicomp.profile": 9,
     "minicomp.bench": 9,
     "minicomp.fuzz": 9,
     "minicomp.cli": 10,

@@ -48,6 +48,8 @@ class KernelCounts:
     int_divides: float
     special: float
     conversions: float
+    address_instructions: float
+    """Integer work in load and store indices (not priced: see estimate.ASSUMPTIONS)."""
     dram_bytes: float
     """Bytes between DRAM and L2: the distinct sectors the sample touched in each tensor
     argument, scaled to the grid, at most the tensor's bytes (L2 keeps what blocks share)."""
@@ -131,6 +133,7 @@ class KernelCounts:
             int_divides=grid("int_divides"),
             special=grid("special"),
             conversions=grid("conversions"),
+            address_instructions=grid("address_instructions"),
             dram_bytes=read + written,
             minimum_bytes=read * _efficiency(c, "load") + written * _efficiency(c, "store"),
         )

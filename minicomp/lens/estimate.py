@@ -29,9 +29,12 @@ ASSUMPTIONS = (
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
     "the device's mma.sync rate",
     f"an integer division costs {DIVIDE_INSTRUCTIONS} instructions, a 64-bit integer operation "
-    f"{INT64_INSTRUCTIONS}, a transcendental call one special-function slot",
-    "the units overlap perfectly: the kernel takes as long as the busiest; the last wave of "
-    "blocks runs as long as a full one; latency is hidden (occupancy is reported, not priced)",
+    f"{INT64_INSTRUCTIONS}, a transcendental call one special-function slot; the integer work "
+    "of load and store indices is free (hoisted, strength-reduced or folded into addressing: "
+    "the SASS classes show what remains)",
+    "the units overlap perfectly: the kernel takes as long as the busiest; blocks spread over "
+    "the SMs evenly, the busiest SM doing ceil(blocks / SMs) blocks' work (blocks resident "
+    "together share their SM's units); latency is hidden (occupancy is reported, not priced)",
     "counts come from a sample of blocks scaled to the grid; launch overhead is counted once "
     "per kernel in a graph's total",
 )
@@ -48,6 +51,7 @@ class KernelEstimate:
     """Seconds each unit needs: dram, l2, shared, tensor, fp32, int, special, issue."""
     occupancy: Occupancy
     waves: float
+    """Rounds of resident blocks the grid needs: blocks / (SMs x blocks an SM holds)."""
     roofline_time: float
     """Seconds the kernel needs at best: its minimum bytes at DRAM speed, or its flops at the
     peak of the instructions it uses, whichever is longer."""
@@ -61,10 +65,9 @@ class KernelEstimate:
 
     @property
     def tail_efficiency(self) -> float:
-        """The fraction of the last wave's SM time that does work (1 when waves are whole)."""
-        if self.waves <= 0 or math.isinf(self.waves):
-            return 1.0
-        return self.waves / math.ceil(self.waves)
+        """The average SM's work over the busiest SM's (1 when the blocks divide evenly)."""
+        per_sm = self.counts.blocks / self.device.sms
+        return per_sm / math.ceil(per_sm) if per_sm else 1.0
 
     @property
     def time(self) -> float:

@@ -55,7 +55,9 @@ class Step:
 @dataclass
 class KernelStep(Step):
     """A call of a compiled kernel: pointer arguments from slots, then size symbols (and
-    the error flag's address, bound under its name like a symbol)."""
+    the error flag's address, bound under its name like a symbol). A kernel whose callable
+    has a true `takes_tensors` attribute (a counted emulator build, which needs each buffer's
+    bytes) gets the slots' tensors instead of their addresses."""
 
     name: str
     fn: Callable
@@ -63,8 +65,11 @@ class KernelStep(Step):
     outputs: Sequence[int]
     symbols: Sequence[str]
 
+    def __post_init__(self) -> None:
+        self._pointer = _tensor if getattr(self.fn, "takes_tensors", False) else _address
+
     def run(self, slots: list, env: Env) -> None:
-        args = [_address(slots[k]) for k in self.buffers]
+        args = [self._pointer(slots[k]) for k in self.buffers]
         args += [env[s] for s in self.symbols]
         self.fn(*args)
 
@@ -80,7 +85,7 @@ class LaunchStep(KernelStep):
     dims: Callable[[Sequence[Any]], tuple] | None = None
 
     def run(self, slots: list, env: Env) -> None:
-        args = [_address(slots[k]) for k in self.buffers] + self.scalars(env)
+        args = [self._pointer(slots[k]) for k in self.buffers] + self.scalars(env)
         if self.dims is not None and 0 in self.dims(args)[0]:
             return
         self.fn(*args)
@@ -88,6 +93,10 @@ class LaunchStep(KernelStep):
 
 def _address(v: Any) -> int:
     return v if isinstance(v, int) else v.data_ptr()
+
+
+def _tensor(v: Any) -> Any:
+    return v
 
 
 class ErrorFlag:

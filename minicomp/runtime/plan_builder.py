@@ -113,9 +113,10 @@ class PlanBuilder:
             else:
                 steps.append(self.extern_step(n))
         extern_reads = {k for s in steps if isinstance(s, ExternStep) for k in s.reads}
+        tensors = any(getattr(f, "takes_tensors", False) for f in self.kernels.values())
         for k, info in enumerate(self.slots):
             # Workspace intermediates only kernels read are passed as bare addresses.
-            info.as_tensor = not info.workspace or k in extern_reads
+            info.as_tensor = not info.workspace or k in extern_reads or tensors
         outs = []
         for o in g.outputs:
             if o is None:

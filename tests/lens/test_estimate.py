@@ -82,6 +82,15 @@ def test_bank_conflicts_and_resources_show_in_the_estimate(lens):
     assert any("bank conflicts" in note for note in e.notes)
     assert e.bound == "shared" and e.times["shared"] > 3 * e.times["dram"]
     assert e.occupancy.blocks_per_sm == 32 and e.waves == pytest.approx(4 / 32)
+    assert e.tail_efficiency == 1  # 4 blocks on every SM
+
+
+def test_a_grid_smaller_than_the_gpu_uses_only_some_sms(lens):
+    n = 16 * 256
+    c = counts(lens, "copy", 16, 256, [torch.empty(n), torch.empty(n), n])
+    e = estimate(c, H100)
+    assert e.tail_efficiency == pytest.approx(16 / 132)
+    assert e.time == pytest.approx(max(e.times.values()) * 132 / 16)
 
 
 def test_a_block_that_does_not_fit_does_not_launch(lens):

@@ -60,7 +60,7 @@ def test_a_division_by_a_power_of_two_is_not_a_divide():
     counted = count_ops(fn)
     call = counted.body.body[0].expr
     assert call.name == "lens_ops"
-    flops, fp, i32, i64, divides, special, conversions = (a.value for a in call.args)
+    flops, fp, i32, i64, divides, special, conversions, address = (a.value for a in call.args)
     assert (divides, i64, flops) == (0, 1, 0)
 
 

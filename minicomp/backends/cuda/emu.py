@@ -91,6 +91,7 @@ LENS_COUNTERS = (
     "int_divides",
     "special",
     "conversions",
+    "address_instructions",
     "threads",
     "blocks",
 )

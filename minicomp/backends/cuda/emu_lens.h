@@ -59,6 +59,7 @@ enum LensCounter : int {
     LENS_INT_DIVIDES,  // integer divisions and remainders by a non-constant
     LENS_SPECIAL,      // special-function calls (exp, log, sin, rsqrt, tanh...)
     LENS_CONVERSIONS,  // conversions to and from f16/bf16
+    LENS_ADDRESS_INSTRUCTIONS,  // integer work in load and store indices
     LENS_THREADS,      // the threads of the sampled blocks
     LENS_BLOCKS,       // the sampled blocks
     LENS_COUNTERS
@@ -324,7 +325,7 @@ static bool lens_sampled(const Lens* lens, unsigned long long block) {
 __attribute__((no_sanitize_address)) static inline void mc_lens_ops(
     unsigned long long flops, unsigned long long fp, unsigned long long i32,
     unsigned long long i64, unsigned long long divides, unsigned long long special,
-    unsigned long long conversions) {
+    unsigned long long conversions, unsigned long long address) {
     if (mc_emu::LensWorker* w = mc_emu::lens_recording()) {
         w->counts[mc_emu::LENS_FLOPS] += flops;
         w->counts[mc_emu::LENS_FP_INSTRUCTIONS] += fp;
@@ -333,6 +334,7 @@ __attribute__((no_sanitize_address)) static inline void mc_lens_ops(
         w->counts[mc_emu::LENS_INT_DIVIDES] += divides;
         w->counts[mc_emu::LENS_SPECIAL] += special;
         w->counts[mc_emu::LENS_CONVERSIONS] += conversions;
+        w->counts[mc_emu::LENS_ADDRESS_INSTRUCTIONS] += address;
     }
 }
 

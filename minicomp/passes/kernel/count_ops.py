@@ -7,13 +7,16 @@ What counts, per thread (the emulator adds the calls up; the lens divides by the
   fused multiply-add: two flops, one instruction;
 - fp instructions: those operations, fused pairs counted once, and float comparisons;
 - int and int64 instructions: integer arithmetic, bit operations and comparisons, by the width
-  of the operands (a 64-bit operation is one here; the estimate prices it);
+  of the operands (a 64-bit operation is one here; the estimate prices it), except in
+- address instructions: the integer work inside a load's or store's index, which compilers
+  mostly hoist, strength-reduce or fold into the access's addressing;
 - int divides: integer division and remainder by anything but a constant power of two;
 - special: calls of transcendental math functions (exp, log, sin, tanh, erf, rsqrt...), one each
   whatever sequence the compiler makes of them;
 - conversions: casts to or from f16 and bf16.
 Loads and stores are not counted here: the emulator sees those itself. A loop's own increment
-and test count as two integer instructions an iteration; both arms of a select count.
+and test count as two integer instructions an iteration, none for a loop the compiler unrolls
+(kind "unroll", or a constant trip count up to UNROLLED); both arms of a select count.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from minicomp.ir.types import u64
 
 _CHEAP_MATH = frozenset(("floor", "ceil", "rint", "trunc", "abs", "signbit", "isnan", "isinf"))
 _FLOAT_ARITH = frozenset(("add", "sub", "mul", "div", "max", "min"))
+UNROLLED = 32
+"""The largest constant trip count assumed unrolled whole (no increment, no test)."""
 
 
 @dataclass
@@ -41,6 +46,7 @@ class OpCounts:
     divides: int = 0
     special: int = 0
     conversions: int = 0
+    address: int = 0
 
     def __bool__(self) -> bool:
         return any(getattr(self, f.name) for f in fields(self))
@@ -66,6 +72,7 @@ class _ExprCounter(Visitor):
     def __init__(self, counts: OpCounts):
         super().__init__()
         self.counts = counts
+        self.in_index = False
 
     def visit(self, n):
         # Every occurrence counts: a memoised visit would count a shared subexpression once.
@@ -74,7 +81,9 @@ class _ExprCounter(Visitor):
         return super().visit(n)
 
     def _integer(self, dtype) -> None:
-        if dtype.nbytes == 8:
+        if self.in_index:
+            self.counts.address += 1
+        elif dtype.nbytes == 8:
             self.counts.int64 += 1
         else:
             self.counts.int32 += 1
@@ -123,18 +132,29 @@ class _ExprCounter(Visitor):
             else:
                 self.counts.special += 1
 
+    def visit_Load(self, e: E.Load) -> None:
+        self.index(e.index)
+
+    def index(self, e: E.Expr) -> None:
+        """Count `e` as address arithmetic."""
+        outer, self.in_index = self.in_index, True
+        self.visit(e)
+        self.in_index = outer
+
     def visit_Select(self, e: E.Select) -> None:
         self.visit(e.cond)
         self.visit(e.a)
         self.visit(e.b)
 
 
-def _count(*nodes) -> OpCounts:
+def _count(*nodes, index: E.Expr | None = None) -> OpCounts:
     counts = OpCounts()
     counter = _ExprCounter(counts)
     for n in nodes:
         if n is not None:
             counter.visit(n)
+    if index is not None:
+        counter.index(index)
     return counts
 
 
@@ -178,8 +198,11 @@ def _instrument_run(body) -> list[S.Stmt]:
             add(_count(s.extent))
             flush()
             loop = OpCounts()
-            _ExprCounter(loop)._integer(s.var.dtype)
-            _ExprCounter(loop)._integer(s.var.dtype)
+            unrolled = s.kind == "unroll" or (
+                isinstance(s.extent, E.Const) and s.extent.value <= UNROLLED
+            )
+            for _ in range(0 if unrolled else 2):
+                _ExprCounter(loop)._integer(s.var.dtype)
             body_stmts = _with_count(loop, [_instrument(s.body)])
             out.append(s.replace(body=S.Seq(tuple(body_stmts))))
         elif isinstance(s, S.While):
@@ -195,6 +218,9 @@ def _instrument_run(body) -> list[S.Stmt]:
             add(_count(*_expressions(s)))
             run.append(s)
             flush()
+        elif isinstance(s, S.Store):
+            add(_count(s.value, index=s.index))
+            run.append(s)
         else:
             add(_count(*_expressions(s)))
             run.append(s)
