@@ -20,7 +20,7 @@ from minicomp import config
 from minicomp.lens.counts import KernelCounts
 from minicomp.lens.devices import Device, get_device
 from minicomp.lens.estimate import ASSUMPTIONS, GraphEstimate, KernelEstimate, estimate
-from minicomp.lens.session import CountedLaunch, LensSession, recording
+from minicomp.lens.session import LensSession, recording
 
 LENS_OPTIONS = {"target": "cuda-emu", "lens": True}
 """What profiling sets: the kernels run in the emulator, counted."""
@@ -198,10 +198,8 @@ def _build(source: str, arch: str, cache_dir: str) -> tuple[dict, dict]:
         text = sass.disassemble(binary.cubin)
     except sass.SassUnavailableError:
         return dict(binary.resources), {}
-    classes = {
-        k: sass.instruction_classes(sass.full_opcode_counts(v)) for k, v in text.items()
-    }
+    classes = {k: sass.instruction_classes(sass.full_opcode_counts(v)) for k, v in text.items()}
     return dict(binary.resources), classes
 
 
-__all__ = ["CountedLaunch", "Profile", "profile", "profile_file", "profile_session"]
+__all__ = ["Profile", "profile", "profile_file", "profile_session"]

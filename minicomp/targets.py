@@ -197,10 +197,13 @@ class CudaEmuTarget(CudaSourceTarget):
         if not kernels:
             return {}, ""
         source = render_module(Module("graph", (*device_functions, *kernels)))
-        if options.lens:
-            return _counted_launchers(source, kernels, device_functions, options), source
-        emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
-        return {k.name: _emulated_launcher(emu, k) for k in kernels}, source
+        if options.lens:  # a counted build: the kernels with their operation counts
+            counted = [count_ops(k) for k in kernels]
+            unit = render_module(Module("graph", (*device_functions, *counted)))
+            emu = build_emulated(unit, counted, cache_dir=options.cache_dir, lens=True)
+        else:
+            emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
+        return {k.name: _emulated_launcher(emu, k, source) for k in kernels}, source
 
     def build_script(self, module, function, options, device, checks):
         name = function.name
@@ -266,51 +269,24 @@ def _address(value: Any) -> Any:
     return value.data_ptr() if hasattr(value, "data_ptr") else value
 
 
-def _emulated_launcher(emu: Any, kernel: Function) -> Callable:
+def _emulated_launcher(emu: Any, kernel: Function, source: str = "") -> Callable:
     """A callable launching `kernel` in the emulator, its grid (and dynamic shared memory)
-    computed from the sizes."""
+    computed from the sizes. A counted module's launcher (the lens option) takes the plan's
+    tensors (the lens needs their bytes) and gives each launch's counts to the open lens
+    sessions with `source`, the kernels as NVRTC builds them (without their counters)."""
     name, dims = kernel.name, launch_dims(kernel)
     shared = cuda_module.dynamic_shared_bytes(kernel)
 
     def launch(*args: Any) -> None:
         grid, block = dims(args)
         nbytes = shared(args) if callable(shared) else shared
-        if nbytes:
-            emu.launch(name, grid, block, args, nbytes)
+        if emu.lens:
+            lens_session.record(kernel, source, emu.launch_counted(name, grid, block, args, nbytes))
         else:
-            emu.launch(name, grid, block, args)
+            emu.launch(name, grid, block, args, nbytes)
 
+    launch.takes_tensors = emu.lens
     return launch
-
-
-def _counted_launchers(
-    source: str, kernels: Sequence[Function], device_functions: Sequence[Function], options
-) -> dict[str, Callable]:
-    """Launchers of a counted build of `kernels` (the lens option): each launch runs the whole
-    grid, counts a sample of its blocks and gives the counts to the open lens sessions, with
-    `source` (the kernels without their counters, as NVRTC builds them)."""
-    counted = [count_ops(k) for k in kernels]
-    emu = build_emulated(
-        render_module(Module("graph", (*device_functions, *counted))),
-        counted,
-        cache_dir=options.cache_dir,
-        lens=True,
-    )
-
-    def launcher(kernel: Function) -> Callable:
-        name, dims = kernel.name, launch_dims(kernel)
-        shared = cuda_module.dynamic_shared_bytes(kernel)
-
-        def launch(*args: Any) -> None:
-            grid, block = dims(args)
-            nbytes = shared(args) if callable(shared) else shared
-            sample = emu.launch_counted(name, grid, block, args, nbytes)
-            lens_session.record(kernel, source, sample)
-
-        launch.takes_tensors = True  # the plan passes tensors: the lens needs their bytes
-        return launch
-
-    return {k.name: launcher(k) for k in kernels}
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (CpuTarget(), CudaTarget(), CudaEmuTarget())}

@@ -656,6 +656,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
     // A counted launch may run its sampled blocks only: the i-th block claimed is sample[i].
     unsigned long long nclaims = lens && lens->sample_only ? lens->nsample : nblocks;
     if (lens) {
+        if (!lens_counts) error = "counting needs a library built with lens=True";
         memset(lens->counts, 0, sizeof lens->counts);
         if (error.empty() && lens->nsample && lens->sample[lens->nsample - 1] >= nblocks) {
             error = "a counted block is outside the grid";

@@ -547,7 +547,6 @@ class EmuModule:
         read_sectors, written_sectors = (ctypes.c_ulonglong * n)(), (ctypes.c_ulonglong * n)()
         lens.read, lens.written = read, written
         lens.read_sectors, lens.written_sectors = read_sectors, written_sectors
-        keep = (lens.spans, lens.sample)  # noqa: F841 - the arrays live as long as the launch
         with _COUNTED_LAUNCH:
             self._launch(name, grid, block, args, shared_bytes, lens)
         counters = dict(zip(LENS_COUNTERS, (int(c) for c in lens.counts)))

@@ -26,12 +26,14 @@
 #ifndef MC_EMU_LENS_H
 #define MC_EMU_LENS_H
 
+#include <algorithm>
+#ifdef MC_EMU_LENS
 #include <dlfcn.h>
 #include <link.h>
 
-#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
+#endif
 
 namespace mc_emu {
 
@@ -82,6 +84,23 @@ struct Lens {
     unsigned long long* read_sectors;     // nspans: the distinct sectors the sample read
     unsigned long long* written_sectors;  // and wrote
 };
+
+#ifndef MC_EMU_LENS
+// Other builds keep only what launch() names: counting is a lens build's (emu.py passes a Lens
+// to counted modules only), and its containers would slow every kernel's build.
+struct LensWorker {};
+struct LensSectors {};
+static const Lens* active_lens;
+static thread_local LensWorker* tls_lens;
+static inline void lens_begin_launch(LensWorker*, const Lens*) {}
+static inline void lens_begin_block(LensWorker*, unsigned, const unsigned char*, size_t) {}
+static inline void lens_end_block(LensWorker*) {}
+static inline void lens_end_launch(LensWorker*, Lens*, LensSectors*, std::mutex&) {}
+static inline void lens_tally(Lens*, const LensSectors&) {}
+static inline bool lens_sampled(const Lens*, unsigned long long) { return false; }
+static const bool lens_counts = false;
+#else
+static const bool lens_counts = true;
 
 // A sector of an argument, as a set key (sector numbers fit in 56 bits of an address space).
 static inline uint64_t lens_sector_key(uintptr_t sector, int span) {
@@ -137,24 +156,21 @@ MC_LENS_HOOK_SAFE static inline unsigned lens_thread() {
 }
 
 MC_LENS_HOOK_SAFE __attribute__((noinline)) static void lens_access(uintptr_t site, uintptr_t addr,
-                                                                  size_t bytes, int store,
-                                                                  int forced_shared) {
+                                                                  size_t bytes, int store) {
     LensWorker* w = lens_recording();
     if (!w || !bytes || w->busy) return;
     LensEvent e{site, addr, (unsigned)bytes, (unsigned char)store, LENS_SHARED, 0, -1};
-    if (!forced_shared) {
-        const Lens* l = w->lens;
-        for (int i = 0; i < l->nspans; i++) {
-            if (addr < l->spans[i].hi && addr + bytes > l->spans[i].lo) {
-                e.space = LENS_GLOBAL;
-                e.span = (short)i;
-                break;
-            }
+    const Lens* l = w->lens;
+    for (int i = 0; i < l->nspans; i++) {
+        if (addr < l->spans[i].hi && addr + bytes > l->spans[i].lo) {
+            e.space = LENS_GLOBAL;
+            e.span = (short)i;
+            break;
         }
-        bool shared = (addr >= w->smem_lo && addr < w->smem_hi) ||
-                      (addr >= w->tls_lo && addr < w->tls_hi);
-        if (e.space != LENS_GLOBAL && !shared) return;  // the stack or the emulator's memory
     }
+    bool shared =
+        (addr >= w->smem_lo && addr < w->smem_hi) || (addr >= w->tls_lo && addr < w->tls_hi);
+    if (e.space != LENS_GLOBAL && !shared) return;  // the stack or the emulator's memory
     unsigned t = lens_thread();
     w->busy = true;
     if (t < w->events.size()) w->events[t].push_back(e);
@@ -311,11 +327,13 @@ static bool lens_sampled(const Lens* lens, unsigned long long block) {
     return std::binary_search(lens->sample, lens->sample + lens->nsample, block);
 }
 
+#endif  // MC_EMU_LENS
+
 }  // namespace mc_emu
 
 #ifdef MC_EMU_LENS
 #define MC_LENS_ACCESS(site, addr, bytes, store) \
-    ::mc_emu::lens_access(::mc_emu::site, (uintptr_t)(addr), (bytes), (store), 0)
+    ::mc_emu::lens_access(::mc_emu::site, (uintptr_t)(addr), (bytes), (store))
 #define MC_LENS_COUNT(counter, n) ::mc_emu::lens_count(::mc_emu::counter, (n))
 // The emulator's helpers that record their accesses themselves, and its warp collectives, which
 // touch the lanes' memory on the lanes' behalf: their own accesses are not the kernel's.
@@ -342,10 +360,10 @@ __attribute__((no_sanitize_address)) static inline void mc_lens_ops(
 #define MC_EMU_HOOK extern "C" __attribute__((no_sanitize_address, visibility("hidden")))
 #define MC_EMU_HOOKS(N)                                                                 \
     MC_EMU_HOOK void __asan_load##N##_noabort(uintptr_t p) {                            \
-        mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, N, 0, 0);        \
+        mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, N, 0);        \
     }                                                                                   \
     MC_EMU_HOOK void __asan_store##N##_noabort(uintptr_t p) {                           \
-        mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, N, 1, 0);        \
+        mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, N, 1);        \
     }
 MC_EMU_HOOKS(1)
 MC_EMU_HOOKS(2)
@@ -354,10 +372,10 @@ MC_EMU_HOOKS(8)
 MC_EMU_HOOKS(16)
 #undef MC_EMU_HOOKS
 MC_EMU_HOOK void __asan_loadN_noabort(uintptr_t p, size_t n) {
-    mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, n, 0, 0);
+    mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, n, 0);
 }
 MC_EMU_HOOK void __asan_storeN_noabort(uintptr_t p, size_t n) {
-    mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, n, 1, 0);
+    mc_emu::lens_access((uintptr_t)__builtin_return_address(0), p, n, 1);
 }
 MC_EMU_HOOK void __asan_handle_no_return() {}
 #undef MC_EMU_HOOK

@@ -197,12 +197,12 @@ def _instrument_run(body) -> list[S.Stmt]:
         elif isinstance(s, S.For):
             add(_count(s.extent))
             flush()
-            loop = OpCounts()
             unrolled = s.kind == "unroll" or (
                 isinstance(s.extent, E.Const) and s.extent.value <= UNROLLED
             )
-            for _ in range(0 if unrolled else 2):
-                _ExprCounter(loop)._integer(s.var.dtype)
+            steps = 0 if unrolled else 2  # the increment and the test
+            wide = s.var.dtype.nbytes == 8
+            loop = OpCounts(int32=0 if wide else steps, int64=steps if wide else 0)
             body_stmts = _with_count(loop, [_instrument(s.body)])
             out.append(s.replace(body=S.Seq(tuple(body_stmts))))
         elif isinstance(s, S.While):
