@@ -28,10 +28,11 @@ ASSUMPTIONS = (
     "each tensor once (L2 keeps what blocks share); every global request's sectors cross L2",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
     "the device's mma.sync rate",
-    f"an integer division costs {DIVIDE_INSTRUCTIONS} instructions, a 64-bit integer operation "
-    f"{INT64_INSTRUCTIONS}, a transcendental call one special-function slot; the integer work "
-    "of load and store indices is free (hoisted, strength-reduced or folded into addressing: "
-    "the SASS classes show what remains)",
+    f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "
+    f"constant, 2 or 3), a 64-bit integer operation {INT64_INSTRUCTIONS}, a transcendental call "
+    "one special-function slot; integer work is free where the compiler folds it (constants in "
+    "each unrolled copy), hoists it (unchanged in the innermost rolled loop) or puts it in an "
+    "access's addressing (load, store and intrinsic indices): the SASS classes show what remains",
     "the units overlap perfectly: the kernel takes as long as the busiest; blocks spread over "
     "the SMs evenly, the busiest SM doing ceil(blocks / SMs) blocks' work (blocks resident "
     "together share their SM's units); latency is hidden (occupancy is reported, not priced)",

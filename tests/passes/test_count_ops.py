@@ -67,3 +67,74 @@ def test_a_division_by_a_power_of_two_is_not_a_divide():
 def test_a_kernel_without_operations_gets_no_calls():
     fn = Function("store_zero", (y,), S.Store(y, Const(0, T.i64), Const(0.0, T.f32)))
     assert "lens_ops" not in repr(count_ops(fn))
+
+
+def _calls(fn: Function) -> list[tuple[int, ...]]:
+    """The counts of every lens_ops call of `count_ops(fn)`, in order (equal calls too)."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, S.Evaluate) and node.expr.name == "lens_ops":
+            found.append(tuple(a.value for a in node.expr.args))
+        children = node if isinstance(node, tuple) else getattr(node, "children", tuple)()
+        for child in children:
+            walk(child)
+
+    walk(count_ops(fn).body)
+    return found
+
+
+def test_a_division_by_another_constant_is_a_multiply_and_shift():
+    fn = Function(
+        "third",
+        (y, n),
+        S.Store(y, Const(0, T.i64), Cast(Binary("idiv", n, Const(3, T.i64)), T.f32)),
+    )
+    (counts,) = _calls(fn)
+    flops, fp, i32, i64, divides, special, conversions, address = counts
+    assert (divides, i64) == (0, 2)
+
+
+def test_integer_work_of_unrolled_loops_folds_into_constants():
+    t = Var("t", T.i64)
+    j = Var("j", T.i64)
+    body = S.Seq(
+        (
+            S.Declare(t, Binary("add", Binary("mul", j, Const(3, T.i64)), Const(1, T.i64))),
+            S.Store(y, t, Const(1.0, T.f32)),
+        )
+    )
+    unrolled = Function("fold", (y,), S.For(j, Const(4, T.i64), body, kind="unroll"))
+    rolled = Function("fold", (y,), S.For(j, Var("m", T.i64), body))
+    assert sum(c[3] for c in _calls(unrolled)) == 0
+    # Rolled, the two operations run every iteration, with the loop's increment and test.
+    assert sum(c[3] for c in _calls(rolled)) == 2 + 2
+
+
+def test_loop_invariant_integer_work_is_hoisted_out_of_the_loop():
+    t = Var("t", T.i64)
+
+    def kernel(init):
+        body = S.Seq((S.Declare(t, init), S.Store(y, Binary("add", t, i), Const(1.0, T.f32))))
+        return Function("hoist", (y, n, k), S.For(i, n, body))
+
+    invariant = Binary("mul", k, Const(3, T.i64))  # depends on a parameter only
+    varying = Binary("mul", i, Const(3, T.i64))
+    loop_only = 2  # the increment and the test
+    assert sum(c[3] for c in _calls(kernel(invariant))) == loop_only
+    assert sum(c[3] for c in _calls(kernel(varying))) == loop_only + 1
+
+
+def test_a_reassigned_variable_varies_where_it_is_assigned():
+    acc = Var("acc", T.i64)
+    body = S.Seq(
+        (
+            S.Assign(acc, Binary("add", acc, Const(1, T.i64))),
+            S.Declare(Var("t", T.i64), Binary("mul", acc, k)),
+        )
+    )
+    fn = Function(
+        "assigned", (y, n, k), S.Seq((S.Declare(acc, Const(0, T.i64)), S.For(i, n, body)))
+    )
+    # the add, the multiply by acc (not hoisted: acc changes each iteration), the loop's two
+    assert sum(c[3] for c in _calls(fn)) == 4

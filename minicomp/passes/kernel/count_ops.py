@@ -10,13 +10,21 @@ What counts, per thread (the emulator adds the calls up; the lens divides by the
   of the operands (a 64-bit operation is one here; the estimate prices it), except in
 - address instructions: the integer work inside a load's or store's index, which compilers
   mostly hoist, strength-reduce or fold into the access's addressing;
-- int divides: integer division and remainder by anything but a constant power of two;
+- int divides: integer division and remainder by a value known only at run time (by a
+  constant other than a power of two it is a multiply-high and a shift: integer instructions);
 - special: calls of transcendental math functions (exp, log, sin, tanh, erf, rsqrt...), one each
   whatever sequence the compiler makes of them;
 - conversions: casts to or from f16 and bf16.
 Loads and stores are not counted here: the emulator sees those itself. A loop's own increment
 and test count as two integer instructions an iteration, none for a loop the compiler unrolls
 (kind "unroll", or a constant trip count up to UNROLLED); both arms of a select count.
+
+Integer work the compiler does not repeat is free: an integer operation whose operands are
+constants in each unrolled copy (built from constants and unrolled loops' variables) folds,
+and one whose operands do not change in the innermost loop that is not unrolled is hoisted out
+of it. An expression's *variance* is the depth of the innermost rolled loop its value changes
+in (-1: a constant; loads and calls change where they run), the depth at which the compiler
+computes it.
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Visitor
-from minicomp.ir.types import u64
+from minicomp.ir.types import PointerType, u64
 
 _CHEAP_MATH = frozenset(("floor", "ceil", "rint", "trunc", "abs", "signbit", "isnan", "isinf"))
 _FLOAT_ARITH = frozenset(("add", "sub", "mul", "div", "max", "min"))
+# Special registers: fixed for the thread.
+_THREAD_CONSTANTS = frozenset(("thread_idx", "block_idx", "block_dim", "grid_dim"))
 UNROLLED = 32
 """The largest constant trip count assumed unrolled whole (no increment, no test)."""
 
@@ -66,31 +76,63 @@ def _is_pow2_const(e: E.Expr) -> bool:
     )
 
 
-class _ExprCounter(Visitor):
-    """The operations of the expressions it visits, added to `counts`."""
+CONSTANT = -1
+"""The variance of a value that is a constant in each unrolled copy of the code."""
 
-    def __init__(self, counts: OpCounts):
+
+class _Scope:
+    """Where the walk is: the depth of rolled loops around it, and each variable's variance."""
+
+    def __init__(self, assigned: dict[E.Var, int]):
+        self.depth = 0
+        self.variance: dict[E.Var, int] = {}
+        self.assigned = assigned  # a reassigned variable changes where it is assigned
+
+    def declare(self, var: E.Var, variance: int) -> None:
+        self.variance[var] = max(variance, self.assigned.get(var, CONSTANT))
+
+
+class _ExprCounter(Visitor):
+    """The operations of the expressions it visits, added to `counts`; `visit` returns an
+    expression's variance (module docstring), and integer operations whose variance is below
+    the scope's depth cost nothing."""
+
+    def __init__(self, counts: OpCounts, scope: _Scope):
         super().__init__()
         self.counts = counts
+        self.scope = scope
         self.in_index = False
 
     def visit(self, n):
         # Every occurrence counts: a memoised visit would count a shared subexpression once.
         if isinstance(n, E.Expr):
             return self._dispatch(type(n))(self, n)
+        if isinstance(n, tuple):
+            return max((self.visit(x) for x in n), default=CONSTANT)
         return super().visit(n)
 
-    def _integer(self, dtype) -> None:
-        if self.in_index:
-            self.counts.address += 1
-        elif dtype.nbytes == 8:
-            self.counts.int64 += 1
-        else:
-            self.counts.int32 += 1
+    def visit_Const(self, e: E.Const) -> int:
+        return CONSTANT
 
-    def visit_Binary(self, e: E.Binary) -> None:
-        self.visit(e.a)
-        self.visit(e.b)
+    def visit_StringLiteral(self, e) -> int:
+        return CONSTANT
+
+    def visit_Var(self, e: E.Var) -> int:
+        # Parameters and thread indices: fixed for the thread, computed once at the top.
+        return self.scope.variance.get(e, 0)
+
+    def _integer(self, dtype, variance: int, instructions: int = 1) -> None:
+        if variance < self.scope.depth:
+            return  # folded into a constant, or hoisted out of the loop
+        if self.in_index:
+            self.counts.address += instructions
+        elif dtype.nbytes == 8:
+            self.counts.int64 += instructions
+        else:
+            self.counts.int32 += instructions
+
+    def visit_Binary(self, e: E.Binary) -> int:
+        variance = max(self.visit(e.a), self.visit(e.b))
         operand = e.a.dtype
         c = self.counts
         if operand.is_float:
@@ -107,55 +149,96 @@ class _ExprCounter(Visitor):
                 c.fp += 1
         elif operand.is_integer:
             if e.op in ("idiv", "imod", "floordiv", "mod", "div") and not _is_pow2_const(e.b):
-                c.divides += 1
+                if isinstance(e.b, E.Const):  # a multiply-high and a shift (and a multiply-sub)
+                    self._integer(operand, variance, 2 if e.op in ("idiv", "div") else 3)
+                elif variance >= self.scope.depth:
+                    c.divides += 1
             else:
-                self._integer(operand)
+                self._integer(operand, variance)
+        return variance
 
-    def visit_Unary(self, e: E.Unary) -> None:
-        self.visit(e.a)
+    def visit_Unary(self, e: E.Unary) -> int:
+        variance = self.visit(e.a)
         if e.a.dtype.is_float:
             self.counts.fp += 1
         elif e.a.dtype.is_integer:
-            self._integer(e.a.dtype)
+            self._integer(e.a.dtype, variance)
+        return variance
 
-    def visit_Cast(self, e: E.Cast) -> None:
-        self.visit(e.a)
+    def visit_Cast(self, e: E.Cast) -> int:
+        variance = self.visit(e.a)
         src, dst = e.a.dtype, e.type
         if src != dst and (src.is_float and src.nbytes == 2 or dst.is_float and dst.nbytes == 2):
             self.counts.conversions += 1
+        return variance
 
-    def visit_Call(self, e: E.Call) -> None:
-        self.visit(e.args)
+    def visit_Call(self, e: E.Call) -> int:
+        if e.name.rpartition("_")[0] in _THREAD_CONSTANTS:
+            return 0
+        variance = CONSTANT
+        for before, arg in zip((None, *e.args), e.args):
+            # An intrinsic's (buffer, index) pair: the index is the address of an element.
+            pointer = isinstance(before, E.Var) and isinstance(before.type, PointerType)
+            variance = max(variance, self.index(arg) if pointer else self.visit(arg))
         if e.name in E.MATH_FUNCTIONS:
             if e.name in _CHEAP_MATH:
                 self.counts.fp += e.dtype.is_float
             else:
                 self.counts.special += 1
+            return variance
+        return self.scope.depth  # an intrinsic: its result is new each time it runs
 
-    def visit_Load(self, e: E.Load) -> None:
+    def visit_Load(self, e: E.Load) -> int:
         self.index(e.index)
+        return self.scope.depth  # memory may change between iterations
 
-    def index(self, e: E.Expr) -> None:
+    def index(self, e: E.Expr) -> int:
         """Count `e` as address arithmetic."""
         outer, self.in_index = self.in_index, True
-        self.visit(e)
+        variance = self.visit(e)
         self.in_index = outer
+        return variance
 
-    def visit_Select(self, e: E.Select) -> None:
-        self.visit(e.cond)
-        self.visit(e.a)
-        self.visit(e.b)
+    def visit_Select(self, e: E.Select) -> int:
+        return max(self.visit(e.cond), self.visit(e.a), self.visit(e.b))
 
 
-def _count(*nodes, index: E.Expr | None = None) -> OpCounts:
+def _count(scope: _Scope, *nodes, index: E.Expr | None = None) -> OpCounts:
     counts = OpCounts()
-    counter = _ExprCounter(counts)
+    counter = _ExprCounter(counts, scope)
     for n in nodes:
         if n is not None:
             counter.visit(n)
     if index is not None:
         counter.index(index)
     return counts
+
+
+def _variance(scope: _Scope, e: E.Expr | None) -> int:
+    return CONSTANT if e is None else _ExprCounter(OpCounts(), scope).visit(e)
+
+
+def _unrolled(s: S.For) -> bool:
+    return s.kind == "unroll" or (isinstance(s.extent, E.Const) and s.extent.value <= UNROLLED)
+
+
+def _assignment_depths(s: S.Stmt, depth: int = 0, out: dict | None = None) -> dict[E.Var, int]:
+    """The innermost rolled-loop depth at which each reassigned variable is assigned."""
+    out = {} if out is None else out
+    if isinstance(s, S.Assign):
+        out[s.var] = max(out.get(s.var, CONSTANT), depth)
+    elif isinstance(s, S.Seq):
+        for x in s.body:
+            _assignment_depths(x, depth, out)
+    elif isinstance(s, S.For):
+        _assignment_depths(s.body, depth + (not _unrolled(s)), out)
+    elif isinstance(s, S.While):
+        _assignment_depths(s.body, depth + 1, out)
+    elif isinstance(s, S.If):
+        _assignment_depths(s.then, depth, out)
+        if s.orelse is not None:
+            _assignment_depths(s.orelse, depth, out)
+    return out
 
 
 def _expressions(s: S.Stmt) -> list[E.Expr]:
@@ -168,13 +251,13 @@ def _with_count(counts: OpCounts, stmts: list[S.Stmt]) -> list[S.Stmt]:
     return [counts.call(), *stmts] if counts else stmts
 
 
-def _instrument(s: S.Stmt) -> S.Stmt:
+def _instrument(s: S.Stmt, scope: _Scope) -> S.Stmt:
     if isinstance(s, S.Seq):
-        return S.Seq(tuple(_instrument_run(s.body)))
-    return S.Seq(tuple(_instrument_run((s,))))
+        return S.Seq(tuple(_instrument_run(s.body, scope)))
+    return S.Seq(tuple(_instrument_run((s,), scope)))
 
 
-def _instrument_run(body) -> list[S.Stmt]:
+def _instrument_run(body, scope: _Scope) -> list[S.Stmt]:
     """`body` with each straight run of statements preceded by its counts."""
     out: list[S.Stmt] = []
     run: list[S.Stmt] = []
@@ -190,39 +273,52 @@ def _instrument_run(body) -> list[S.Stmt]:
         for f in fields(OpCounts):
             setattr(pending, f.name, getattr(pending, f.name) + getattr(counts, f.name))
 
+    def nested(body: S.Stmt, rolled: bool) -> S.Stmt:
+        scope.depth += rolled
+        try:
+            return _instrument(body, scope)
+        finally:
+            scope.depth -= rolled
+
     for s in body:
         if isinstance(s, S.Seq):
             flush()
-            out.extend(_instrument_run(s.body))
+            out.extend(_instrument_run(s.body, scope))
         elif isinstance(s, S.For):
-            add(_count(s.extent))
+            add(_count(scope, s.extent))
             flush()
-            unrolled = s.kind == "unroll" or (
-                isinstance(s.extent, E.Const) and s.extent.value <= UNROLLED
-            )
+            unrolled = _unrolled(s)
+            scope.declare(s.var, CONSTANT if unrolled else scope.depth + 1)
             steps = 0 if unrolled else 2  # the increment and the test
             wide = s.var.dtype.nbytes == 8
             loop = OpCounts(int32=0 if wide else steps, int64=steps if wide else 0)
-            body_stmts = _with_count(loop, [_instrument(s.body)])
+            body_stmts = _with_count(loop, [nested(s.body, not unrolled)])
             out.append(s.replace(body=S.Seq(tuple(body_stmts))))
         elif isinstance(s, S.While):
             flush()
-            body_stmts = _with_count(_count(s.cond), [_instrument(s.body)])
+            scope.depth += 1
+            cond = _count(scope, s.cond)
+            scope.depth -= 1
+            body_stmts = _with_count(cond, [nested(s.body, True)])
             out.append(s.replace(body=S.Seq(tuple(body_stmts))))
         elif isinstance(s, S.If):
-            add(_count(s.cond))
+            add(_count(scope, s.cond))
             flush()
-            orelse = None if s.orelse is None else _instrument(s.orelse)
-            out.append(s.replace(then=_instrument(s.then), orelse=orelse))
+            orelse = None if s.orelse is None else _instrument(s.orelse, scope)
+            out.append(s.replace(then=_instrument(s.then, scope), orelse=orelse))
         elif isinstance(s, (S.Break, S.Continue, S.Return)):
-            add(_count(*_expressions(s)))
+            add(_count(scope, *_expressions(s)))
             run.append(s)
             flush()
         elif isinstance(s, S.Store):
-            add(_count(s.value, index=s.index))
+            add(_count(scope, s.value, index=s.index))
             run.append(s)
         else:
-            add(_count(*_expressions(s)))
+            add(_count(scope, *_expressions(s)))
+            if isinstance(s, S.Declare):
+                scope.declare(s.var, _variance(scope, s.init))
+            elif isinstance(s, S.DeclareArray):
+                scope.declare(s.var, scope.depth)
             run.append(s)
     flush()
     return out
@@ -230,4 +326,4 @@ def _instrument_run(body) -> list[S.Stmt]:
 
 def count_ops(fn: Function) -> Function:
     """`fn` with a `lens_ops` call before each straight run of statements (module docstring)."""
-    return fn.replace(body=_instrument(fn.body))
+    return fn.replace(body=_instrument(fn.body, _Scope(_assignment_depths(fn.body))))
