@@ -131,16 +131,24 @@ def _dims(d: tuple[int, ...]) -> str:
 
 
 def profile(
-    fn: Callable, *args: Any, device: str = "h100", options: dict | None = None, **kwargs: Any
+    fn: Callable,
+    *args: Any,
+    device: str = "h100",
+    options: dict | None = None,
+    sample_only: bool = False,
+    **kwargs: Any,
 ) -> Profile:
     """Compile `fn` with minicomp for cuda-emu, run it once on these (CPU) arguments, and
-    estimate every kernel launch on `device` (a key of lens/devices.py: h100, h200, a100)."""
+    estimate every kernel launch on `device` (a key of lens/devices.py: h100, h200, a100).
+
+    With `sample_only` each launch runs only the blocks it counts: fast on large problems, but
+    `fn`'s result is garbage (see lens.session.LensSession)."""
     import torch
 
     target = get_device(device)
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="minicomp", options={**(options or {}), **LENS_OPTIONS})
-    with recording() as session:
+    with recording(sample_only=sample_only) as session:
         compiled(*args, **kwargs)
     torch._dynamo.reset()
     return profile_session(session, target)

@@ -281,7 +281,9 @@ def _emulated_launcher(emu: Any, kernel: Function, source: str = "") -> Callable
         grid, block = dims(args)
         nbytes = shared(args) if callable(shared) else shared
         if emu.lens:
-            lens_session.record(kernel, source, emu.launch_counted(name, grid, block, args, nbytes))
+            only = lens_session.sample_only()
+            sample = emu.launch_counted(name, grid, block, args, nbytes, sample_only=only)
+            lens_session.record(kernel, source, sample)
         else:
             emu.launch(name, grid, block, args, nbytes)
 

@@ -48,9 +48,7 @@ def test_every_launch_is_estimated_on_the_device(block_profile):
         assert 0 < k.time < math.inf and 0 < k.fraction_of_roofline <= 1
         assert k.counts.sampled >= 1 and k.counts.dram_bytes > 0
         assert k.resources is not None and k.resources.registers > 0  # NVRTC for sm_80
-    assert p.graph.time == pytest.approx(
-        sum(k.time for k in p.graph.kernels) + p.graph.overhead
-    )
+    assert p.graph.time == pytest.approx(sum(k.time for k in p.graph.kernels) + p.graph.overhead)
 
 
 def test_the_table_is_sorted_by_time_and_prints_its_assumptions(block_profile):
@@ -89,3 +87,26 @@ def test_the_command_names_a_bad_device_or_script(tmp_path, capsys):
     assert "unknown device 'v100'" in capsys.readouterr().err
     assert main(["profile", str(tmp_path / "missing.py")]) == 1
     assert "no such script" in capsys.readouterr().err
+
+
+def test_sample_only_counts_what_a_full_run_counts_without_computing_the_rest():
+    """Running only the sampled blocks gives the same estimate as running the whole grid
+    (the counts come from the sample either way), and leaves the unsampled output unwritten."""
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 64, dtype=torch.float16), torch.randn(64, 512, dtype=torch.float16)
+    seen = []
+
+    def mm(a, b):
+        out = a @ b
+        seen.append(out)
+        return out
+
+    full = profile(mm, a, b, device="h100")
+    torch.testing.assert_close(seen[-1], a @ b, rtol=2e-2, atol=2e-2)
+    a, b = a.neg(), b * 2  # new values, the same sizes: the same counts
+    fast = profile(mm, a, b, device="h100", sample_only=True)
+    assert [k.kernel for k in fast.graph.kernels] == [k.kernel for k in full.graph.kernels]
+    for f, s in zip(full.graph.kernels, fast.graph.kernels):
+        assert s.counts.blocks > s.counts.sampled  # a grid larger than its sample
+        assert s.time == pytest.approx(f.time) and s.counts.dram_bytes == f.counts.dram_bytes
+    assert not torch.allclose(seen[-1].float(), (a @ b).float(), atol=0.1)

@@ -24,9 +24,13 @@ class CountedLaunch:
 
 @dataclass
 class LensSession:
-    """The counted launches, in the order they ran."""
+    """The counted launches, in the order they ran. With ``sample_only`` a counted launch runs
+    only its sampled blocks: estimates of large problems in seconds, but the kernels' outputs
+    are left uncomputed (for kernels on random inputs whose control flow and addresses do not
+    depend on the data, such as the templates at benchmark shapes)."""
 
     launches: list[CountedLaunch] = field(default_factory=list)
+    sample_only: bool = False
 
 
 _sessions: list[LensSession] = []
@@ -34,9 +38,9 @@ _lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[LensSession]:
+def recording(*, sample_only: bool = False) -> Iterator[LensSession]:
     """A session that receives every counted launch until the block ends."""
-    session = LensSession()
+    session = LensSession(sample_only=sample_only)
     with _lock:
         _sessions.append(session)
     try:
@@ -44,6 +48,12 @@ def recording() -> Iterator[LensSession]:
     finally:
         with _lock:
             _sessions.remove(session)
+
+
+def sample_only() -> bool:
+    """Whether an open session asks counted launches to run only their sampled blocks."""
+    with _lock:
+        return any(s.sample_only for s in _sessions)
 
 
 def record(function: Function, source: str, sample: LaunchSample) -> None:

@@ -94,7 +94,7 @@ def case(b, h, sq, sk, d, dtype, causal, device, **kw) -> Case:
     )
 
 
-def gpu_cases(dtypes=(torch.float16, torch.bfloat16)) -> list[Case]:
+def gpu_cases(dtypes=(torch.float16, torch.bfloat16), device: str = "cuda") -> list[Case]:
     """The staged run's attention: f16 at head dim 128 (prefill, both masks, and decode) first,
     then head dim 64 and the long sequence, then bf16."""
     out = []
@@ -104,11 +104,11 @@ def gpu_cases(dtypes=(torch.float16, torch.bfloat16)) -> list[Case]:
             for causal in (False, True):
                 tier = 3 if late else (1 if i == 0 else 2)
                 lead = i == 0 and not late and not causal
-                out.append(case(b, h, s, s, d, dtype, causal, "cuda", tier=tier, inductor=lead))
+                out.append(case(b, h, s, s, d, dtype, causal, device, tier=tier, inductor=lead))
         for i, (b, h, s, d) in enumerate(DECODE):
             tier = 3 if late else (1 if i == 0 else 2)
             lead = i == 0 and not late
-            out.append(case(b, h, 1, s, d, dtype, False, "cuda", tier=tier, inductor=lead))
+            out.append(case(b, h, 1, s, d, dtype, False, device, tier=tier, inductor=lead))
     return sorted(out, key=lambda c: c.tier)
 
 

@@ -90,7 +90,9 @@ def case(layer: tuple, batch: int, dtype: torch.dtype, device: str, **kw) -> Cas
     )
 
 
-def gpu_cases(batch: int = 32, dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list:
+def gpu_cases(
+    batch: int = 32, dtypes=(torch.float16, torch.bfloat16, torch.float32), device: str = "cuda"
+) -> list:
     """The staged run's convolutions: four telling f16 layers first, every other f16 layer
     next, then the lead layers in bf16 and f32."""
     out = []
@@ -104,7 +106,7 @@ def gpu_cases(batch: int = 32, dtypes=(torch.float16, torch.bfloat16, torch.floa
             else:
                 continue
             inductor = dtype == torch.float16 and layer == LEAD[1]
-            out.append(case(layer, batch, dtype, "cuda", tier=tier, inductor=inductor))
+            out.append(case(layer, batch, dtype, device, tier=tier, inductor=inductor))
     return sorted(out, key=lambda c: c.tier)
 
 

@@ -43,7 +43,9 @@ def case(m: int, n: int, k: int, dtype: torch.dtype, device: str, **kw) -> Case:
     )
 
 
-def gpu_cases(dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[Case]:
+def gpu_cases(
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), device: str = "cuda"
+) -> list[Case]:
     """The staged run's products, most telling first: tier 1 a square and the LLM's
     prefill and decode products in f16, tier 2 the other squares and LLM shapes, tier 3 the
     rest of bf16 and f32."""
@@ -63,7 +65,7 @@ def gpu_cases(dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> list[Cas
     for m, n, k, dtype, tier, inductor in plan:
         if dtype in dtypes and (m, n, k, dtype) not in seen:
             seen.add((m, n, k, dtype))
-            out.append(case(m, n, k, dtype, "cuda", tier=tier, inductor=inductor))
+            out.append(case(m, n, k, dtype, device, tier=tier, inductor=inductor))
     return out
 
 

@@ -76,7 +76,7 @@ def case(op: str, shape: tuple, dtype: torch.dtype, device: str, **kw) -> Case:
     raise ValueError(f"unknown memory-bound op {op!r}")
 
 
-def gpu_cases(dtypes=(torch.float32, torch.float16)) -> list[Case]:
+def gpu_cases(dtypes=(torch.float32, torch.float16), device: str = "cuda") -> list[Case]:
     """The staged run's memory-bound kernels: the chain and a softmax first, then the rest."""
     f32, f16 = torch.float32, torch.float16
     plan = [
@@ -88,7 +88,7 @@ def gpu_cases(dtypes=(torch.float32, torch.float16)) -> list[Case]:
         *[(op, rows, f32, 3) for rows in ROWS[1:] for op in ("softmax", "layer_norm")],
     ]
     return [
-        case(op, shape, dtype, "cuda", tier=tier, inductor=True)
+        case(op, shape, dtype, device, tier=tier, inductor=True)
         for op, shape, dtype, tier in plan
         if dtype in dtypes
     ]

@@ -1,0 +1,211 @@
+"""The performance lens over the kernel benchmark's cases: each template at its level-0 choice
+on LLM and ResNet shapes (minicomp/bench/kernels/), estimated on a named GPU without one.
+
+A case is compiled for cuda-emu with the lens and run once with only the sampled blocks of
+each launch (lens.session.LensSession.sample_only: seconds, where running a 4096-cubed product
+in the emulator would take hours); every launch's counts, with NVRTC's resources for the
+device's architecture, give its estimate (lens/estimate.py). A row holds the case's estimated
+time, the roofline time of its kernels, their ratio, and the efficiencies that explain a gap.
+
+The rows are written as JSON keyed by the case's label: the GPU validation's kernels stage
+(minicomp/bench/stages/kernels.py) reads them and puts each prediction beside the time it
+measures for minicomp at search space 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from minicomp.bench.kernels.cases import Case
+from minicomp.bench.kernels.families import FAMILIES
+from minicomp.lens.devices import get_device
+from minicomp.lens.session import recording
+from minicomp.profile import LENS_OPTIONS, profile_session
+
+LENS_FAMILIES = ("matmul", "attention", "conv")
+"""The families with templates (memory-bound kernels are the auto-scheduler's)."""
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One launch of a case: its template and estimate."""
+
+    kernel: str
+    template: str
+    time_us: float
+    roofline_us: float
+    bound: str
+    sector_efficiency: float
+    bank_conflict_factor: float
+    occupancy: float
+    registers: int | None
+    spill_bytes: int
+
+    @property
+    def fraction(self) -> float:
+        return self.roofline_us / self.time_us if self.time_us else 1.0
+
+
+@dataclass(frozen=True)
+class LensRow:
+    """A case's estimate: the sum of its launches (without launch overhead)."""
+
+    family: str
+    case: str
+    device: str
+    kernels: list[KernelRow] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def time_us(self) -> float:
+        return sum(k.time_us for k in self.kernels)
+
+    @property
+    def roofline_us(self) -> float:
+        return sum(k.roofline_us for k in self.kernels)
+
+    @property
+    def fraction(self) -> float:
+        t = self.time_us
+        return min(1.0, self.roofline_us / t) if t and not math.isinf(t) else 0.0
+
+    def as_dict(self) -> dict:
+        """The row as plain data, with its totals."""
+        out = asdict(self)
+        out.update(time_us=self.time_us, roofline_us=self.roofline_us, fraction=self.fraction)
+        return out
+
+
+def cases(families=LENS_FAMILIES, tiers=(1,), dtypes=None) -> list[Case]:
+    """The GPU benchmark's cases of `families` and `tiers`, their inputs made on the host."""
+    out = []
+    for name in families:
+        kw = {} if dtypes is None else {"dtypes": dtypes}
+        out += [c for c in FAMILIES[name].gpu_cases(device="cpu", **kw) if c.tier in tiers]
+    return out
+
+
+def estimate_case(case: Case, device: str = "h100", options: dict | None = None) -> LensRow:
+    """`case` compiled at search space 0 for cuda-emu with the lens, its launches sampled and
+    estimated on `device`."""
+    target = get_device(device)
+    start = time.monotonic()
+    torch._dynamo.reset()
+    opts = {"search_space": 0, **(options or {}), **LENS_OPTIONS}
+    try:
+        compiled = torch.compile(case.fn, backend="minicomp", options=opts)
+        with recording(sample_only=True) as session:
+            compiled(*case.make())
+        estimates = profile_session(session, target).graph.kernels
+    except Exception as err:  # noqa: BLE001 - a case that breaks is a row that says why
+        return LensRow(case.family, case.label, device, error=f"{type(err).__name__}: {err}"[:400])
+    finally:
+        torch._dynamo.reset()
+    kernels = []
+    for launch, k in zip(session.launches, estimates):
+        template = launch.function.attrs.template or "auto-scheduled"
+        kernels.append(
+            KernelRow(
+                kernel=k.kernel,
+                template=template.split("[")[0],
+                time_us=k.time * 1e6,
+                roofline_us=k.roofline_time * 1e6,
+                bound=k.bound,
+                sector_efficiency=k.counts.sector_efficiency,
+                bank_conflict_factor=k.counts.bank_conflict_factor,
+                occupancy=k.occupancy.fraction,
+                registers=None if k.resources is None else k.resources.registers,
+                spill_bytes=k.spill_bytes,
+            )
+        )
+    return LensRow(case.family, case.label, device, kernels, time.monotonic() - start)
+
+
+HEADER = (
+    "case",
+    "kernels",
+    "est us",
+    "roofline us",
+    "fraction",
+    "bound",
+    "sectors",
+    "banks",
+    "occupancy",
+    "regs",
+    "spill",
+)
+
+
+def table(rows: list[LensRow]) -> str:
+    """The rows as an aligned text table; the efficiencies are the worst over a case's
+    kernels, the bound and registers those of its slowest kernel."""
+    lines = [HEADER]
+    for r in rows:
+        if r.error:
+            lines.append((r.case, "error: " + r.error, *[""] * (len(HEADER) - 2)))
+            continue
+        slowest = max(r.kernels, key=lambda k: k.time_us)
+        names = sorted({k.template for k in r.kernels})
+        lines.append(
+            (
+                r.case,
+                "+".join(names),
+                f"{r.time_us:.1f}",
+                f"{r.roofline_us:.1f}",
+                f"{r.fraction:.0%}",
+                slowest.bound,
+                f"{min(k.sector_efficiency for k in r.kernels):.2f}",
+                f"x{max(k.bank_conflict_factor for k in r.kernels):.2f}",
+                f"{slowest.occupancy:.0%}",
+                str(slowest.registers),
+                str(max(k.spill_bytes for k in r.kernels)),
+            )
+        )
+    widths = [max(len(x[i]) for x in lines) for i in range(len(HEADER))]
+    out = []
+    for x in lines:
+        cells = [x[0].ljust(widths[0]), x[1].ljust(widths[1])]
+        cells += [v.rjust(w) for v, w in zip(x[2:], widths[2:])]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def summary(rows: list[LensRow], goal: float = 0.7) -> str:
+    """The geometric mean fraction of roofline and the cases under `goal`."""
+    ok = [r for r in rows if not r.error and r.kernels]
+    failed = [r.case for r in rows if r.error]
+    if not ok:
+        return f"no case estimated; {len(failed)} failed"
+    geomean = math.exp(sum(math.log(max(r.fraction, 1e-9)) for r in ok) / len(ok))
+    under = [r.case for r in ok if r.fraction < goal]
+    text = f"geomean fraction of roofline {geomean:.0%} over {len(ok)} cases"
+    text += f"; {len(under)} under {goal:.0%}" + (": " + "; ".join(under) if under else "")
+    return text + (f"; {len(failed)} failed" if failed else "")
+
+
+def write(rows: list[LensRow], path: str, meta: dict) -> None:
+    """The rows as JSON (what the kernels stage reads), with `meta` (device, commit)."""
+    data = {**meta, "cases": {r.case: r.as_dict() for r in rows}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def predictions(path: str) -> dict[str, float]:
+    """Estimated microseconds by case label from a file `write` made (empty if none)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {
+        label: row["time_us"]
+        for label, row in data.get("cases", {}).items()
+        if not row.get("error") and row.get("time_us")
+    }

@@ -1,0 +1,33 @@
+"""benchmarks/lens.py's rows: a case of the kernel benchmark estimated on a GPU description,
+its template named, written as the JSON the GPU kernels stage reads back."""
+
+import math
+
+import torch
+
+from minicomp.bench.kernels import conv, matmul
+from minicomp.bench.lens import estimate_case, predictions, summary, table, write
+
+
+def test_a_matmul_case_is_estimated_by_its_template(tmp_path):
+    case = matmul.case(96, 80, 64, torch.float16, "cpu")
+    row = estimate_case(case, "h100")
+    assert not row.error
+    assert [k.template for k in row.kernels] == ["matmul_tc"]
+    k = row.kernels[0]
+    assert 0 < k.roofline_us <= k.time_us < math.inf and 0 < row.fraction <= 1
+    assert k.sector_efficiency == 1.0  # cp.async of 16-byte chunks of contiguous rows
+    text = table([row])
+    assert case.label in text and "matmul_tc" in text
+    assert "geomean fraction of roofline" in summary([row])
+    path = tmp_path / "lens.json"
+    write([row], str(path), {"device": "h100"})
+    assert predictions(str(path)) == {case.label: row.time_us}
+
+
+def test_a_case_that_fails_is_a_row_that_says_why():
+    case = conv.case((8, 16, 9, 3, 2, 1), 2, torch.float16, "cpu")
+    broken = case.__class__(**{**case.__dict__, "make": lambda: (torch.zeros(1),)})
+    row = estimate_case(broken, "h100")
+    assert row.error and not row.kernels
+    assert "error" in table([row]) and "1 failed" in summary([row])
