@@ -50,31 +50,24 @@ C partials; this scheduler always reduces a row within one block or warp.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 from minicomp.ir.compute import TensorElement, identity
 from minicomp.ir.error_flag import with_error_flag
 from minicomp.ir.expr import (
     Call,
-    Const,
     Dim,
     Expr,
     Load,
     Var,
-    binary,
     cast,
     const,
     dim_expr,
     eq,
-    logical_and,
-    maximum,
-    minimum,
-    ne,
     prod,
 )
 from minicomp.ir.func import Function, LaunchAttrs
-from minicomp.ir.functor import collect, substitute
+from minicomp.ir.functor import substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
 from minicomp.ir.stmt import (
     Assign,
@@ -85,10 +78,9 @@ from minicomp.ir.stmt import (
     If,
     Stmt,
     Store,
-    While,
     seq,
 )
-from minicomp.ir.types import DataType, PointerType, boolean, i32, i64
+from minicomp.ir.types import DataType, PointerType, i32, i64
 from minicomp.schedule.common import (
     KernelSignature,
     Strides,
@@ -99,138 +91,32 @@ from minicomp.schedule.common import (
     signature,
     unconditional_elements,
 )
-
-# Threads per block of every kernel.
-BLOCK = 256
-WARP = 32
-WARPS = BLOCK // WARP
-# Rows at least this long (or of symbolic length) get a block each; shorter ones a warp.
-LARGE_ROW = 1024
-# The largest gridDim.x; longer domains loop over the grid.
-MAX_GRID = 2**31 - 1
-# The widest vector store of an injective kernel, and the most elements a thread takes.
-VECTOR_BYTES = 16
-MAX_VEC = 8
-# An input twice as wide as the widest output still loads as vectors (two 16-byte accesses).
-MAX_LOAD_BYTES = 2 * VECTOR_BYTES
-# Shuffle deltas of a warp-wide tree, and of the tree over the WARPS partials.
-_WARP_DELTAS = tuple(WARP >> k for k in range(1, 6))
-_PARTIAL_DELTAS = tuple(d for d in _WARP_DELTAS if d < WARPS)
-
-
-def _launch(name: str) -> Expr:
-    """A launch index intrinsic (i32), widened to i64."""
-    return cast(Call(name, (), i32), i64)
-
-
-def _sync() -> Stmt:
-    return Evaluate(Call("syncthreads", (), i32))
-
-
-def _shuffle(name: str, v: Expr, arg: int) -> Expr:
-    """A warp shuffle of `v`; bool and narrow ints travel as i32 (CUDA has no such overload)."""
-    dt = v.dtype
-    carrier = i32 if dt.is_bool or (dt.is_integer and dt.nbytes < 4) else dt
-    return cast(Call(name, (cast(v, carrier), const(arg, i32)), carrier), dt)
-
-
-def _ceil_div(n: Dim, d: int) -> Dim:
-    if isinstance(n, int):
-        return -(-n // d)
-    return (dim_expr(n) + (d - 1)) // d
-
-
-def _grid(blocks: Dim) -> Dim:
-    """A block count clamped to [1, MAX_GRID] (a zero-block launch is invalid)."""
-    if isinstance(blocks, int):
-        return min(max(blocks, 1), MAX_GRID)
-    return minimum(maximum(blocks, const(1)), const(MAX_GRID))
-
-
-def _loops(rows: Dim, per_block: int) -> bool:
-    """Whether a grid with one thread group per row needs a grid-stride loop over rows."""
-    return not isinstance(rows, int) or _ceil_div(rows, per_block) > MAX_GRID
-
-
-def _is_unit(x: Dim) -> bool:
-    return isinstance(x, int) and x == 1
-
-
-def unravel(flat: Expr, vars_: Sequence[Var], extents: Sequence[Dim]) -> list[Stmt]:
-    """Declarations giving each variable its row-major coordinate of `flat` (unit dims skipped;
-    the caller substitutes 0 for their variables)."""
-    kept = [(v, x) for v, x in zip(vars_, extents) if not _is_unit(x)]
-    out: list[Stmt] = []
-    for k, (v, x) in enumerate(kept):
-        below = prod(x2 for _, x2 in kept[k + 1 :])
-        e = flat if _is_unit(below) else flat // dim_expr(below)
-        if k > 0:
-            e = e % dim_expr(x)
-        out.append(Declare(v, e))
-    return out
-
-
-def vector_offset(
-    indices: Sequence[Expr], strides: Strides, var: Var, vec: int
-) -> tuple[Expr, list[Expr]] | None:
-    """The offset (at `var`) of an access at `indices` that reads VEC consecutive elements
-    as `var` runs over `var + k`, k < VEC (`var` a multiple of VEC), starting a multiple of
-    VEC elements into the buffer; with the conditions on symbolic strides left to check at
-    run time. None when the access is not such a vector.
-
-    That needs one index to be `var` itself, with stride 1, no other index mentioning it,
-    and the other terms of the offset multiples of VEC."""
-    along = [d for d, e in enumerate(indices) if e == var]
-    if len(along) != 1 or not _is_unit(strides[along[0]]):
-        return None
-    checks: list[Expr] = []
-    for d, (e, st) in enumerate(zip(indices, strides)):
-        if d == along[0] or isinstance(e, Const) and e.value == 0:
-            continue
-        if var in collect(e, Var):
-            return None
-        if isinstance(st, int):
-            step = st * e.value if isinstance(e, Const) else st
-            if step % vec:
-                return None
-        else:
-            checks.append(eq(dim_expr(st) % vec, 0))
-    return offset(indices, strides), checks
-
-
-def _grid_stride(var: Var, start: Expr, step: Expr, limit: Expr, body: Stmt) -> Stmt:
-    """`for (var = start; var < limit; var += step) body` as a declaration and a while loop."""
-    return seq(Declare(var, start), While(var < limit, seq(body, Assign(var, var + step))))
-
-
-def _slots(parts: Sequence[DataType]) -> list[tuple[DataType, int]]:
-    """Each partial's shared-array key: its type, and how many earlier partials of the stage
-    have that type (so (i64, 0) and (i64, 1) for an int64 argmax's value and index)."""
-    return [(dt, parts[:k].count(dt)) for k, dt in enumerate(parts)]
-
-
-def _pair_better(kind: str, ov: Expr, oi: Expr, bv: Expr, bi: Expr) -> Expr:
-    """Whether pair (ov, oi) beats (bv, bi) in argmax/argmin: a better value, or the same
-    value (NaN counting as equal to NaN) at a smaller index."""
-    same = eq(ov, bv)
-    if ov.dtype.is_float:
-        same = binary("or", same, binary("and", ne(ov, ov), ne(bv, bv)))
-    return binary("or", arg_better(kind, ov, bv), binary("and", same, oi < bi))
-
-
-@dataclass(frozen=True)
-class _Vector:
-    """A buffer accessed VEC elements at a time: register `reg[k]` is element `first + k`;
-    `aligned` is the kernel-uniform flag saying whether the vector access may be used."""
-
-    buf: Var
-    first: Expr
-    reg: Var
-    aligned: Var
-
-
-def _unrolled(k: Var, vec: int, body: Stmt) -> Stmt:
-    return For(k, const(vec), body, "unroll")
+from minicomp.schedule.cuda_parts import (
+    BLOCK,
+    LARGE_ROW,
+    MAX_GRID,
+    MAX_LOAD_BYTES,
+    MAX_VEC,
+    PARTIAL_DELTAS,
+    VECTOR_BYTES,
+    WARP,
+    WARP_DELTAS,
+    WARPS,
+    VectorAccess,
+    VectorPlanner,
+    ceil_div,
+    clamp_grid,
+    grid_stride,
+    is_unit,
+    launch_index,
+    loops_over_grid,
+    pair_better,
+    shared_slots,
+    shuffled,
+    sync_threads,
+    unravel,
+    unrolled,
+)
 
 
 class CudaKernelBuilder:
@@ -243,7 +129,7 @@ class CudaKernelBuilder:
         self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
         self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
         loops = zip(op.outer_vars + op.inner_vars, op.outer_extents + op.inner_extents)
-        self.stages = substitute(op.stages, {v: const(0) for v, x in loops if _is_unit(x)})
+        self.stages = substitute(op.stages, {v: const(0) for v, x in loops if is_unit(x)})
         self.reduces = [s for s in self.stages if isinstance(s, ReduceStage)]
         self.tid, self.lane, self.warp = Var("tid", i64), Var("lane", i64), Var("warp", i64)
         self.row = Var("row", i64)
@@ -280,20 +166,20 @@ class CudaKernelBuilder:
 
     def flat_loop(self, flat: Var, numel: Dim, body: Stmt) -> tuple[Stmt, Dim, int]:
         """`body` for each flat index in [0, numel) this thread takes, and the launch."""
-        first = _launch("block_idx_x") * BLOCK + _launch("thread_idx_x")
-        blocks = _ceil_div(numel, BLOCK)
+        first = launch_index("block_idx_x") * BLOCK + launch_index("thread_idx_x")
+        blocks = ceil_div(numel, BLOCK)
         if isinstance(blocks, int) and blocks <= MAX_GRID:
             guarded = body if numel % BLOCK == 0 and numel > 0 else If(flat < numel, body)
-            return seq(Declare(flat, first), guarded), _grid(blocks), BLOCK
-        step = _launch("grid_dim_x") * BLOCK
-        return _grid_stride(flat, first, step, dim_expr(numel), body), _grid(blocks), BLOCK
+            return seq(Declare(flat, first), guarded), clamp_grid(blocks), BLOCK
+        step = launch_index("grid_dim_x") * BLOCK
+        return grid_stride(flat, first, step, dim_expr(numel), body), clamp_grid(blocks), BLOCK
 
     # ---- vectorised injective groups ----
 
     def vector_width(self) -> tuple[int, int] | None:
         """(position of the innermost non-unit outer dim, VEC) where the vector scheme fits."""
         op = self.op
-        dims = [d for d, x in enumerate(op.outer_extents) if not _is_unit(x)]
+        dims = [d for d, x in enumerate(op.outer_extents) if not is_unit(x)]
         if not dims:
             return None
         vec = min(MAX_VEC, VECTOR_BYTES // max(v.dtype.nbytes for v in op.outputs))
@@ -310,7 +196,7 @@ class CudaKernelBuilder:
         pos, vec = found
         op = self.op
         var = op.outer_vars[pos]
-        planner = _VectorPlanner(var, vec)
+        planner = VectorPlanner(var, vec)
         stores = []
         for st in self.stages:
             buf, strides = self.out_bufs[st.output]
@@ -334,19 +220,19 @@ class CudaKernelBuilder:
         body: list[Stmt] = list(self.vector_unravel(pos, vec))
         for a in loads.values():
             vector_load = Evaluate(Call("load_vec", (a.reg, Load(a.buf, a.first), lanes), i32))
-            scalar = _unrolled(k, vec, Store(a.reg, k, Load(a.buf, a.first + k)))
+            scalar = unrolled(k, vec, Store(a.reg, k, Load(a.buf, a.first + k)))
             body.append(If(a.aligned, vector_load, scalar))
-        body.append(_unrolled(k, vec, seq(*elements)))
+        body.append(unrolled(k, vec, seq(*elements)))
         for a in filter(None, stores):
             vector_store = Evaluate(Call("store_vec", (a.buf, a.first, a.reg, lanes), i32))
-            scalar = _unrolled(k, vec, Store(a.buf, a.first + k, Load(a.reg, k)))
+            scalar = unrolled(k, vec, Store(a.buf, a.first + k, Load(a.reg, k)))
             body.append(If(a.aligned, vector_store, scalar))
         extents = list(op.outer_extents)
         extents[pos] //= vec
         loop, grid, block = self.flat_loop(Var("flat", i64), prod(extents), seq(*body))
         return seq(*planner.head, loop), grid, block
 
-    def vector_loads(self, planner: _VectorPlanner) -> dict[TensorElement, _Vector]:
+    def vector_loads(self, planner: VectorPlanner) -> dict[TensorElement, VectorAccess]:
         """The reads done as vector loads: those every element evaluates (a read under a
         guard may be out of bounds for some elements), at most two 16-byte accesses wide."""
         loads = {}
@@ -384,35 +270,37 @@ class CudaKernelBuilder:
         """`body` for each row this thread's group takes, and the block count."""
         rows = prod(self.op.outer_extents)
         row = self.row
-        blocks = _ceil_div(rows, per_block)
-        if not _loops(rows, per_block):
+        blocks = ceil_div(rows, per_block)
+        if not loops_over_grid(rows, per_block):
             exact = rows % per_block == 0 and rows > 0
-            return seq(Declare(row, first), body if exact else If(row < rows, body)), _grid(blocks)
-        return _grid_stride(row, first, step, dim_expr(rows), body), _grid(blocks)
+            return seq(Declare(row, first), body if exact else If(row < rows, body)), clamp_grid(
+                blocks
+            )
+        return grid_stride(row, first, step, dim_expr(rows), body), clamp_grid(blocks)
 
     def block_rows(self, n: Dim) -> tuple[Stmt, Dim, int]:
         """One row per block: strided partials, then shared-memory block reductions."""
         op = self.op
         # A stage's partials each get an array of their own, even two of one type (an int64
         # argmax's value and index); stages share arrays, one after another, by (type, slot).
-        slots = [_slots(self.parts(st)) for st in self.reduces]
+        slots = [shared_slots(self.parts(st)) for st in self.reduces]
         smem: dict[tuple[DataType, int], Var] = {}
         for keys in slots:
             for dt, k in keys:
                 name = f"smem_{dt.short}" + (f"_{k}" if k else "")
                 smem.setdefault((dt, k), Var(name, PointerType(dt, "shared")))
-        looping = _loops(prod(op.outer_extents), 1)
+        looping = loops_over_grid(prod(op.outer_extents), 1)
         stmts: list[Stmt] = list(unravel(self.row, op.outer_vars, op.outer_extents))
         for k, st in enumerate(self.reduces):
             later = {key for keys in slots[k + 1 :] for key in keys}
             reuse = looping or bool(later & set(slots[k]))
             stmts += self.block_stage(k, st, n, [smem[key] for key in slots[k]], reuse)
         stmts += self.row_stores(self.tid, BLOCK, n)
-        first, step = _launch("block_idx_x"), _launch("grid_dim_x")
+        first, step = launch_index("block_idx_x"), launch_index("grid_dim_x")
         loop, grid = self.rows_loop(first, step, 1, seq(*stmts))
         head = [DeclareArray(v, dt, WARPS, "shared") for (dt, _), v in smem.items()]
         head += [
-            Declare(self.tid, _launch("thread_idx_x")),
+            Declare(self.tid, launch_index("thread_idx_x")),
             Declare(self.lane, self.tid % WARP),
             Declare(self.warp, self.tid // WARP),
         ]
@@ -427,11 +315,11 @@ class CudaKernelBuilder:
         for k, st in enumerate(self.reduces):
             stmts += self.warp_stage(k, st, n)
         stmts += self.row_stores(self.lane, WARP, n)
-        first = _launch("block_idx_x") * per_block + self.warp
-        step = _launch("grid_dim_x") * per_block
+        first = launch_index("block_idx_x") * per_block + self.warp
+        step = launch_index("grid_dim_x") * per_block
         loop, grid = self.rows_loop(first, step, per_block, seq(*stmts))
         head = [
-            Declare(self.tid, _launch("thread_idx_x")),
+            Declare(self.tid, launch_index("thread_idx_x")),
             Declare(self.lane, self.tid % WARP),
             Declare(self.warp, self.tid // WARP),
         ]
@@ -454,10 +342,10 @@ class CudaKernelBuilder:
         j = Var(f"j{k}", i64)
         inner = seq(*unravel(j, op.inner_vars, op.inner_extents), body(j))
         if not isinstance(n, int):
-            return _grid_stride(j, start, const(width), dim_expr(n), inner)
+            return grid_stride(j, start, const(width), dim_expr(n), inner)
         it = Var(f"it{k}", i64)
         guarded = inner if n % width == 0 else If(j < n, inner)
-        return For(it, const(_ceil_div(n, width)), seq(Declare(j, start + it * width), guarded))
+        return For(it, const(ceil_div(n, width)), seq(Declare(j, start + it * width), guarded))
 
     # ---- one reduce stage ----
 
@@ -497,17 +385,17 @@ class CudaKernelBuilder:
         """Fold in the accumulators of the lane `delta` away (down or across)."""
         if st.kind in ("argmax", "argmin"):
             (bv, bi), (ov, oi) = accs, others
-            take = _pair_better(st.kind, ov, oi, bv, bi)
+            take = pair_better(st.kind, ov, oi, bv, bi)
             return [
-                Assign(ov, _shuffle(shuffle, bv, delta)),
-                Assign(oi, _shuffle(shuffle, bi, delta)),
+                Assign(ov, shuffled(shuffle, bv, delta)),
+                Assign(oi, shuffled(shuffle, bi, delta)),
                 If(take, seq(Assign(bv, ov), Assign(bi, oi))),
             ]
         (acc,), (other,) = accs, others
         # The shuffle gets a statement of its own: inside the combine it could sit behind a
         # short-circuit (any/all are `||`/`&&`), and lanes skipping it break the warp.
         return [
-            Assign(other, _shuffle(shuffle, acc, delta)),
+            Assign(other, shuffled(shuffle, acc, delta)),
             Assign(acc, cast(combine(st.kind, acc, other), acc.dtype)),
         ]
 
@@ -528,7 +416,7 @@ class CudaKernelBuilder:
         accs, others = self.stage_vars(st, "")
         out = self.accumulate(k, st, accs, self.lane, WARP, n)
         out += [Declare(v) for v in others]
-        for d in _WARP_DELTAS:
+        for d in WARP_DELTAS:
             out += self.combine_step(st, accs, others, "shfl_xor_sync", d)
         return out
 
@@ -538,11 +426,11 @@ class CudaKernelBuilder:
         accs, others = self.stage_vars(st, "_t")
         out = self.accumulate(k, st, accs, self.tid, BLOCK, n)
         out += [Declare(v) for v in others]
-        for d in _WARP_DELTAS:
+        for d in WARP_DELTAS:
             out += self.combine_step(st, accs, others, "shfl_down_sync", d)
         partials = seq(*(Store(a, self.warp, v) for a, v in zip(arrays, accs)))
         out.append(If(eq(self.lane, 0), partials))
-        out.append(_sync())
+        out.append(sync_threads())
         idents = self.identities(st, accs)
         first_warp = [
             If(
@@ -551,15 +439,15 @@ class CudaKernelBuilder:
                 seq(*(Assign(v, e) for v, e in zip(accs, idents))),
             )
         ]
-        for d in _PARTIAL_DELTAS:
+        for d in PARTIAL_DELTAS:
             first_warp += self.combine_step(st, accs, others, "shfl_down_sync", d)
         result = accs[-1]
         first_warp.append(If(eq(self.lane, 0), Store(arrays[-1], const(0), result)))
         out.append(If(eq(self.warp, 0), seq(*first_warp)))
-        out.append(_sync())
+        out.append(sync_threads())
         out.append(Declare(st.var, Load(arrays[-1], const(0))))
         if reuse:
-            out.append(_sync())
+            out.append(sync_threads())
         return out
 
     def identities(self, st: ReduceStage, accs: tuple[Var, ...]) -> tuple[Expr, ...]:
@@ -567,41 +455,6 @@ class CudaKernelBuilder:
             kind = "max" if st.kind == "argmax" else "min"
             return (identity(kind, accs[0].dtype), const(0))
         return (identity(st.kind, accs[0].dtype),)
-
-
-class _VectorPlanner:
-    """Decides which accesses of a vectorised kernel are vectors; declares their register
-    arrays and alignment flags (`head`, the kernel's first statements)."""
-
-    def __init__(self, var: Var, vec: int):
-        self.var, self.vec = var, vec
-        self.head: list[Stmt] = []
-        self.flags: dict[Expr, Var] = {}
-        self.names: set[str] = set()
-
-    def fresh(self, base: str) -> str:
-        name, n = base, 1
-        while name in self.names:
-            name, n = f"{base}_{n}", n + 1
-        self.names.add(name)
-        return name
-
-    def plan(self, buf: Var, dt: DataType, indices, strides: Strides) -> _Vector | None:
-        """The vector access of `buf` at `indices` (elements of type `dt`), or None."""
-        found = vector_offset(indices, strides, self.var, self.vec)
-        if found is None:
-            return None
-        first, checks = found
-        nbytes = min(self.vec * dt.nbytes, VECTOR_BYTES)
-        aligned = Call("is_aligned", (Load(buf, const(0)), const(nbytes, i32)), boolean)
-        cond = logical_and(aligned, *checks)
-        flag = self.flags.get(cond)
-        if flag is None:
-            flag = self.flags[cond] = Var(self.fresh(f"aligned_{buf.name}"), boolean)
-            self.head.append(Declare(flag, cond))
-        reg = Var(self.fresh(f"reg_{buf.name}"), PointerType(dt, "local"))
-        self.head.append(DeclareArray(reg, dt, self.vec, "local"))
-        return _Vector(buf, first, reg, flag)
 
 
 def schedule_cuda(
