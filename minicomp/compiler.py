@@ -73,6 +73,7 @@ def compile_graph(
 
     groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
     kernels = _schedule(graph, target, layouts, choose, options, unfused)
+    record.tuning = getattr(choose, "decisions", list)()  # a test's chooser may not keep them
     launched, device_functions = _script_functions(graph)
     record.kernels = kernels + launched
     t2 = time.perf_counter()

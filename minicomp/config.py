@@ -50,6 +50,19 @@ class Options:
         minimum=0,
     )
     tensor_cores: bool = _option(True, "Let CUDA matmul and conv templates use tensor cores.")
+    cost_model: str = _option(
+        "auto",
+        "How search spaces 1 and 2 rank a template's candidates. measure: time them on the GPU; "
+        "lens: estimate them with the performance lens (no GPU needed; on lens_device); auto: "
+        "measure on the cuda target, lens on cuda-emu.",
+        choices=("auto", "measure", "lens"),
+    )
+    lens_device: str = _option(
+        "h100",
+        "The GPU the performance lens estimates for (the lens cost model, minicomp profile): "
+        "h100, h200 or a100.",
+        choices=("h100", "h200", "a100"),
+    )
     cuda_graphs: bool = _option(
         True, "Capture each compiled CUDA plan once as a CUDA graph and replay it."
     )
@@ -106,6 +119,7 @@ class Options:
         "bank conflicts, tensor-core and other instructions) for a sample of each launch's "
         "blocks: the performance lens that `minicomp profile` reports. Slower to build and run.",
     )
+
 
 @dataclass(frozen=True)
 class _Spec:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minicomp import config
+from minicomp.lens.session import recording
 from minicomp.record import report
 
 
@@ -49,18 +50,40 @@ class Explanation:
 
 
 def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any) -> Explanation:
-    """Compile `fn` for these arguments and report every stage; runs `fn` once."""
+    """Compile `fn` for these arguments and report every stage; runs `fn` once. With the lens
+    option (target cuda-emu), each kernel's report carries its estimated time on the
+    lens_device."""
     import torch
 
     from minicomp.dynamo.backend import make_backend
 
     records: list = []
-    backend = make_backend(config.resolve(options), records)
+    resolved = config.resolve(options)
+    backend = make_backend(resolved, records)
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend)
-    compiled(*args, **kwargs)
+    with recording() as session:
+        compiled(*args, **kwargs)
     torch._dynamo.reset()
+    if session.launches:
+        _attach_estimates(records, session, resolved.lens_device)
     return Explanation(records)
+
+
+def _attach_estimates(records: list, session: Any, device: str) -> None:
+    """Give each record the lens's estimate of every kernel it launched (the first launch)."""
+    from minicomp.lens.devices import get_device
+    from minicomp.lens.profile import profile_session
+
+    estimates = profile_session(session, get_device(device)).graph.kernels
+    for launch, k in zip(session.launches, estimates):
+        for r in records:
+            if any(f is launch.function for f in r.kernels):
+                text = (
+                    f"{k.time * 1e6:.2f} us on {k.device.name}, {k.bound}-bound, "
+                    f"{k.fraction_of_roofline:.0%} of roofline"
+                )
+                r.estimates.setdefault(k.kernel, text)
 
 
 def explain_file(script: str, args: list[str]) -> str:
@@ -74,8 +97,10 @@ def explain_file(script: str, args: list[str]) -> str:
     saved = sys.argv
     sys.argv = [script, *args]
     try:
-        with backend.recording(records):
+        with backend.recording(records), recording() as session:
             runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv = saved
+    if session.launches:
+        _attach_estimates(records, session, config.resolve().lens_device)
     return str(Explanation(records)) if records else "minicomp compiled nothing in this script"

@@ -32,6 +32,8 @@ class CompileRecord:
     plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
     trace: bool = False  # keep the graph text after every pass (explain, verbose)
     options: Options | None = None  # what the graph was compiled with
+    tuning: list = field(default_factory=list)  # (group, template, tune.tuner.Choice)
+    estimates: dict[str, str] = field(default_factory=dict)  # kernel -> the lens's estimate
 
     @property
     def fallbacks(self) -> dict[str, str]:
@@ -57,8 +59,19 @@ def report(r: CompileRecord) -> str:
         externs = [n for n in r.graph.nodes if isinstance(n, ExternOp)]
         lines = [f"{n.name}: {n.reason}" for n in externs]
         parts.append(_section(f"ops run by ATen ({len(externs)})", "\n".join(lines) or "(none)"))
+    if r.tuning:
+        lines = [
+            f"{group}: {template} {c.config}\n    {c.describe()}" for group, template, c in r.tuning
+        ]
+        parts.append(_section(f"template configs ({len(r.tuning)})", "\n".join(lines)))
+    if r.estimates:
+        lines = [f"{name}: {text}" for name, text in r.estimates.items()]
+        parts.append(_section("estimated time per launch (the lens)", "\n".join(lines)))
     for k in r.kernels:
-        parts.append(_section(f"kernel IR: {k.name}", function_str(k)))
+        title = f"kernel IR: {k.name}"
+        if k.name in r.estimates:
+            title += f" (estimated {r.estimates[k.name]})"
+        parts.append(_section(title, function_str(k)))
     if r.source:
         parts.append(_section("generated source", r.source))
     if r.times:

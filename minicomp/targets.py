@@ -27,6 +27,7 @@ from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import FusedOp, Graph
 from minicomp.ir.symbols import launch_dims
 from minicomp.lens import session as lens_session
+from minicomp.lens.devices import get_device
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.aten_contraction import tune_contractions
 from minicomp.passes.graph.attention import lower_attention, tune_attention
@@ -43,6 +44,7 @@ from minicomp.schedule.cuda import schedule_cuda
 from minicomp.script.custom_op import has_script_ops, lower_script_ops
 from minicomp.tune.chooser import RunnerFactory
 from minicomp.tune.cuda_runner import CudaRunner
+from minicomp.tune.lens_runner import LensRunner
 
 # A built kernel: called with its parameters (buffer addresses, then scalars).
 Kernels = dict[str, Callable]
@@ -205,6 +207,11 @@ class CudaEmuTarget(CudaSourceTarget):
             emu = build_emulated(source, kernels, cache_dir=options.cache_dir)
         return {k.name: _emulated_launcher(emu, k, source) for k in kernels}, source
 
+    def runner_factory(self, layouts, options, device_index):
+        if options.cost_model == "measure":
+            return None  # nothing here can time a kernel
+        return _lens_runner_factory(layouts, options)
+
     def build_script(self, module, function, options, device, checks):
         name = function.name
         source = render_module(module)
@@ -233,6 +240,9 @@ class CudaTarget(CudaSourceTarget):
         return {k.name: cuda.kernel(k.name, launch_dims(k)) for k in kernels}, cuda.source
 
     def runner_factory(self, layouts, options, device_index):
+        if options.cost_model == "lens":
+            return _lens_runner_factory(layouts, options)
+
         def runner_for(op: FusedOp, aten: Callable | None) -> CudaRunner | None:
             if not CudaRunner.can_measure(op, layouts):
                 return None
@@ -267,6 +277,18 @@ def _load(module: Module, options: Options, device_index: int | None) -> Any:
 
 def _address(value: Any) -> Any:
     return value.data_ptr() if hasattr(value, "data_ptr") else value
+
+
+def _lens_runner_factory(layouts: dict, options: Options) -> Callable:
+    """The tuner's runners ranking a group's candidates by the lens's estimate."""
+    device = get_device(options.lens_device)
+
+    def runner_for(op: FusedOp, aten: Callable | None) -> LensRunner | None:
+        if not LensRunner.can_estimate(op, layouts):
+            return None
+        return LensRunner(op, layouts, options, device)
+
+    return runner_for
 
 
 def _emulated_launcher(emu: Any, kernel: Function, source: str = "") -> Callable:

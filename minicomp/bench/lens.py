@@ -24,8 +24,8 @@ import torch
 from minicomp.bench.kernels.cases import Case
 from minicomp.bench.kernels.families import FAMILIES
 from minicomp.lens.devices import get_device
+from minicomp.lens.profile import LENS_OPTIONS, profile_session
 from minicomp.lens.session import recording
-from minicomp.profile import LENS_OPTIONS, profile_session
 
 LENS_FAMILIES = ("matmul", "attention", "conv")
 """The families with templates (memory-bound kernels are the auto-scheduler's)."""

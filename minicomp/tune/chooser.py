@@ -27,7 +27,8 @@ def make_chooser(options: Options, runner_for: RunnerFactory | None) -> Callable
 
     A chooser remembers its answers by template and group: the scheduler's call for a group
     that tune_contractions already asked about (with the ATen candidate) gets that answer
-    back, without tuning the group a second time.
+    back, without tuning the group a second time. ``choose.decisions()`` lists them as
+    (group name, template name, Choice), for the compile record.
     """
     chosen: dict[tuple[str, Any], Any] = {}
 
@@ -45,4 +46,5 @@ def make_chooser(options: Options, runner_for: RunnerFactory | None) -> Callable
             chosen[key] = decide(template, problem, op, aten)
         return chosen[key]
 
+    choose.decisions = lambda: [(op.name, name, c) for (name, op), c in chosen.items()]
     return choose

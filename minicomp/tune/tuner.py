@@ -2,8 +2,10 @@
 
 `tune()` is called by a scheduler once per template instance (a matmul with its epilogue, ...):
 
-1. At search space 0, or where kernels cannot be timed (no runner: the cpu and cuda-emu
-   targets), it returns the template's heuristic config without measuring anything.
+1. At search space 0, or where kernels cannot be timed (no runner: the cpu target), it returns
+   the template's heuristic config without measuring anything. On cuda-emu (or with the
+   cost_model option "lens") the runner is tune/lens_runner.py's: its "timer" is the
+   performance lens's estimate, and the choice says it came from the model.
 2. It looks the problem up in the tuning database; a record tuned at this search space or a
    larger one is returned at once, and no other candidate is built.
 3. Otherwise it instantiates the template's candidates, compiles them in parallel (a process
@@ -100,6 +102,10 @@ class Runner(Protocol):
     candidate, and is timed by the same timer, so whether the fused template beats it is
     measured. ``l2_bytes`` sizes the input rotation; ``timer`` measures seconds per launch
     (None: CUDA events).
+
+    A runner that estimates instead of measuring has ``model``, naming the model ("the lens's
+    estimate on H100 SXM"), and ``verifies``: False when its candidates are too large to run
+    whole, so they are ranked without being checked against the heuristic config's outputs.
     """
 
     arch: str
@@ -120,7 +126,8 @@ class Choice:
     """What the tuner decided for one problem.
 
     ``config`` is the template config to instantiate. ``how`` says where it came from:
-    "heuristic" (nothing measured), "database" (a stored record) or "tuned". ``aten`` is true
+    "heuristic" (nothing measured), "database" (a stored record), "tuned" (measured) or
+    "estimated" (ranked by ``model``, the runner's cost model, without a GPU). ``aten`` is true
     when the ATen implementation measured faster than every template config (``config`` is
     then the best template config, for a caller that cannot run ATen there).
     """
@@ -133,6 +140,21 @@ class Choice:
     candidates: int = 0
     rejected: int = 0
     seconds: float = 0.0
+    model: str | None = None
+
+    def describe(self) -> str:
+        """How the config was chosen, in a few words (what explain prints)."""
+        if self.how == "heuristic":
+            return "the template's heuristic (search space 0: nothing measured)"
+        if self.how == "database":
+            basis = f"{self.model}, " if self.model else "measured "
+            return f"a stored tuning record ({basis}{self.time_us:.1f} us)"
+        best = f"best of {self.candidates} candidates, {self.time_us:.1f} us"
+        if self.aten:
+            best = f"ATen measured faster ({self.aten_time_us:.1f} us) than the {best}"
+        if self.how == "estimated":
+            return f"ranked by {self.model}: {best} (estimated, not measured)"
+        return f"measured: {best}"
 
 
 def budget_seconds(options: Options, level: int) -> float:
@@ -221,12 +243,12 @@ def tune(
 
     record = database.safe_lookup(template.name, signature, fusion, runner.arch, valid=valid)
     if record is not None and record.config.get(_LEVEL_KEY, 0) >= level:
-        return _from_record(template, heuristic, record)
+        return _from_record(template, heuristic, record, getattr(runner, "model", None))
     if progress is None:
         progress = options.verbose > 0 or _isatty(sys.stderr)
     search = _Search(template, problem, heuristic, runner, options, level, clock, progress)
     choice = search.run()
-    if choice.how == "tuned":
+    if choice.how in ("tuned", "estimated"):
         try:
             _store(database, template, signature, fusion, runner.arch, level, choice)
         except (TypeError, ValueError) as e:  # a config JSON cannot hold: keep the choice
@@ -270,7 +292,7 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-def _from_record(template: Template, heuristic: Any, record: Any) -> Choice:
+def _from_record(template: Template, heuristic: Any, record: Any, model: str | None) -> Choice:
     return Choice(
         decode_config(template, heuristic, record.config),
         "database",
@@ -279,6 +301,7 @@ def _from_record(template: Template, heuristic: Any, record: Any) -> Choice:
         aten_time_us=record.config.get(_ATEN_TIME_KEY),
         candidates=record.candidates,
         seconds=0.0,
+        model=model,
     )
 
 
@@ -343,11 +366,13 @@ class _Search:
     def run(self) -> Choice:
         self.build()
         reference = self.candidates[0]
+        verifies = getattr(self.runner, "verifies", True)
         try:
             if reference.error:
                 raise RuntimeError(reference.error)
             check = self.runner.workload(0)
-            reference.launch(check)
+            if verifies:
+                reference.launch(check)
             expected = [t.clone() for t in check.outputs]
             workloads = self.timing_workloads(check)
             reference.time_s = self.timer(reference.launch, workloads)
@@ -378,8 +403,10 @@ class _Search:
         return self.finish(measured, aten_s)
 
     def measure(self, launch, check, expected, workloads, what) -> float | None:
-        """Seconds per launch of a candidate computing the right outputs, else None."""
-        if not self.passes(launch, check, expected, what):
+        """Seconds per launch of a candidate computing the right outputs, else None (a
+        runner that cannot verify its candidates ranks them unchecked)."""
+        verifies = getattr(self.runner, "verifies", True)
+        if verifies and not self.passes(launch, check, expected, what):
             return None
         try:
             return self.timer(launch, workloads)
@@ -394,15 +421,17 @@ class _Search:
         aten = aten_s is not None and aten_s < best.time_s
         self.bar.update(len(self.candidates), self.best_us(aten_s))
         self.bar.close(f"{'ATen' if aten else 'best'} {self.best_us(aten_s):.1f} us")
+        model = getattr(self.runner, "model", None)
         return Choice(
             best.config,
-            "tuned",
+            "estimated" if model else "tuned",
             aten=aten,
             time_us=best.time_s * 1e6,
             aten_time_us=None if aten_s is None else aten_s * 1e6,
             candidates=measured + (aten_s is not None),
             rejected=self.rejected,
             seconds=self.clock() - self.start,
+            model=model,
         )
 
     def best_us(self, aten_s: float | None = None) -> float:

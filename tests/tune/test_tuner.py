@@ -445,10 +445,10 @@ def test_only_static_float_groups_are_measured():
     from graph_builder import GraphBuilder
     from schedule_graphs import one_group
 
-    from minicomp.tune.cuda_runner import CudaRunner
     from minicomp.ir import types as T
     from minicomp.ir.expr import size_var
     from minicomp.passes.graph.layout import layouts_for
+    from minicomp.tune.cuda_runner import CudaRunner
 
     def group(shape, dtype=T.f32, symbol=None):
         b = GraphBuilder()
@@ -493,3 +493,30 @@ def test_tuning_a_fused_matmul_on_the_gpu(tmp_path):
     out = torch.compile(fn, backend="minicomp", options=options)(a, b)
     torch.testing.assert_close(out, fn(a, b), atol=2e-2, rtol=2e-2)
     assert db.records()[0].hits == 1
+
+
+class EstimatingRunner(FakeRunner):
+    """A runner with a cost model instead of a timer, too large to check its candidates."""
+
+    model = "a fake model"
+    verifies = False
+
+
+def test_a_model_ranks_candidates_unchecked_and_says_so(db):
+    runner = EstimatingRunner(PROBLEM, TIMES, wrong=(64,))
+    choice = _tune(FakeTemplate(), runner, db)
+    # Unchecked, the (wrong) 64 wins on its estimate: a model cannot catch a wrong kernel.
+    assert choice.config.tile == 64 and choice.how == "estimated" and choice.rejected == 0
+    text = choice.describe()
+    assert "ranked by a fake model" in text and "estimated, not measured" in text
+    (record,) = db.records()
+    assert record.arch == "sm_test" and record.time_us == pytest.approx(1.0)
+    again = _tune(FakeTemplate(), EstimatingRunner(PROBLEM, TIMES), db)
+    assert again.how == "database" and "a fake model" in again.describe()
+
+
+def test_a_model_that_can_check_its_candidates_rejects_a_wrong_one(db):
+    runner = EstimatingRunner(PROBLEM, TIMES, wrong=(64,))
+    runner.verifies = True
+    choice = _tune(FakeTemplate(), runner, db)
+    assert choice.config.tile == 128 and choice.rejected == 1
