@@ -48,8 +48,39 @@ extern __shared__ __align__(16) unsigned char mc_dynamic_smem[];
 MC_DEVICE uint32_t mc_bits_f32(float x) { return __float_as_uint(x); }
 MC_DEVICE float mc_from_bits_f32(uint32_t u) { return __uint_as_float(u); }
 
-/* ---- float16, stored as uint16_t bit patterns (the CPU runtime's semantics) ---- */
+/* ---- float16 and bfloat16, stored as uint16_t bit patterns ----
+   On the GPU, the hardware converts: cvt.rn.f16.f32 and cvt.f32.f16 (every architecture), and
+   cvt.rn.bf16.f32 (sm_80 and newer; bf16 -> f32 is a 16-bit shift, common.h's). These are the
+   instructions PyTorch's own CUDA kernels convert with (__float2half, __half2float and, on
+   sm_80+, __float2bfloat16), so a value, an infinity or a subnormal comes out as eager's on
+   that GPU. NaNs: the PTX ISA promises only a NaN from a plain cvt.rn.{f16,bf16}.f32 (canonical
+   NaN is promised only with .relu) and an unspecified NaN from cvt.f32.bf16; whatever bits the
+   hardware gives are also eager's there. Eager on the CPU has no one NaN either (c10's scalar
+   conversions give sign|0x7e00 and 0x7fc0, its vectorised ones keep the f16 payload or give
+   0xffff), and tests compare NaN with NaN, never their bits, so we take the hardware's. The
+   emulator (host C++, MC_EMULATE) and an architecture without the bf16 cvt keep the bit
+   operations below and common.h's: PyTorch's CPU results bit for bit, NaNs as c10's scalar
+   conversions give them. */
+#if defined(__CUDA_ARCH__) && !defined(MC_EMULATE)
+#define MC_HARDWARE_F16_CONVERSION
+#if __CUDA_ARCH__ >= 800 /* cvt to bf16, and to f16x2 / bf16x2 pairs */
+#define MC_HARDWARE_BF16_CONVERSION
+#endif
+#endif
 
+#ifdef MC_HARDWARE_F16_CONVERSION
+MC_DEVICE float mc_f16_to_f32(uint16_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+MC_DEVICE uint16_t mc_f32_to_f16(float f) {
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#else
 /* Exact; NaN payloads are kept and quietened. */
 MC_DEVICE float mc_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -87,6 +118,7 @@ MC_DEVICE uint16_t mc_f32_to_f16(float f) {
     }
     return (uint16_t)(sign | mag);
 }
+#endif
 
 /* ---- math: CUDA's own functions, under the CPU runtime's helper names ---- */
 
@@ -110,7 +142,40 @@ MC_DEVICE double mc_rsqrt_f64(double x) { return rsqrt(x); }
 #endif
 #define MC_FN MC_DEVICE
 #define MC_FN_PLAIN MC_DEVICE
+/* common.h's f32 -> bf16 is the CPU's bit rounding; where the hardware converts, it is renamed
+   out of the way (and left unused) for the one-instruction version after it. */
+#ifdef MC_HARDWARE_BF16_CONVERSION
+#define mc_f32_to_bf16 mc_f32_to_bf16_by_bits
+#endif
 #include "common.h"
+#ifdef MC_HARDWARE_BF16_CONVERSION
+#undef mc_f32_to_bf16
+MC_DEVICE uint16_t mc_f32_to_bf16(float f) {
+    uint16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+
+/* Two floats converted at once, `lo` into the low 16 bits (the order of mma.h's fragments), for
+   a vectorised store of halves: the same bits as two scalar conversions. On sm_80+ it is one
+   cvt.rn.{f16,bf16}x2.f32 (one F2FP, no packing), which takes its operands high first. */
+#ifdef MC_HARDWARE_BF16_CONVERSION
+#define MC_F32X2_TO_HALF2(S)                                                      \
+    MC_DEVICE uint32_t mc_f32x2_to_##S##x2(float lo, float hi) {                  \
+        uint32_t r;                                                               \
+        asm("cvt.rn." #S "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));      \
+        return r;                                                                 \
+    }
+#else
+#define MC_F32X2_TO_HALF2(S)                                                      \
+    MC_DEVICE uint32_t mc_f32x2_to_##S##x2(float lo, float hi) {                  \
+        return (uint32_t)mc_f32_to_##S(lo) | ((uint32_t)mc_f32_to_##S(hi) << 16); \
+    }
+#endif
+MC_F32X2_TO_HALF2(f16)
+MC_F32X2_TO_HALF2(bf16)
+#undef MC_F32X2_TO_HALF2
 
 /* ---- warp shuffles of 16-bit values (float16 / bfloat16 bit patterns) ---- */
 
