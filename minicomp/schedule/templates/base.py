@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from minicomp.backends.cuda.arch import PORTABLE
+from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
@@ -14,9 +15,10 @@ from minicomp.ir.functor import collect
 # The most dynamic shared memory a config may take: what every GPU of the limits table lets a
 # block have (a kernel is compiled without knowing which one it will run on).
 MAX_DYNAMIC_SHARED = PORTABLE.shared_per_block_optin
-# Blocks that keep a large GPU busy (an H100 has 132 SMs): the heuristics prefer tilings that
-# launch this many.
-FILL_BLOCKS = 132
+# Blocks that keep a large GPU busy, one an SM: the heuristics prefer tilings that launch this
+# many. It is an H100's count whatever the device; the target's (backends/cuda/sm_count.py)
+# should replace it once the templates' problems carry it.
+FILL_BLOCKS = H100_SMS
 
 Config = TypeVar("Config")
 

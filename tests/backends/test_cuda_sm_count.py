@@ -1,0 +1,24 @@
+"""The SM count a graph compiles for: a CUDA device's properties, or a described device's."""
+
+from types import SimpleNamespace
+
+from minicomp.backends.cuda.sm_count import H100_SMS, device_sm_count
+from minicomp.lens.devices import DEVICES, H100
+from minicomp.schedule.templates.base import FILL_BLOCKS
+
+
+def test_the_count_is_read_from_the_device_properties():
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        return SimpleNamespace(multi_processor_count=114, name="H100 PCIe")
+
+    assert device_sm_count(1, get_properties=properties) == 114
+    assert asked == [1]
+
+
+def test_without_a_device_an_h100_is_assumed_like_the_lens():
+    assert H100_SMS == H100.sms == 132
+    assert FILL_BLOCKS == H100_SMS  # the templates' heuristics, unchanged on an H100
+    assert {key: d.sms for key, d in DEVICES.items()} == {"h100": 132, "h200": 132, "a100": 108}
