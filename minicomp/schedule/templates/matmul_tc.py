@@ -24,6 +24,10 @@ ways:
   a multiple of 8 elements (checked at compile time when static) and the batch's base address
   aligned, checked at run time once per batch (a uniform flag); where it fails, the block
   loads the same elements synchronously through the prologue macro.
+- gather: a read whose chunks of 8 k are 16-byte runs of an input, or zero
+  (problem.GatheredOperand: a convolution's window on a channels-last input): a cp.async
+  a chunk from an offset computed for it, zero-filled outside the window; element by element
+  through the prologue macro where the buffer's base is not 16-byte aligned.
 - regs: anything else (a fused prologue, or a leading stride that is not a multiple of 8): the
   prologue macro loads the step's elements into registers before the mma's, and they are
   stored to shared memory after them, in the operand's narrow type.
@@ -127,6 +131,8 @@ def _operand(problem: MatmulProblem, side: str) -> _Operand:
     major = problem.a_major if side == "a" else problem.b_major
     if plain is not None and plain.ld_multiple_of(tiles.CHUNK) is not False:
         return _Operand("async", plain.contiguous)
+    if (problem.gather_a if side == "a" else problem.gather_b) is not None:
+        return _Operand("gather", "k")
     return _Operand("regs", major)
 
 
@@ -236,6 +242,8 @@ def _operand_copy(problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles
             problem, side, mn, cfg.bk, cfg.threads, names, width=tiles.CHUNK, narrow=True
         )
         return _Copy(False, k_major, shape, regs.load, regs.store, regs.regs)
+    if op.mode == "gather":
+        return _gather_copy(problem, cfg, side, names, shape)
     plain = problem.plain_a if side == "a" else problem.plain_b
     # Any partial tile zero-fills along both dimensions.
     guarded = needs_check(size, mn) or needs_check(problem.k, cfg.bk)
@@ -253,6 +261,30 @@ def _operand_copy(problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles
 
     base_of = plain.batch_offset_macro()
     return _Copy(True, k_major, shape, macro(issue), ref=plain.ref, ld=plain.ld, base_of=base_of)
+
+
+def _gather_copy(
+    problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles.Names, shape
+) -> _Copy:
+    """The cp.async copies of a gathered operand (problem.GatheredOperand): one offset and
+    guard a 16-byte chunk, rows of M or N in shared memory; its base is the buffer's, aligned
+    or not (then element by element through the prologue macro)."""
+    mn, size = (cfg.bm, problem.m) if side == "a" else (cfg.bn, problem.n)
+    gathered = problem.gather_a if side == "a" else problem.gather_b
+    check_mn, check_k = needs_check(size, mn), needs_check(problem.k, cfg.bk)
+    source = problem.gather_source(side, check_mn=check_mn, check_k=check_k)
+    element = operand_element(problem, side, True, mn, cfg.bk, narrow=True)
+    tile = tiles.Tile(mn, cfg.bk, cfg.threads)
+    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element)
+
+    def issue(dst, base, fast, bz, mn0, k0):
+        return copy.fn(dst, mn0, k0, fast, bz)
+
+    @macro
+    def base_of(b):
+        return 0
+
+    return _Copy(True, True, shape, macro(issue), ref=gathered.ref, ld=0, base_of=base_of)
 
 
 def _warp_mma(cfg: TcConfig, a_k: bool, b_k: bool, names: tiles.Names) -> Macro:

@@ -43,6 +43,7 @@ from minicomp.ir.expr import (
     Const,
     Dim,
     Expr,
+    Select,
     Unary,
     Var,
     as_expr,
@@ -61,7 +62,7 @@ from minicomp.ir.printer import expr_str
 from minicomp.ir.stmt import If, Stmt, Store, seq
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
 from minicomp.schedule.templates.fragments import Names, expression
-from minicomp.schedule.templates.tiles import Tile, load_regs, store_regs
+from minicomp.schedule.templates.tiles import CHUNK, Tile, load_regs, store_regs
 from minicomp.script.function import script
 from minicomp.script.lang import Macro, macro
 from minicomp.script.types import i64
@@ -203,6 +204,24 @@ class PlainOperand:
         return batch_offset
 
 
+@dataclass(frozen=True)
+class GatheredOperand:
+    """An operand read in runs: each chunk of CHUNK consecutive k (from a multiple of CHUNK),
+    at any (b, mn), is either CHUNK consecutive elements of one input buffer, 16-byte aligned,
+    or all zero. Such is the window of a convolution on a channels-last input, K ordered
+    (r, s, c) with C % CHUNK == 0: a chunk is 8 channels of one input pixel, and the window's
+    guard depends on the pixel alone.
+
+    `ref` is the buffer as a one-dimensional script tensor, `element` the tensor element the
+    operand reads (at the group's variables) and `inside` the guard around it (None: none).
+    """
+
+    ref: TensorRef
+    element: TensorElement
+    inside: Expr | None
+    strides: tuple[Dim, ...]
+
+
 class MatmulProblem:
     """A matched contraction with the buffers and sizes of its kernel (see the module doc)."""
 
@@ -222,8 +241,12 @@ class MatmulProblem:
         self.acc_dtype: T.DataType = c.acc_dtype
         self.a_dtype, self.b_dtype = c.operand_dtypes
         self.out_dtypes = tuple(v.dtype for v in op.outputs)
+        self.k_axes: tuple[Axis, ...] = c.k
+        self.k_axes = self._k_order()
         self.plain_a = self._plain(c.a, c.m)
         self.plain_b = self._plain(c.b, c.n)
+        self.gather_a = None if self.plain_a else self._gathered(c.a)
+        self.gather_b = None if self.plain_b else self._gathered(c.b)
         self.a_major = self._major(c.a, c.m)
         self.b_major = self._major(c.b, c.n)
 
@@ -267,7 +290,7 @@ class MatmulProblem:
         def load(b, x, y):
             mn, k = (x, y) if order == "mk" else (y, x)
             mn, k = _index(mn), _index(k)
-            mapping = unravel(_index(b), c.batch) | unravel(mn, side) | unravel(k, c.k)
+            mapping = unravel(_index(b), c.batch) | unravel(mn, side) | unravel(k, self.k_axes)
             loaded = lower_accesses(substitute(value, mapping), self.buffers)
             conds = []
             if check_side:
@@ -320,10 +343,10 @@ class MatmulProblem:
         if coeff is None:
             return None
         coeff, base = coeff
-        loop_vars = {v for v, _ in c.batch + side + c.k}
+        loop_vars = {v for v, _ in c.batch + side + self.k_axes}
         if not set(coeff) <= loop_vars:
             return None  # a size symbol, or a variable of the other side
-        along_side, along_k = flat_stride(side, coeff), flat_stride(c.k, coeff)
+        along_side, along_k = flat_stride(side, coeff), flat_stride(self.k_axes, coeff)
         if along_side is None or along_k is None:
             return None
         if along_k == 1:
@@ -342,11 +365,112 @@ class MatmulProblem:
         batch_strides = tuple(coeff.get(v, 0) for v, _ in c.batch)
         return PlainOperand(ref, contiguous, ld, c.batch, batch_strides, base)
 
+    def _k_order(self) -> tuple[Axis, ...]:
+        """The order of the K variables that flat K follows: the contraction's, unless its
+        innermost variable has unit stride in neither operand where another one has in one
+        (a convolution on a channels-last input, K = (c, r, s)): that one then goes last, the
+        others by decreasing stride in the other operand where it reads them all at affine
+        indices (K = (r, s, c): both operands read runs of K). Kept where the other operand
+        would stop being plain."""
+        c = self.contraction
+        kept = [(v, x) for v, x in c.k if not is_unit(x)]
+        if len(kept) < 2:
+            return c.k
+        along = {"a": _k_strides(c.a, self), "b": _k_strides(c.b, self)}
+        if any(s.get(kept[-1][0]) == 1 for s in along.values()):
+            return c.k
+        for side, other in (("a", "b"), ("b", "a")):
+            units = [ax for ax in kept if along[side].get(ax[0]) == 1]
+            if not units:
+                continue
+            rest = [ax for ax in kept if ax != units[0]]
+            if all(isinstance(along[other].get(v), int) for v, _ in rest):
+                rest.sort(key=lambda ax: -along[other][ax[0]])
+            order = (*rest, units[0], *((v, x) for v, x in c.k if is_unit(x)))
+            if self._keeps_plain(other, order):
+                return order
+        return c.k
+
+    def _keeps_plain(self, side: str, order: tuple[Axis, ...]) -> bool:
+        """Whether operand `side`, plain in the contraction's K order, stays plain in `order`."""
+        c = self.contraction
+        e, axes = (c.a, c.m) if side == "a" else (c.b, c.n)
+        saved, self.k_axes = self.k_axes, c.k
+        before = self._plain(e, axes)
+        self.k_axes = order
+        after = self._plain(e, axes)
+        self.k_axes = saved
+        return before is None or after is not None
+
+    def _gathered(self, e: Expr) -> GatheredOperand | None:
+        """The GatheredOperand of operand expression `e` (see that class), or None."""
+        el, inside = strip_widening(e), None
+        if isinstance(el, Select) and isinstance(el.b, Const) and el.b.value == 0:
+            el, inside = el.a, el.cond
+        if not isinstance(el, TensorElement) or el.tensor.name not in self.buffers:
+            return None
+        if el.dtype.nbytes * CHUNK != 16 or collect(el.indices, TensorElement):
+            return None
+        kept = [(v, x) for v, x in self.k_axes if not is_unit(x)]
+        if not kept or not isinstance(kept[-1][1], int) or kept[-1][1] % CHUNK:
+            return None
+        inner = kept[-1][0]
+        if inside is not None and (collect(inside, TensorElement) or inner in collect(inside, Var)):
+            return None
+        buf, strides = self.buffers[el.tensor.name]
+        along = 0
+        for index, stride in zip(el.indices, strides):
+            if not isinstance(stride, int):
+                return None
+            form = _affine(index)
+            if form is None:
+                # Any value, at a stride that keeps runs aligned, and not along the run.
+                if inner in collect(index, Var) or stride % CHUNK:
+                    return None
+                continue
+            terms, base = form
+            along += terms.pop(inner, 0) * stride
+            if (base * stride) % CHUNK or any((k * stride) % CHUNK for k in terms.values()):
+                return None
+        if along != 1:
+            return None
+        value = next(v for v in self.op.inputs if v.name == el.tensor.name)
+        extent: Dim = 1
+        for size, stride in zip(value.shape, strides):
+            extent = _dim_add(extent, _dim_mul(_dim_add(size, -1), stride))
+        ref = TensorRef(value.name, buf, (extent,))
+        return GatheredOperand(ref, el, inside, tuple(strides))
+
+    def gather_source(self, side: str, *, check_mn: bool = True, check_k: bool = True) -> Macro:
+        """Macro `source(b, mn, k)` of a gathered operand (`gather_a` / `gather_b`): the element
+        offset in its buffer of the run of chunk (b, mn, k), k a multiple of CHUNK, or -1 where
+        the chunk is zero (outside the guard, or a checked coordinate out of range)."""
+        c = self.contraction
+        g = self.gather_a if side == "a" else self.gather_b
+        if g is None:
+            raise ValueError(f"operand {side} is not gathered")
+        axes, extent = (c.m, self.m) if side == "a" else (c.n, self.n)
+
+        def source(b, mn, k):
+            mn, k = _index(mn), _index(k)
+            mapping = unravel(_index(b), c.batch) | unravel(mn, axes) | unravel(k, self.k_axes)
+            at = offset(substitute(g.element.indices, mapping), g.strides)
+            conds = []
+            if check_mn:
+                conds.append(mn < dim_expr(extent))
+            if check_k:
+                conds.append(k < dim_expr(self.k))
+            if g.inside is not None:
+                conds.append(substitute(g.inside, mapping))
+            return select(logical_and(*conds), at, const(-1, T.i64)) if conds else at
+
+        return macro(source)
+
     def _major(self, e: Expr, side: tuple[Axis, ...]) -> str:
         """Which dimension of operand `e` is contiguous in memory ("k" or "mn"), judged by
         the first element it reads along the innermost K variable (at an affine index); "k"
         when unclear."""
-        k_var = _innermost(self.contraction.k)
+        k_var = _innermost(self.k_axes)
         side_var = _innermost(side)
         for el in collect(e, TensorElement):
             if el.tensor.name not in self.buffers:
@@ -372,7 +496,10 @@ class MatmulProblem:
         strides = ";".join(
             ",".join(_dim_text(s) for s in self.layouts[v.name]) for v in op.inputs + op.outputs
         )
-        forms = "/".join(_plain_text(p) for p in (self.plain_a, self.plain_b))
+        forms = "/".join(
+            _plain_text(p, g)
+            for p, g in ((self.plain_a, self.gather_a), (self.plain_b, self.gather_b))
+        )
         return (
             f"bmnk={sizes} types={types}->{outs} strides={strides} plain={forms} "
             f"fused={self.fingerprint()}"
@@ -531,6 +658,20 @@ def _strides_of(indices, strides, *, skip_others: bool = False):
     return {v: x for v, x in coeff.items() if not (isinstance(x, int) and x == 0)}, base
 
 
+def _k_strides(e: Expr, problem: MatmulProblem) -> dict[Var, Dim]:
+    """The stride of each K variable in the first input operand `e` reads, for those it reads
+    at affine indices only."""
+    k_vars = {v for v, _ in problem.contraction.k}
+    for el in collect(e, TensorElement):
+        if el.tensor.name not in problem.buffers or not k_vars & set(collect(el.indices, Var)):
+            continue
+        _, strides = problem.buffers[el.tensor.name]
+        along, _ = _strides_of(el.indices, strides, skip_others=True) or ({}, 0)
+        elsewhere = {v for i in el.indices if _affine(i) is None for v in collect(i, Var)}
+        return {v: s for v, s in along.items() if v in k_vars and v not in elsewhere}
+    return {}
+
+
 def _innermost(axes: tuple[Axis, ...]) -> Var | None:
     kept = [v for v, x in axes if not is_unit(x)]
     return kept[-1] if kept else None
@@ -560,9 +701,9 @@ def _dim_text(d: Dim) -> str:
     return str(d) if isinstance(d, int) else expr_str(d)
 
 
-def _plain_text(p: PlainOperand | None) -> str:
+def _plain_text(p: PlainOperand | None, g: GatheredOperand | None = None) -> str:
     if p is None:
-        return "computed"
+        return "computed" if g is None else "gathered"
     return f"{p.contiguous}:{_dim_text(p.ld)}"
 
 

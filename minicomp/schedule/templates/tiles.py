@@ -20,6 +20,8 @@ The copies, each a macro a kernel calls as a statement:
   run time) the block copies element by element, guarded: in the chunks' own unrolled loop
   through an element macro (a matmul's, which computes the operand), or else in a compact
   loop of strided reads (the rare case kept small).
+- `gather_copy`: global -> shared with 16-byte cp.async of chunks that are each a run of
+  memory somewhere (its offset computed per chunk, a convolution's window), or zero-filled.
 - `load_regs` / `store_regs`: global -> registers through an element macro (a fused
   prologue), then registers -> shared memory, transposed if asked: a copy split around the
   math that hides its latency.
@@ -277,6 +279,43 @@ def async_copy(
     def row_offset(j, row):
         """The offset of row `row` of matrix j from its base."""
         return _row_offset(row, srcs[j])
+
+    return names.fragment(tag, copy_tile)
+
+
+def gather_copy(
+    names: Names, tag: str, tile: Tile, ref: TensorRef, source: Macro, element: Macro
+) -> Macro:
+    """Macro `copy(dst, row0, col0, fast, ctx)`: the tile at (row0, col0) of a matrix whose
+    chunks are runs of flat tensor `ref` into shared tensor `dst`: chunk (row, col) is the
+    16-byte run at element offset `source(ctx, row, col)` (16-byte aligned where `fast`), or
+    zero where that is -1, copied with cp.async (zero-filled, reading nothing). Where not
+    `fast`, element by element as `element(ctx, row, col)` gives them."""
+    W = tile.width
+
+    def copy_tile(dst, row0, col0, fast, ctx):
+        def chunk(q, r, x):
+            @script
+            def gather_chunk():
+                src = source(ctx, row0 + r, col0 + x)
+                cp_async(dst[r, x], ref[max(src, 0)], 16, 16 if src >= 0 else 0)
+
+            return gather_chunk
+
+        def chunk_or_elements(q, r, x):
+            def elements():
+                @script
+                def gather_elements():
+                    for v in unroll(range(W)):
+                        dst[r, x + v] = element(ctx, row0 + r, col0 + x + v)
+
+                return gather_elements
+
+            return _fast_or_slow(
+                fast, names.fragment(tag, lambda: chunk(q, r, x)), names.fragment(tag, elements)
+            )
+
+        return _each_chunk(tile, names.fragment(tag, chunk_or_elements))
 
     return names.fragment(tag, copy_tile)
 
