@@ -209,3 +209,45 @@ def predictions(path: str) -> dict[str, float]:
         for label, row in data.get("cases", {}).items()
         if not row.get("error") and row.get("time_us")
     }
+
+
+def device_key(name: str) -> str | None:
+    """The lens device describing a GPU by its CUDA name ("NVIDIA H100 80GB HBM3" -> "h100")."""
+    from minicomp.lens.devices import DEVICES
+
+    lowered = name.lower()
+    return next((key for key in DEVICES if key in lowered), None)
+
+
+def latest_predictions(results_dir: str, key: str) -> tuple[str, dict[str, float]]:
+    """The newest estimates committed for device `key` (lens-<key>-<date>.json, not a
+    '-before' table) and their microseconds by case label; ("", {}) when there are none."""
+    import glob
+    import os
+
+    paths = sorted(glob.glob(os.path.join(results_dir, f"lens-{key}-*.json")))
+    paths = [p for p in paths if not p.endswith("-before.json")]
+    return (paths[-1], predictions(paths[-1])) if paths else ("", {})
+
+
+def compare(row: dict, predicted_us: dict[str, float]) -> None:
+    """Put the lens's prediction beside the time a kernels-stage row measured at search space
+    0 (`mc0_s`): `mc0_predicted_s` and `mc0_measured_over_predicted`."""
+    us = predicted_us.get(row.get("case", ""))
+    measured = row.get("mc0_s")
+    if us is None or not measured:
+        return
+    row["mc0_predicted_s"] = us * 1e-6
+    row["mc0_measured_over_predicted"] = measured / (us * 1e-6)
+
+
+def comparison_summary(rows: list[dict], source: str) -> str:
+    """One line: how far measured times are from the lens's predictions."""
+    ratios = sorted(r["mc0_measured_over_predicted"] for r in rows if "mc0_predicted_s" in r)
+    if not ratios:
+        return f"lens: no prediction matched a measured case ({source or 'no lens-*.json'})"
+    geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    return (
+        f"lens: measured / predicted at search space 0 over {len(ratios)} cases: geomean "
+        f"{geomean:.2f}, from {ratios[0]:.2f} to {ratios[-1]:.2f} (predictions: {source})"
+    )

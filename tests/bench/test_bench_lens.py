@@ -3,6 +3,7 @@ its template named, written as the JSON the GPU kernels stage reads back."""
 
 import math
 
+import pytest
 import torch
 
 from minicomp.bench.kernels import conv, matmul
@@ -31,3 +32,23 @@ def test_a_case_that_fails_is_a_row_that_says_why():
     row = estimate_case(broken, "h100")
     assert row.error and not row.kernels
     assert "error" in table([row]) and "1 failed" in summary([row])
+
+
+def test_the_kernels_stage_puts_predictions_beside_measurements(tmp_path):
+    from minicomp.bench.lens import compare, comparison_summary, device_key, latest_predictions
+
+    assert device_key("NVIDIA H100 80GB HBM3") == "h100" and device_key("Tesla T4") is None
+    case = matmul.case(96, 80, 64, torch.float16, "cpu")
+    row = estimate_case(case, "h100")
+    write([row], str(tmp_path / "lens-h100-2026-11-25.json"), {"device": "h100"})
+    write([], str(tmp_path / "lens-h100-2026-11-26-before.json"), {"device": "h100"})
+    source, predicted = latest_predictions(str(tmp_path), "h100")
+    assert source.endswith("lens-h100-2026-11-25.json") and case.label in predicted
+    measured = {"case": case.label, "mc0_s": 3 * row.time_us * 1e-6}
+    other = {"case": "not estimated", "mc0_s": 1e-5}
+    compare(measured, predicted)
+    compare(other, predicted)
+    assert measured["mc0_measured_over_predicted"] == pytest.approx(3.0)
+    assert "mc0_predicted_s" not in other
+    assert "geomean 3.00" in comparison_summary([measured, other], source)
+    assert "no prediction" in comparison_summary([other], "")

@@ -4,15 +4,18 @@ Matmul (f16, bf16, f32; squares and LLM shapes) against cuBLAS, attention (head 
 128, causal and not, prefill and decode) against SDPA, ResNet-50's convolutions against cuDNN,
 memory-bound kernels (an elementwise chain, softmax, layer norm) against eager, each at search
 spaces 0 and 1 and, for a chosen few, against Inductor's max-autotune; then the host time a
-call of a 50-kernel graph costs, with and without CUDA graphs. A row per
-case (minicomp/bench/kernels/cases.py says what it holds), the SASS check of every kernel in
-`kernels-<tag>-sass.txt`. Cases run by tier, the families taking turns within a tier, so a
+call of a 50-kernel graph costs, with and without CUDA graphs. Each row measured at search
+space 0 also carries the performance lens's committed prediction for this GPU
+(`mc0_predicted_s`, from benchmarks/lens.py), and a last line says how far the model is off.
+A row per case (minicomp/bench/kernels/cases.py says what it holds), the SASS check of every
+kernel in `kernels-<tag>-sass.txt`. Cases run by tier, the families taking turns within a tier, so a
 budget that runs out leaves every family's most telling cases measured.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 
 import torch
@@ -22,6 +25,7 @@ from minicomp.bench.kernels.cases import Case, Env, measure_case
 from minicomp.bench.kernels.families import FAMILIES
 from minicomp.bench.kernels.table import header, line, summary
 from minicomp.bench.kernels.timing import clock_for
+from minicomp.bench.lens import compare, comparison_summary, device_key, latest_predictions
 from minicomp.bench.stages.facts import measure_peaks
 from minicomp.bench.stages.stage import Stage
 
@@ -81,6 +85,7 @@ def run(stage: Stage, only: list[str] | None = None, levels=(0, 1), tune_budget:
         sass_log=sass_log,
     )
     cases = select(stage, families)
+    lens_source, predicted = _predictions(stage)
     print(header(levels), flush=True)
     spent: list[float] = []
     rows = []
@@ -98,6 +103,7 @@ def run(stage: Stage, only: list[str] | None = None, levels=(0, 1), tune_budget:
             row = {"family": case.family, "case": case.label, **case.fields}
             row["error"] = f"{type(err).__name__}: {err}"[:600]
         row["kind"], row["seconds"] = "case", round(time.monotonic() - start, 1)
+        compare(row, predicted)
         stage.rows.write(row)
         rows.append(row)
         spent.append(row["seconds"] / (3 if case.inductor else 1))
@@ -124,6 +130,19 @@ def run(stage: Stage, only: list[str] | None = None, levels=(0, 1), tune_budget:
     else:
         stage.skip("launch overhead", "out of the stage's time budget")
     print(summary(rows, levels), flush=True)
+    print(comparison_summary(rows, lens_source), flush=True)
+
+
+def _predictions(stage: Stage) -> tuple[str, dict[str, float]]:
+    """The lens's committed estimates for this GPU (benchmarks/results/lens-<key>-*.json,
+    made by benchmarks/lens.py on a CPU machine), to compare with what is measured."""
+    if stage.device != "cuda":
+        return "", {}
+    key = device_key(torch.cuda.get_device_name())
+    if key is None:
+        return "", {}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    return latest_predictions(os.path.join(root, "benchmarks", "results"), key)
 
 
 def _device_arch() -> str:
