@@ -147,6 +147,77 @@ def test_every_level1_config(monkeypatch):
     assert sorted(nodes) == sorted(("kernel", f"attention[{c}]") for c in LEVEL1), nodes
 
 
+def force_configs(monkeypatch, by_batch: dict) -> None:
+    """Make the template pick by_batch[batch size] whatever the heuristic would."""
+    pick = lambda problem: by_batch[problem.batch]  # noqa: E731
+    monkeypatch.setattr(template, "heuristic", pick)
+    monkeypatch.setattr(
+        template, "TEMPLATE", dataclasses.replace(template.TEMPLATE, heuristic=pick)
+    )
+
+
+W32 = {
+    "d64": template.AttnConfig(128, 64, 2, False, 32),
+    "d128": template.AttnConfig(128, 32, 2, False, 32),
+}
+TWO_TILE_CASES = [
+    # (dtype, head dim, Sq, Sk, causal, mask, config): 32 query rows a warp, two m16 tiles
+    ("f16", 64, 72, 88, True, False, W32["d64"]),
+    ("bf16", 128, 72, 72, True, False, W32["d128"]),
+    ("f16", 128, 40, 72, False, False, W32["d128"]),
+    ("bf16", 64, 72, 40, True, False, W32["d64"]),
+    ("f16", 64, 1, 88, False, False, W32["d64"]),  # decode
+    ("f16", 64, 72, 100, False, True, template.AttnConfig(128, 32, 2, False, 32)),
+    ("bf16", 128, 130, 100, True, False, template.AttnConfig(64, 32, 3, False, 32)),
+]
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_two_m_tiles_a_warp(dt, monkeypatch):
+    """Warps of 32 query rows (each K and V fragment feeding two mma): causal, masked,
+    partial query and key tiles, Sq above and below Sk, decode, head dims 64 and 128; one
+    call per case, told apart by its batch size, in one graph."""
+    cases = [c for c in TWO_TILE_CASES if c[0] == dt]
+    dtype = DTYPES[dt]
+    force_configs(monkeypatch, {2 + i: c[-1] for i, c in enumerate(cases)})
+    calls, args = [], []
+    for i, (_, d, sq, sk, causal, mask, _cfg) in enumerate(cases):
+        args += qkv(2 + i, 2, sq, sk, d, dtype)
+        if mask:
+            args.append(torch.randn(sq, sk, dtype=dtype))
+            calls.append({"mask": True})
+        else:
+            calls.append({"is_causal": causal})
+    nodes = run(sdpas(calls), *args, dtype=dtype)
+    assert sorted(nodes) == sorted(("kernel", f"attention[{c[-1]}]") for c in cases), nodes
+
+
+def test_two_m_tiles_logsumexp_and_grouped_heads(monkeypatch):
+    """The logsumexp of each of a warp's four rows (training reads it) and grouped-query
+    heads, with 32 query rows a warp."""
+    force_configs(monkeypatch, {2: W32["d128"]})
+    q, k, v = (t.requires_grad_() for t in qkv(2, 4, 72, 40, 128, torch.float16, hk=2))
+    f = sdpa(is_causal=True, enable_gqa=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="minicomp", options={"target": TARGET, "fallback": "error"})
+    records: list = []
+    with recording(records):
+        out = compiled(q, k, v)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = f(*ref)
+    expected.backward(grad.double())
+    torch.testing.assert_close(out, expected.half(), **TOLERANCE[torch.float16])
+    tol = {"rtol": 1e-2, "atol": 1e-2}
+    for t, r in zip((q, k, v), ref):
+        torch.testing.assert_close(t.grad, r.grad.half(), **tol)
+    forward = [r for r in records if r.kind == "forward"]
+    (node,) = [n for n in forward[0].graph.nodes if isinstance(n, KernelOp)]
+    assert node.function.attrs.template == f"attention[{W32['d128']}]"
+    assert len(node.outputs) == 2
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 def test_additive_mask(dt):
     """Masks of the whole (Sq, Sk), per batch, and per key (broadcast rows), in one graph."""
@@ -470,6 +541,7 @@ def test_space_and_heuristic():
         best = template.heuristic(p)
         assert template.valid(p, best)
         assert best.bm == (128 if d <= 128 else 64)
+        assert best.wm == (32 if d <= 128 else 16)
         # Few (batch, head) pairs: smaller blocks, so that every SM has one.
         few = dataclasses.replace(p, batch=1, heads=2, seq_q=256, seq_k=256)
         assert template.heuristic(few).bm <= 64

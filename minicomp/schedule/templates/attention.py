@@ -1,8 +1,10 @@
 """A fused attention template (flash attention): softmax(Q K^T * scale + mask) V in one kernel,
 f16 or bf16 operands, tensor cores (mma.sync m16n8k16) and f32 accumulation.
 
-A block owns BM query rows of one (batch, head): BM / 16 warps, 16 rows each. It walks the
-keys in steps of BN. Each step's K and V tiles reach shared memory through `stages` buffers
+A block owns BM query rows of one (batch, head): BM / WM warps, WM rows each (16, or 32 as
+two m16 tiles: each K or V fragment read from shared memory then feeds two mma, which halves
+the shared-memory traffic per mma that bounds the kernel at 16). It walks the keys in steps
+of BN. Each step's K and V tiles reach shared memory through `stages` buffers
 (16-byte cp.async copies, zero-filled past the last key; the copy of step t + stages - 1 is
 in flight while step t computes, as in matmul_tc), and a warp then computes
 
@@ -88,6 +90,13 @@ NAME = "attention"
 MAX_SHARED = MAX_DYNAMIC_SHARED
 # f32 registers a thread may hold in accumulators and Q fragments (more spill).
 MAX_ACC_REGS = 144
+# With two m16 tiles a warp, the most keys a step by head dim: ptxas's register use is no
+# simple sum there (NVRTC for sm_80 and sm_90 with a mask or causal spills at head dim 128
+# with 48 keys, 112 with 32, 96 with 48 and 64 with 128), so only measured pairs are allowed.
+MAX_BN_2M = {64: 64, 128: 32}
+# The same with an additive mask, whose loads and guards need registers too (head dim 128
+# with 32 keys spills on sm_80 then).
+MAX_BN_2M_MASKED = {64: 64}
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
@@ -96,20 +105,28 @@ _SCRIPT_TYPES = {T.f16: f16, T.bf16: bf16}
 
 @dataclass(frozen=True)
 class AttnConfig(WarpTiled):
-    """BM query rows a block (16 a warp), BN keys a step, `stages` K/V buffers, and whether
-    Q's fragments stay in registers."""
+    """BM query rows a block, WM of them a warp (16 or 32: one or two m16 tiles), BN keys a
+    step, `stages` K/V buffers, and whether Q's fragments stay in registers."""
 
     bm: int
     bn: int
     stages: int
     q_regs: bool
+    wm: int = 16
 
     @property
     def warps(self) -> int:
-        return self.bm // 16
+        return self.bm // self.wm
+
+    @property
+    def m_tiles(self) -> int:
+        """The warp's m16 tiles: each K or V fragment read from shared memory feeds this many
+        mma (shared traffic per mma falls as it grows; registers rise)."""
+        return self.wm // 16
 
     def __str__(self) -> str:
-        return f"{self.bm}x{self.bn}_s{self.stages}{'_qr' if self.q_regs else ''}"
+        wm = f"_w{self.wm}" if self.wm != 16 else ""
+        return f"{self.bm}x{self.bn}_s{self.stages}{'_qr' if self.q_regs else ''}{wm}"
 
 
 @dataclass(frozen=True)
@@ -227,17 +244,22 @@ def shared_bytes(problem: AttentionProblem, cfg: AttnConfig) -> int:
 def valid(problem: AttentionProblem, cfg: AttnConfig) -> bool:
     """Whether `cfg` is a consistent tiling within the register and shared-memory limits."""
     d = problem.head_dim
-    if cfg.bm % 16 or not 1 <= cfg.warps <= 8 or cfg.bn % 16 or cfg.bn < 16:
+    if cfg.wm not in (16, 32) or cfg.bm % cfg.wm or not 1 <= cfg.warps <= 8:
         return False
-    if not 2 <= cfg.stages <= 4:
+    if cfg.bn % 16 or cfg.bn < 16 or not 2 <= cfg.stages <= 4:
         return False
-    regs = d // 2 + cfg.bn // 2 + (d // 4 if cfg.q_regs else 0)
-    if regs > MAX_ACC_REGS:
-        return False
-    return shared_bytes(problem, cfg) <= MAX_SHARED
+    if cfg.m_tiles > 1:
+        # Two tiles of Q fragments would not fit beside the accumulators: Q from shared.
+        limits = MAX_BN_2M if problem.mask is None else MAX_BN_2M_MASKED
+        regs_ok = not cfg.q_regs and cfg.bn <= limits.get(d, 0)
+    else:
+        regs_ok = d // 2 + cfg.bn // 2 + (d // 4 if cfg.q_regs else 0) <= MAX_ACC_REGS
+    return regs_ok and shared_bytes(problem, cfg) <= MAX_SHARED
 
 
 _LEVEL1 = (
+    AttnConfig(128, 64, 2, False, 32),
+    AttnConfig(128, 32, 2, False, 32),
     AttnConfig(128, 64, 2, True),
     AttnConfig(64, 64, 2, True),
     AttnConfig(128, 32, 2, True),
@@ -253,14 +275,22 @@ _LEVEL1 = (
 def space(problem: AttentionProblem, level: int) -> list[AttnConfig]:
     """The configs to try: level 1 a handful, level 2 every valid combination of a grid of
     choices (level 0: the heuristic's alone)."""
-    grid = itertools.product((32, 64, 128), (16, 32, 64, 128), (2, 3, 4), (True, False))
+    grid = itertools.product(
+        (32, 64, 128), (16, 32, 48, 64, 128), (2, 3, 4), (True, False), (16, 32)
+    )
     return search_space(problem, level, heuristic, valid, _LEVEL1, AttnConfig, grid)
 
 
-# Level-0 preferences by head dim, first valid wins: FlashAttention-2's shapes where they fit.
+# Level-0 preferences by head dim, first valid wins: FlashAttention-2's shapes where they fit
+# (32 query rows a warp, so that each K and V fragment read from shared memory feeds two mma:
+# with 16, the kernel waits for shared memory; at head dim 128, 32 keys a step for registers).
 _PREFERRED = {
-    64: (AttnConfig(128, 64, 2, True), AttnConfig(64, 64, 2, True)),
-    128: (AttnConfig(128, 64, 2, True), AttnConfig(64, 64, 2, True)),
+    64: (AttnConfig(128, 64, 2, False, 32), AttnConfig(64, 64, 2, True)),
+    128: (
+        AttnConfig(128, 32, 2, False, 32),
+        AttnConfig(128, 64, 2, True),
+        AttnConfig(64, 64, 2, True),
+    ),
     256: (AttnConfig(64, 16, 2, False), AttnConfig(32, 32, 2, False)),
 }
 
@@ -374,27 +404,35 @@ class _Steps:
 
 
 def _scores(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
-    """Macro `scores(s, smem, q_frag, q_row, k_row, lane)`: s = Q K^T for the warp's 16 rows
-    (shared rows q_row...) and the step's keys (shared rows k_row...); Q's fragments are
-    `q_frag` when they stay in registers, else read into q_frag[0] at each k step."""
+    """Macro `scores(s, smem, q_frag, q_row, k_row, lane)`: s = Q K^T for the warp's WM rows
+    (shared rows q_row...) and the step's keys (shared rows k_row...), s[mt * NT + t] the
+    m16 tile mt's n tile t; Q's fragments are `q_frag` ([mt * DK + kk]) when they stay in
+    registers, else read into q_frag[mt] at each k step. Each K fragment feeds every m tile."""
     dt, DK, NT, Q_REGS = problem.dtype, problem.head_dim // 16, cfg.bn // 8, cfg.q_regs
+    MT = cfg.m_tiles
 
     def scores(s, smem, q_frag, q_row, k_row, lane):
         @script
         def qk():
             kf = register_tensor(dt, (2, 4))
-            for t in unroll(range(NT)):
+            for t in unroll(range(MT * NT)):
                 for e in unroll(range(4)):
                     s[t, e] = 0.0
             for kk in unroll(range(DK)):
                 if not Q_REGS:
-                    ldmatrix_x4(q_frag[0], smem[q_row + lane % 16, kk * 16 + lane // 16 * 8])
-                qi = kk if Q_REGS else 0
+                    for mt in unroll(range(MT)):
+                        ldmatrix_x4(
+                            q_frag[mt],
+                            smem[q_row + mt * 16 + lane % 16, kk * 16 + lane // 16 * 8],
+                        )
                 for t in unroll(range(0, NT, 2)):
                     krow = k_row + t * 8 + lane // 16 * 8 + lane % 8
                     ldmatrix_x4(kf[0, 0], smem[krow, kk * 16 + lane // 8 % 2 * 8])
-                    mma_sync_m16n8k16(s[t], q_frag[qi], kf[0], s[t])
-                    mma_sync_m16n8k16(s[t + 1], q_frag[qi], kf[1], s[t + 1])
+                    for mt in unroll(range(MT)):
+                        qi = mt * DK + kk if Q_REGS else mt
+                        st = mt * NT + t
+                        mma_sync_m16n8k16(s[st], q_frag[qi], kf[0], s[st])
+                        mma_sync_m16n8k16(s[st + 1], q_frag[qi], kf[1], s[st + 1])
 
         return qk
 
@@ -404,8 +442,10 @@ def _scores(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> M
 def _scale_and_mask(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
     """Macro `mask(s, row0, first_row, n0, mk_off, tq)`: the scores scaled (log2 domain), the
     additive mask (at mk_off) added, -inf past the last key and above the causal diagonal; the
-    lane's rows are row0 and row0 + 8 (first_row the warp's first), the step's keys n0...."""
+    lane's rows are row0 + 16 mt and row0 + 16 mt + 8 in m tile mt (first_row the warp's
+    first), the step's keys n0...."""
     BN, NT, SQ, SK, CAUSAL = cfg.bn, cfg.bn // 8, problem.seq_q, problem.seq_k, problem.causal
+    MT = cfg.m_tiles
     SCALE2 = problem.scale * LOG2E
     HAS_MASK = problem.mask is not None
     if HAS_MASK:
@@ -418,22 +458,22 @@ def _scale_and_mask(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Nam
             edge = n0 + BN > SK
             if CAUSAL:
                 edge = edge or n0 + BN - 1 > first_row
-            for t in unroll(range(NT)):
+            for t in unroll(range(MT * NT)):
                 for e in unroll(range(4)):
                     s[t, e] = s[t, e] * SCALE2
             if HAS_MASK:
-                for t in unroll(range(NT)):
+                for t in unroll(range(MT * NT)):
                     for e in unroll(range(4)):
-                        gr = row0 + e // 2 * 8
-                        gc = n0 + t * 8 + tq * 2 + e % 2
+                        gr = row0 + t // NT * 16 + e // 2 * 8
+                        gc = n0 + t % NT * 8 + tq * 2 + e % 2
                         if gr < SQ and gc < SK:
                             mv = M_G[mk_off + i64(gr) * MSQ + i64(gc) * MSK]
                             s[t, e] = s[t, e] + f32(mv) * LOG2E
             if edge:
-                for t in unroll(range(NT)):
+                for t in unroll(range(MT * NT)):
                     for e in unroll(range(4)):
-                        gr = row0 + e // 2 * 8
-                        gc = n0 + t * 8 + tq * 2 + e % 2
+                        gr = row0 + t // NT * 16 + e // 2 * 8
+                        gc = n0 + t % NT * 8 + tq * 2 + e % 2
                         if CAUSAL:
                             if gc >= SK or gc > gr:
                                 s[t, e] = NEG_INF
@@ -447,31 +487,33 @@ def _scale_and_mask(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Nam
 
 
 def _online_softmax(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
-    """Macro `softmax(s, m_i, l_i, acc)`: the running max m_i and sum l_i of the lane's two
-    rows updated with the step's scores, which become probabilities (exp2), and O (`acc`)
-    rescaled by exp2(m - m'). A lane holds rows g (e < 2) and g + 8 (e >= 2)."""
-    NT, DT = cfg.bn // 8, problem.head_dim // 8
+    """Macro `softmax(s, m_i, l_i, acc)`: the running max m_i and sum l_i of the lane's rows
+    updated with the step's scores, which become probabilities (exp2), and O (`acc`) rescaled
+    by exp2(m - m'). In m tile mt a lane holds rows g (e < 2, m_i[2 mt]) and g + 8 (e >= 2,
+    m_i[2 mt + 1])."""
+    NT, DT, MT = cfg.bn // 8, problem.head_dim // 8, cfg.m_tiles
 
     def softmax(s, m_i, l_i, acc):
         @script
         def online_softmax():
-            for hr in unroll(range(2)):
-                mx = m_i[hr]
-                for t in unroll(range(NT)):
+            for r in unroll(range(2 * MT)):
+                hr = r % 2
+                mx = m_i[r]
+                for t in unroll(range(r // 2 * NT, r // 2 * NT + NT)):
                     mx = max(mx, s[t, hr * 2], s[t, hr * 2 + 1])
                 mx = max(mx, shfl_xor_sync(mx, 1))
                 mx = max(mx, shfl_xor_sync(mx, 2))
                 base = 0.0 if mx == NEG_INF else mx
-                alpha = exp2(m_i[hr] - base)
-                m_i[hr] = mx
+                alpha = exp2(m_i[r] - base)
+                m_i[r] = mx
                 total = 0.0
-                for t in unroll(range(NT)):
+                for t in unroll(range(r // 2 * NT, r // 2 * NT + NT)):
                     for c2 in unroll(range(2)):
                         p = exp2(s[t, hr * 2 + c2] - base)
                         s[t, hr * 2 + c2] = p
                         total += p
-                l_i[hr] = l_i[hr] * alpha + total
-                for d in unroll(range(DT)):
+                l_i[r] = l_i[r] * alpha + total
+                for d in unroll(range(r // 2 * DT, r // 2 * DT + DT)):
                     acc[d, hr * 2] *= alpha
                     acc[d, hr * 2 + 1] *= alpha
 
@@ -483,23 +525,27 @@ def _online_softmax(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Nam
 def _add_pv(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
     """Macro `pv(s, smem, acc, v_row, lane)`: acc += P V, P converted to f16/bf16 in registers
     (the accumulator layout of S is the A-operand layout of P), V (shared rows v_row...) by
-    ldmatrix.trans."""
-    dt, PK, DT = problem.dtype, cfg.bn // 16, problem.head_dim // 8
+    ldmatrix.trans, each V fragment feeding every m tile (acc[mt * DT + d])."""
+    dt, PK, DT, NT = problem.dtype, cfg.bn // 16, problem.head_dim // 8, cfg.bn // 8
+    MT = cfg.m_tiles
     CAST = _SCRIPT_TYPES[dt]
 
     def pv(s, smem, acc, v_row, lane):
         @script
         def add_pv():
-            pa = register_tensor(dt, 8)
+            pa = register_tensor(dt, (MT, 8))
             vf = register_tensor(dt, (2, 4))
             for pk in unroll(range(PK)):
-                for e in unroll(range(8)):
-                    pa[e] = CAST(s[pk * 2 + e // 4, e % 4])
+                for mt in unroll(range(MT)):
+                    for e in unroll(range(8)):
+                        pa[mt, e] = CAST(s[mt * NT + pk * 2 + e // 4, e % 4])
                 for d in unroll(range(0, DT, 2)):
                     vrow = v_row + pk * 16 + lane % 16
                     ldmatrix_x4_trans(vf[0, 0], smem[vrow, d * 8 + lane // 16 * 8])
-                    mma_sync_m16n8k16(acc[d], pa, vf[0], acc[d])
-                    mma_sync_m16n8k16(acc[d + 1], pa, vf[1], acc[d + 1])
+                    for mt in unroll(range(MT)):
+                        a = mt * DT + d
+                        mma_sync_m16n8k16(acc[a], pa[mt], vf[0], acc[a])
+                        mma_sync_m16n8k16(acc[a + 1], pa[mt], vf[1], acc[a + 1])
 
         return add_pv
 
@@ -507,10 +553,10 @@ def _add_pv(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> M
 
 
 def _normalize(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -> Macro:
-    """Macro `normalize(acc, m_i, l_i, smem, row, m0, lse_off, tq)`: O / l of the lane's two
-    rows (block rows `row` and row + 8) into the shared rows, and their logsumexp
+    """Macro `normalize(acc, m_i, l_i, smem, row, m0, lse_off, tq)`: O / l of the lane's rows
+    (block rows row + 16 mt and row + 16 mt + 8) into the shared rows, and their logsumexp
     ((m + log2 l) ln 2) when the problem asks for it."""
-    SQ, DT = problem.seq_q, problem.head_dim // 8
+    SQ, DT, MT = problem.seq_q, problem.head_dim // 8, cfg.m_tiles
     CAST = _SCRIPT_TYPES[problem.dtype]
     HAS_LSE = problem.lse is not None
     if HAS_LSE:
@@ -520,20 +566,22 @@ def _normalize(problem: AttentionProblem, cfg: AttnConfig, names: tiles.Names) -
     def normalize(acc, m_i, l_i, smem, row, m0, lse_off, tq):
         @script
         def divide():
-            for hr in unroll(range(2)):
-                lt = l_i[hr]
+            for r in unroll(range(2 * MT)):
+                hr = r % 2
+                lt = l_i[r]
                 lt += shfl_xor_sync(lt, 1)
                 lt += shfl_xor_sync(lt, 2)
                 inv = 1.0 / lt if lt > 0.0 else 0.0
-                lr = row + hr * 8
+                lr = row + r * 8
                 for d in unroll(range(DT)):
                     for c2 in unroll(range(2)):
-                        smem[lr, d * 8 + tq * 2 + c2] = CAST(acc[d, hr * 2 + c2] * inv)
+                        a = r // 2 * DT + d
+                        smem[lr, d * 8 + tq * 2 + c2] = CAST(acc[a, hr * 2 + c2] * inv)
                 if HAS_LSE:
                     if tq == 0 and m0 + lr < SQ:
                         # A row every key masks: 0, as PyTorch's kernels give (its backward
                         # then finds every probability exp(-inf - 0) = 0).
-                        lse = (m_i[hr] + log2(lt)) * LN2 if lt > 0.0 else 0.0
+                        lse = (m_i[r] + log2(lt)) * LN2 if lt > 0.0 else 0.0
                         L_G[lse_off + i64(m0 + lr) * LSQ] = lse
 
         return divide
@@ -548,6 +596,7 @@ def _kernel(problem: AttentionProblem, cfg: AttnConfig, copies: _Copies, steps: 
     D, BM, BN, STAGES = problem.head_dim, cfg.bm, cfg.bn, cfg.stages
     THREADS = cfg.threads
     Q_REGS = cfg.q_regs
+    WM, MT = cfg.wm, cfg.m_tiles
     Q_ROW, KV_ROW, ROWS = _layout(cfg)
     Q_LAST = Q_ROW > 0  # Q shares the last stage's rows
     DK = D // 16  # k steps of Q K^T
@@ -589,15 +638,15 @@ def _kernel(problem: AttentionProblem, cfg: AttnConfig, copies: _Copies, steps: 
         attrs.block_dim = THREADS
         tid = threadIdx.x
         lane = tid % 32
-        wr = tid // 32 * 16  # the warp's first row in the block
+        wr = tid // 32 * WM  # the warp's first row in the block
         g = lane // 4
         tq = lane % 4
         smem = dynamic_shared_tensor(dt, (ROWS, D + tiles.PAD))
-        q_frag = register_tensor(dt, (DK if Q_REGS else 1, 8))
-        s = register_tensor(f32, (NT, 4))
-        acc = register_tensor(f32, (DT, 4))
-        m_i = register_tensor(f32, 2)
-        l_i = register_tensor(f32, 2)
+        q_frag = register_tensor(dt, (MT * DK if Q_REGS else MT, 8))
+        s = register_tensor(f32, (MT * NT, 4))
+        acc = register_tensor(f32, (MT * DT, 4))
+        m_i = register_tensor(f32, 2 * MT)
+        l_i = register_tensor(f32, 2 * MT)
         # Row and key coordinates are i32, element offsets i64.
         if CAUSAL:
             m0 = i32(TILES_M - 1 - blockIdx.x) * BM  # the longest rows first
@@ -627,10 +676,10 @@ def _kernel(problem: AttentionProblem, cfg: AttnConfig, copies: _Copies, steps: 
             # Q: one commit group ahead of the K/V steps.
             copy_q(smem, (Q_ROW,), (q_off,), m0, 0, q_fast, True)
             cp_async_commit()
-            for d in unroll(range(DT)):
+            for d in unroll(range(MT * DT)):
                 for e in unroll(range(4)):
                     acc[d, e] = 0.0
-            for e in unroll(range(2)):
+            for e in unroll(range(2 * MT)):
                 m_i[e] = NEG_INF
                 l_i[e] = 0.0
             # Iteration `it` issues step `it` into buffer it % STAGES (which step it - STAGES,
@@ -639,10 +688,9 @@ def _kernel(problem: AttentionProblem, cfg: AttnConfig, copies: _Copies, steps: 
                 cp_async_wait(STAGES - 2)
                 syncthreads()
                 if Q_REGS and it == STAGES - 1:
-                    for kk in unroll(range(DK)):
-                        ldmatrix_x4(
-                            q_frag[kk], smem[Q_ROW + wr + lane % 16, kk * 16 + lane // 16 * 8]
-                        )
+                    for qi in unroll(range(MT * DK)):
+                        qr = Q_ROW + wr + qi // DK * 16 + lane % 16
+                        ldmatrix_x4(q_frag[qi], smem[qr, qi % DK * 16 + lane // 16 * 8])
                     if Q_LAST:
                         syncthreads()  # Q's rows become the last stage's buffer
                 if it < steps:
