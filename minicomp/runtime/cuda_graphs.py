@@ -11,12 +11,19 @@ captures it and replays it, and every later call replays:
   on the host) split the plan into segments: each run of capturable steps is one graph, the
   others run eagerly between replays and their results are copied into the tensors the next
   graph was captured with;
-- outputs are copied out of the graph's memory, so a result stays valid after the next call.
+- outputs are the graph's own tensors, not copies, while callers let go of each call's results
+  before the next call (a training step: the activations saved for backward are freed by it).
+  Before a replay, the use counts of the output storages say whether a result, or a view of
+  one, is still held; if so the replay would overwrite it, so the call runs uncaptured (as do
+  later ones until that result is dropped) and from then on outputs are copied out of the
+  graph's memory (a caller that keeps results, such as an inference loop assigning each result
+  over the last, pays a copy, never a wrong value).
 Plans with symbolic sizes are not captured (one graph per size binding is future work).
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +41,8 @@ from minicomp.runtime.plan import (
 )
 
 MAX_CAPTURES = 8
+
+log = logging.getLogger("minicomp")
 
 # ATen ops whose CUDA implementations wait for the device or read results on the host.
 SYNCING_OPS = frozenset(
@@ -141,6 +150,8 @@ class _Captured:
                 self.copied.append((pos, buf.copy_(a)))
                 call_args[pos] = buf
         self.slots, self.env = plan.prepare(call_args)
+        owned = {b.untyped_storage().data_ptr() for _, b in self.copied}
+        owned |= {t.untyped_storage().data_ptr() for t in self.slots if isinstance(t, torch.Tensor)}
         self.segments: list[_Segment] = []
         devices = [info.device for info in plan.slots]
         for ok, steps in segments(plan.steps, devices):
@@ -154,17 +165,27 @@ class _Captured:
                 outs = {k for s in steps for k in s.outputs}
                 fixed = {k: self.slots[k] for k in outs if isinstance(self.slots[k], torch.Tensor)}
                 self.segments.append(_Segment(None, steps, fixed))
+        self.held = _held_storages(plan.collect(self.slots, self.env), owned)
 
-    def outputs(self) -> list:
-        """The graph's outputs as the slots hold them now, copied out."""
-        return [_detach(o) for o in self.plan.collect(self.slots, self.env)]
+    def outputs(self, copy: bool = True) -> list:
+        """The graph's outputs as the slots hold them now: copied out, or (`copy` False) new
+        tensors on the graph's memory, which the next replay overwrites."""
+        outs = self.plan.collect(self.slots, self.env)
+        if copy:
+            return [_detach(o) for o in outs]
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs]
+
+    def free(self) -> bool:
+        """Whether no output handed out before (nor a view of one) is still alive: the use
+        count of each output storage is back to what the capture itself holds."""
+        return all(_use_count(s) <= n for s, n in self.held)
 
     def matches(self, args: Sequence[Any]) -> bool:
         """Whether every in-place input is still at its captured address."""
         return all(args[pos].data_ptr() == ptr for pos, ptr in self.in_place.items())
 
-    def replay(self, args: Sequence[Any]) -> list:
-        """Run the captured plan on new arguments and return its outputs."""
+    def replay(self, args: Sequence[Any], copy: bool = True) -> list:
+        """Run the captured plan on new arguments and return its outputs (see `outputs`)."""
         for pos, buf in self.copied:
             buf.copy_(args[pos])
         slots = self.slots
@@ -177,12 +198,27 @@ class _Captured:
                 if slots[k] is not t:
                     t.copy_(slots[k])
                     slots[k] = t
-        return self.outputs()
+        return self.outputs(copy)
 
 
 def _detach(out: Any) -> Any:
     """A copy of an output living in the graph's memory (anything else as it is)."""
     return out.clone() if isinstance(out, torch.Tensor) else out
+
+
+def _use_count(storage: Any) -> int:
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+def _held_storages(outputs: list, owned: set[int]) -> list[tuple[Any, int]]:
+    """Each storage of the capture's own memory that an output lives on, with its use count
+    while no output has been handed out (the capture's own references and this one)."""
+    storages = {}
+    for o in outputs:
+        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in owned:
+            storages.setdefault(o.untyped_storage().data_ptr(), o.untyped_storage())
+    del outputs, o  # only the capture's references remain
+    return [(s, _use_count(s)) for s in storages.values()]
 
 
 class GraphedPlan:
@@ -203,6 +239,8 @@ class GraphedPlan:
         self.captures = 0
         self.captured: _Captured | None = None
         self.enabled, self.reason = _supported(plan)
+        # Hand out the graph's own outputs (no copy) until a caller keeps one across calls.
+        self.direct = hasattr(torch._C, "_storage_Use_Count")
 
     def __call__(self, *args: Any) -> list:
         if not self.enabled or _capturing():
@@ -225,8 +263,14 @@ class GraphedPlan:
             # after its capture so the eager steps between them see real values.
             self.captured = _Captured(self.plan, args, self.static, new_graph)
             self.captures += 1
-            return self.captured.outputs()
-        return self.captured.replay(args)
+            return self.captured.outputs(copy=not self.direct)
+        if not self.captured.free():
+            # A result handed out earlier is still held: replaying would overwrite it.
+            if self.direct:
+                self.direct = False
+                log.info("minicomp: a caller keeps results across calls; outputs are copied")
+            return self.plan(*args)
+        return self.captured.replay(args, copy=not self.direct)
 
 
 def _capturing() -> bool:

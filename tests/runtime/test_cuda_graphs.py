@@ -186,3 +186,36 @@ def test_an_input_in_another_layout_is_restrided_at_every_replay():
         xt = torch.randn(5, 6).t()  # same shape, column-major: the plan restrides it
         assert_same(g(xt, wt, b), mlp(xt, wt, b))
     assert g.captures == 1
+
+
+def test_outputs_dropped_before_the_next_call_are_not_copied():
+    """A training step's pattern: each call's results are used and freed before the next call,
+    so the replay hands out the graph's own output tensors, with no copy."""
+    x, w, b = make_mlp_inputs()
+    g, _ = graphed(mlp, x, w, b, static=(1, 2))
+    g(x, w, b)
+    addresses = set()
+    for _ in range(4):
+        xk = torch.randn(6, 5)
+        out = g(xk, w, b)
+        assert_same(out, mlp(xk, w, b))
+        addresses.add(tuple(t.data_ptr() for t in out))
+        del out
+    assert g.direct and len(addresses) == 1  # the same graph memory every call
+
+
+def test_a_view_kept_of_a_result_is_never_overwritten():
+    x, w, b = make_mlp_inputs()
+    g, _ = graphed(mlp, x, w, b, static=(1, 2))
+    g(x, w, b), g(x, w, b)
+    x1 = torch.randn(6, 5)
+    kept = g(x1, w, b)[0][1:]  # the result list is dropped, a view of an output is not
+    x2 = torch.randn(6, 5)
+    assert_same(g(x2, w, b), mlp(x2, w, b))
+    torch.testing.assert_close(kept, mlp(x1, w, b)[0][1:])
+    assert not g.direct  # from now on outputs are copied
+    del kept
+    x3 = torch.randn(6, 5)
+    first = g(x3, w, b)
+    assert_same(g(x, w, b), mlp(x, w, b))
+    assert_same(first, mlp(x3, w, b))
