@@ -204,6 +204,12 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     mma = _warp_mma(cfg, a.k_major, b.k_major, names)
     store = _store_tile(problem, cfg, names)
     kernel = _kernel(problem, cfg, a, b, mma, store)
+    gathered = problem.gather_a is not None or problem.gather_b is not None
+    if gathered and cfg.threads <= 64:
+        # Left to itself, ptxas holds a two-warp tiling of a gathered window to 96 registers
+        # and spills (sm_80, sm_90); promising one block an SM lets it take what it needs (a
+        # block of 64 threads still fits many times). Larger tilings keep ptxas's choice.
+        return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=1)
     return finish(kernel, problem.name, f"{NAME}[{cfg}]")
 
 
