@@ -252,6 +252,10 @@ def valid(problem: AttentionProblem, cfg: AttnConfig) -> bool:
         # Two tiles of Q fragments would not fit beside the accumulators: Q from shared.
         limits = MAX_BN_2M if problem.mask is None else MAX_BN_2M_MASKED
         regs_ok = not cfg.q_regs and cfg.bn <= limits.get(d, 0)
+    elif cfg.q_regs and problem.mask is not None and d >= 64:
+        # Q's fragments beside an additive mask's loads and conversions: 128x64 spills on
+        # sm_80 (NVRTC 13, hardware f16 conversions) at head dims 64 and 128.
+        regs_ok = False
     else:
         regs_ok = d // 2 + cfg.bn // 2 + (d // 4 if cfg.q_regs else 0) <= MAX_ACC_REGS
     return regs_ok and shared_bytes(problem, cfg) <= MAX_SHARED
