@@ -5,7 +5,10 @@ A case is compiled for cuda-emu with the lens and run once with only the sampled
 each launch (lens.session.LensSession.sample_only: seconds, where running a 4096-cubed product
 in the emulator would take hours); every launch's counts, with NVRTC's resources for the
 device's architecture, give its estimate (lens/estimate.py). A row holds the case's estimated
-time, the roofline time of its kernels, their ratio, and the efficiencies that explain a gap.
+time, the roofline time of its kernels (their issued tensor-core work or minimum bytes), the
+problem's own roofline (its useful flops at the tensor-core rate, or FP32 for float32, or its
+minimum bytes at DRAM speed: padding a tile wastes work the first counts as due), their ratios
+to the estimate, and the efficiencies that explain a gap.
 
 The rows are written as JSON keyed by the case's label: the GPU validation's kernels stage
 (minicomp/bench/stages/kernels.py) reads them and puts each prediction beside the time it
@@ -23,7 +26,7 @@ import torch
 
 from minicomp.bench.kernels.cases import Case
 from minicomp.bench.kernels.families import FAMILIES
-from minicomp.lens.devices import get_device
+from minicomp.lens.devices import Device, get_device
 from minicomp.lens.profile import LENS_OPTIONS, profile_session
 from minicomp.lens.session import recording
 
@@ -61,6 +64,7 @@ class LensRow:
     kernels: list[KernelRow] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
+    problem_roofline_us: float = 0.0
 
     @property
     def time_us(self) -> float:
@@ -75,11 +79,27 @@ class LensRow:
         t = self.time_us
         return min(1.0, self.roofline_us / t) if t and not math.isinf(t) else 0.0
 
+    @property
+    def problem_fraction(self) -> float:
+        t = self.time_us
+        return min(1.0, self.problem_roofline_us / t) if t and not math.isinf(t) else 0.0
+
     def as_dict(self) -> dict:
         """The row as plain data, with its totals."""
         out = asdict(self)
         out.update(time_us=self.time_us, roofline_us=self.roofline_us, fraction=self.fraction)
+        out.update(problem_fraction=self.problem_fraction)
         return out
+
+
+def problem_roofline(case: Case, device: Device) -> float:
+    """Seconds `case` needs at best on `device`: its flops on tensor cores (mma.sync) for
+    16-bit operands or on FP32 FMAs for float32, or its minimum bytes at DRAM speed."""
+    if case.dtype in ("float16", "bfloat16"):
+        compute = case.flops / (device.mma_sync_tflops_f16 * 1e12)
+    else:
+        compute = case.flops / (2 * device.fp32_per_second)
+    return max(compute, case.min_bytes / (device.dram_gbps * 1e9))
 
 
 def cases(families=LENS_FAMILIES, tiers=(1,), dtypes=None) -> list[Case]:
@@ -124,7 +144,9 @@ def estimate_case(case: Case, device: str = "h100", options: dict | None = None)
                 spill_bytes=k.spill_bytes,
             )
         )
-    return LensRow(case.family, case.label, device, kernels, time.monotonic() - start)
+    seconds = time.monotonic() - start
+    best = problem_roofline(case, target) * 1e6
+    return LensRow(case.family, case.label, device, kernels, seconds, problem_roofline_us=best)
 
 
 HEADER = (
@@ -133,6 +155,7 @@ HEADER = (
     "est us",
     "roofline us",
     "fraction",
+    "problem %",
     "bound",
     "sectors",
     "banks",
@@ -159,6 +182,7 @@ def table(rows: list[LensRow]) -> str:
                 f"{r.time_us:.1f}",
                 f"{r.roofline_us:.1f}",
                 f"{r.fraction:.0%}",
+                f"{r.problem_fraction:.0%}",
                 slowest.bound,
                 f"{min(k.sector_efficiency for k in r.kernels):.2f}",
                 f"x{max(k.bank_conflict_factor for k in r.kernels):.2f}",
@@ -183,8 +207,10 @@ def summary(rows: list[LensRow], goal: float = 0.7) -> str:
     if not ok:
         return f"no case estimated; {len(failed)} failed"
     geomean = math.exp(sum(math.log(max(r.fraction, 1e-9)) for r in ok) / len(ok))
+    problem = math.exp(sum(math.log(max(r.problem_fraction, 1e-9)) for r in ok) / len(ok))
     under = [r.case for r in ok if r.fraction < goal]
-    text = f"geomean fraction of roofline {geomean:.0%} over {len(ok)} cases"
+    text = f"geomean fraction of roofline {geomean:.0%} (of the problem's {problem:.0%})"
+    text += f" over {len(ok)} cases"
     text += f"; {len(under)} under {goal:.0%}" + (": " + "; ".join(under) if under else "")
     return text + (f"; {len(failed)} failed" if failed else "")
 

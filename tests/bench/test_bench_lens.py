@@ -17,6 +17,11 @@ def test_a_matmul_case_is_estimated_by_its_template(tmp_path):
     assert [k.template for k in row.kernels] == ["matmul_tc"]
     k = row.kernels[0]
     assert 0 < k.roofline_us <= k.time_us < math.inf and 0 < row.fraction <= 1
+    # The problem's roofline counts only useful flops: 96x80x64 pads to whole tiles.
+    useful = 2 * 96 * 80 * 64 / 660e12 * 1e6
+    bytes_bound = (96 * 64 + 64 * 80 + 96 * 80) * 2 / 3350e9 * 1e6
+    assert row.problem_roofline_us == pytest.approx(max(useful, bytes_bound))
+    assert 0 < row.problem_fraction <= 1
     assert k.sector_efficiency == 1.0  # cp.async of 16-byte chunks of contiguous rows
     text = table([row])
     assert case.label in text and "matmul_tc" in text
