@@ -22,6 +22,7 @@ from minicomp.backends.cpu import module as cpu_module
 from minicomp.backends.cuda import module as cuda_module
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.emu import build_emulated
+from minicomp.backends.cuda.sm_count import device_sm_count
 from minicomp.config import Options
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import FusedOp, Graph
@@ -81,6 +82,13 @@ class Target:
     def passes_for(self, graph: Graph) -> list[GraphPass]:
         """The graph passes run before fusion when compiling `graph`."""
         return list(self.passes)
+
+    def sm_count(self, options: Options, device_index: int | None) -> int:
+        """The SMs of the GPU the graph compiles for, which the schedulers and graph passes
+        size grids by (the `sm_count` option when unset). This base class's: the lens's
+        described GPU (`lens_device`), since no GPU runs its kernels: a host target's kernels
+        never read it, and the count stays one every target can give."""
+        return get_device(options.lens_device).sms
 
     def schedule(
         self, op: FusedOp, layouts: dict, choose: Callable | None, options: Options | None
@@ -190,7 +198,8 @@ class CudaSourceTarget(Target):
 
 class CudaEmuTarget(CudaSourceTarget):
     """The CUDA C kernels run by the emulator on the host, on CPU tensors: how CUDA kernels
-    are checked without a GPU."""
+    are checked without a GPU. They are scheduled for the lens's described GPU (`lens_device`,
+    an H100 by default): its SM count is that device's (Target.sm_count)."""
 
     name = "cuda-emu"
     emulated = True
@@ -232,6 +241,11 @@ class CudaTarget(CudaSourceTarget):
                 f"target 'cuda' needs tensors on a CUDA device; this graph's are on "
                 f"{', '.join(sorted(devices))}; use target='cpu' or 'cuda-emu' (or 'auto')"
             )
+
+    def sm_count(self, options, device_index, *, get_properties=None):
+        """CUDA device `device_index`'s SMs (the current device when None); `get_properties`
+        stands in for torch.cuda.get_device_properties."""
+        return device_sm_count(device_index, get_properties=get_properties)
 
     def build(self, kernels, options, device_index=None, device_functions=()):
         if not kernels:

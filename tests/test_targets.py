@@ -1,6 +1,7 @@
 """Targets: how one is resolved, and what each one decides."""
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -105,3 +106,22 @@ def test_the_compiler_asks_the_target(monkeypatch):
     (actual,) = plan(torch.from_numpy(inputs["x"]))
     np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-6)
     assert len(asked) == 1
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda-emu"])
+@pytest.mark.parametrize("device, sms", [("h100", 132), ("a100", 108)])
+def test_targets_without_a_gpu_count_the_sms_of_the_lens_device(name, device, sms):
+    options = config.Options(lens_device=device)
+    assert TARGETS[name].sm_count(options, None) == sms
+
+
+def test_the_cuda_target_counts_the_sms_of_its_device():
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        return types.SimpleNamespace(multi_processor_count=16)
+
+    options = config.Options(lens_device="a100")  # not what a GPU target asks
+    assert TARGETS["cuda"].sm_count(options, 3, get_properties=properties) == 16
+    assert asked == [3]
