@@ -17,6 +17,7 @@ left to ATen (passes/graph/group_fallback.py; dynamo/backend.py compiles again).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -46,13 +47,16 @@ def compile_graph(
 ) -> Callable:
     """The plan running `graph`: passes and fusion, one kernel per group, built and linked.
 
-    `device_index` is the CUDA device the graph's tensors are on; `static_inputs` are the
+    `device_index` is the CUDA device the graph's tensors are on (and the one whose SMs the
+    heuristics fill, unless the `sm_count` option names a count); `static_inputs` are the
     positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
     in place.
     """
     t0 = time.perf_counter()
     target = resolve_target(options.target, graph_devices(graph))
     record.target = target.name
+    if options.sm_count is None:  # resolved once: every pass and scheduler sizes for it
+        options = dataclasses.replace(options, sm_count=target.sm_count(options, device_index))
     record.options = options
     trace = record.passes if record.trace else None
 

@@ -92,6 +92,12 @@ class Options:
     arch: str | None = _option(
         None, "CUDA architecture to compile for, such as sm_90; unset: the current device's."
     )
+    sm_count: int | None = _option(
+        None,
+        "The SMs of the GPU kernels are scheduled for: the heuristics size grids to fill them. "
+        "Unset: the target's device's (cuda: the GPU's own; cuda-emu and cpu: lens_device's).",
+        minimum=1,
+    )
     nvrtc_library: str | None = _option(
         None,
         "The libnvrtc the cuda target compiles with (a CUDA toolkit's, or another wheel's), such "

@@ -125,3 +125,24 @@ def test_the_cuda_target_counts_the_sms_of_its_device():
     options = config.Options(lens_device="a100")  # not what a GPU target asks
     assert TARGETS["cuda"].sm_count(options, 3, get_properties=properties) == 16
     assert asked == [3]
+
+
+@pytest.mark.parametrize(
+    "given, expected", [({}, 132), ({"lens_device": "a100"}, 108), ({"sm_count": 16}, 16)]
+)
+def test_the_compiler_resolves_the_sm_count_once_from_the_target(monkeypatch, given, expected):
+    """Unset, the count is the target's (cuda-emu: the lens's device); set, it is kept. The
+    scheduler sees the resolved options."""
+    seen = []
+
+    class LoggingEmu(TARGETS["cuda-emu"].__class__):
+        def schedule(self, op, layouts, choose, options):
+            seen.append(options.sm_count)
+            return super().schedule(op, layouts, choose, options)
+
+    record = CompileRecord()
+    options = config.resolve({"target": "cuda-emu", **given})
+    monkeypatch.setitem(TARGETS, "cuda-emu", LoggingEmu())
+    compile_graph(_exp_times_x(), options, record)
+    assert record.options.sm_count == expected
+    assert seen == [expected]
