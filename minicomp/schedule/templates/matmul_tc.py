@@ -210,6 +210,11 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
         # and spills (sm_80, sm_90); promising one block an SM lets it take what it needs (a
         # block of 64 threads still fits many times). Larger tilings keep ptxas's choice.
         return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=1)
+    if cfg.threads <= 128 and cfg.wm * cfg.wn // 32 >= 64:
+        # 64 accumulators a thread in a block of four warps: left to itself, ptxas aims at four
+        # blocks an SM (128 registers on sm_90) and spills a few bytes once the epilogue costs
+        # registers (a fused gelu); two blocks an SM let it take 160-175 without spilling.
+        return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=2)
     return finish(kernel, problem.name, f"{NAME}[{cfg}]")
 
 
@@ -396,7 +401,8 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
         lane = tid % 32
         warp_m = tid // 32 // WARPS_N * WM
         warp_n = tid // 32 % WARPS_N * WN
-        pid = i64(blockIdx.x)
+        # 32-bit: the rasterisation divides by a run-time row count, a library call in 64-bit.
+        pid = blockIdx.x
         m0 = row0(pid)
         n0 = col0(pid)
         a_s = dynamic_shared_tensor(dt, A_SHAPE)
