@@ -29,7 +29,10 @@ and copies between a misaligned buffer and its register array element by element
 so a view with a storage offset stays correct at the cost of scalar accesses to that buffer
 only; the grid and the elements each thread takes are the same either way.
 
-Reduction groups (ReduceStages over the inner loops, then row stores), by inner extent:
+Reduction groups (ReduceStages over the inner loops, then row stores) whose reduced axis is
+strided in memory while an output axis is contiguous (a vector-matrix product, split-K's sum
+of partials, a softmax over dim 0) put their lanes along that output axis: cuda_columns.py.
+The others keep their lanes along the reduced axis, by inner extent:
 - large (>= LARGE_ROW) or symbolic: one row per block of BLOCK threads. Each thread folds a
   strided slice of the row into a private accumulator, then a block reduction: a warp
   `shfl_down_sync` tree, lane 0 of each warp writes a `__shared__` array of WARPS partials,
@@ -91,6 +94,7 @@ from minicomp.schedule.common import (
     signature,
     unconditional_elements,
 )
+from minicomp.schedule.cuda_columns import SMS, ColumnReduction, plan_columns
 from minicomp.schedule.cuda_parts import (
     BLOCK,
     LARGE_ROW,
@@ -122,8 +126,9 @@ from minicomp.schedule.cuda_parts import (
 class CudaKernelBuilder:
     """Lowers one fused group to a CUDA kernel function."""
 
-    def __init__(self, op: FusedOp, layouts: Mapping[str, Strides]):
+    def __init__(self, op: FusedOp, layouts: Mapping[str, Strides], sms: int = SMS):
         self.op = op
+        self.sms = sms
         loop_vars = set(op.outer_vars) | set(op.inner_vars)
         self.sig: KernelSignature = signature(op, layouts, loop_vars)
         self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
@@ -261,6 +266,9 @@ class CudaKernelBuilder:
     # ---- reduction groups ----
 
     def reduction(self) -> tuple[Stmt, Dim, int]:
+        columns = plan_columns(self.op, self.stages, self.buffers, self.out_bufs, self.sms)
+        if columns is not None:
+            return ColumnReduction(self, columns).build()
         n = prod(self.op.inner_extents)
         if isinstance(n, int) and n < LARGE_ROW:
             return self.warp_rows(n)
@@ -471,5 +479,6 @@ def schedule_cuda(
 
         kernel = schedule_contraction(op, layouts, options, choose)
     if kernel is None:
-        kernel = CudaKernelBuilder(op, layouts).build()
+        sms = options.sm_count if options is not None and options.sm_count else SMS
+        kernel = CudaKernelBuilder(op, layouts, sms).build()
     return with_error_flag(kernel)
