@@ -60,7 +60,7 @@ def compile_graph(
     record.options = options
     trace = record.passes if record.trace else None
 
-    graph = unfused = run_passes(graph, target.passes_for(graph), trace=trace)
+    graph = unfused = run_passes(graph, target.passes_for(graph, options), trace=trace)
     graph = run_passes(graph, [fuse], trace=trace)
     graph = record.graph = place_constants(graph, target)
     layouts = layouts_for(graph)

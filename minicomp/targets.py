@@ -37,7 +37,7 @@ from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.graph.split_reductions import split_reductions
 from minicomp.passes.kernel.count_ops import count_ops
-from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES, GraphPass
+from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES, GraphPass, configured
 from minicomp.runtime.cuda_graphs import GraphedPlan
 from minicomp.runtime.plan import Plan
 from minicomp.schedule.cpu import schedule_cpu
@@ -79,8 +79,9 @@ class Target:
                 "on cuda; use target='cuda' (or 'auto')"
             )
 
-    def passes_for(self, graph: Graph) -> list[GraphPass]:
-        """The graph passes run before fusion when compiling `graph`."""
+    def passes_for(self, graph: Graph, options: Options | None = None) -> list[GraphPass]:
+        """The graph passes run before fusion when compiling `graph` with `options` (the
+        passes that size for the GPU take `options.sm_count` when it is set)."""
         return list(self.passes)
 
     def sm_count(self, options: Options, device_index: int | None) -> int:
@@ -179,12 +180,16 @@ class CudaSourceTarget(Target):
         lower_attention,
     )
 
-    def passes_for(self, graph):
+    def passes_for(self, graph, options=None):
+        passes = list(self.passes)
+        if options is not None and options.sm_count is not None:
+            sized = {lower_attention}  # the passes whose heuristics fill the GPU's SMs
+            passes = [configured(p, sms=options.sm_count) if p in sized else p for p in passes]
         if not has_script_ops(graph):
-            return list(self.passes)
+            return passes
         # Script-kernel ops launch first, so the default passes see their tensors; their
         # launches read row-major inputs.
-        return [lower_script_ops, *self.passes, contiguous_kernel_inputs]
+        return [lower_script_ops, *passes, contiguous_kernel_inputs]
 
     def schedule(self, op, layouts, choose, options):
         return schedule_cuda(op, layouts, choose, options)

@@ -146,3 +146,10 @@ def test_the_compiler_resolves_the_sm_count_once_from_the_target(monkeypatch, gi
     compile_graph(_exp_times_x(), options, record)
     assert record.options.sm_count == expected
     assert seen == [expected]
+
+
+def test_the_cuda_pass_list_sizes_attention_for_the_sm_count_under_its_own_name():
+    emu = get_target("cuda-emu")
+    passes = emu.passes_for(_exp_times_x(), config.Options(sm_count=16))
+    assert [p.__name__ for p in passes] == [p.__name__ for p in emu.passes]
+    assert passes[-1].func is lower_attention and passes[-1].keywords == {"sms": 16}

@@ -3,6 +3,7 @@ order, optionally tracing each one."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -35,6 +36,15 @@ DEFAULT_PASSES: list[GraphPass] = [
 # still ATen calls, before the CUDA targets lower them (lower_anchors). Each target
 # (minicomp/targets.py) puts its own passes around these and the default ones.
 FIRST_PASSES: list[GraphPass] = [fuse_matmuls_sharing_input]
+
+
+def configured(p: Callable[..., Graph], **settings: object) -> GraphPass:
+    """Graph pass `p` with keyword `settings` bound (such as the GPU's SM count, which a
+    target knows once per compile), under `p`'s name, which traces print."""
+    bound = functools.partial(p, **settings)
+    functools.update_wrapper(bound, p)
+    return bound
+
 
 def run_passes(graph: Graph, passes: Sequence[GraphPass], *, trace: list | None = None) -> Graph:
     """`graph` after each pass in turn.

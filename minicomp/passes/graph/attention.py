@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Expr, dim_expr, minimum
 from minicomp.ir.func import Function
@@ -54,9 +55,10 @@ class Refused(Exception):
     """Why one attention call stays an ATen call."""
 
 
-def lower_attention(graph: Graph) -> Graph:
-    """Every fused attention call the template computes as a launch of its kernel; the others
-    keep their ATen call with the reason why."""
+def lower_attention(graph: Graph, *, sms: int = H100_SMS) -> Graph:
+    """Every fused attention call the template computes as a launch of its kernel, its
+    heuristic config chosen for a GPU of `sms` SMs (the targets bind the compile's count); the
+    others keep their ATen call with the reason why."""
     ops = sdpa_ops()
 
     def fused_attention(n) -> bool:
@@ -70,7 +72,7 @@ def lower_attention(graph: Graph) -> Graph:
     for n in graph.nodes:
         if fused_attention(n):
             try:
-                n = attention_kernel_op(n, layouts, read)
+                n = attention_kernel_op(n, layouts, read, sms)
             except Refused as why:
                 n = n.replace(reason=f"attention not fused: {why}")
             changed = True
@@ -78,11 +80,12 @@ def lower_attention(graph: Graph) -> Graph:
     return graph.replace(nodes=tuple(nodes)) if changed else graph
 
 
-def attention_kernel_op(call: ExternOp, layouts: dict, read: set) -> KernelOp:
-    """The launch computing attention call `call`; raises Refused when the template cannot."""
+def attention_kernel_op(call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS) -> KernelOp:
+    """The launch computing attention call `call` on a GPU of `sms` SMs; raises Refused when
+    the template cannot."""
     from minicomp.schedule.templates import attention as template
 
-    problem, inputs, outputs, roles = attention_problem(call, layouts, read)
+    problem, inputs, outputs, roles = attention_problem(call, layouts, read, sms)
     if not template.applies(problem):
         raise Refused(f"head dim {problem.head_dim} is not a multiple of 16 up to 256")
     config = template.heuristic(problem)
@@ -174,9 +177,10 @@ def _arguments(call: ExternOp) -> dict[str, Any]:
     return given
 
 
-def attention_problem(call: ExternOp, layouts: dict, read: set):
+def attention_problem(call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS):
     """(problem, KernelOp inputs, KernelOp outputs, the value of each buffer parameter) for
-    attention call `call`; raises Refused for what the template does not compute."""
+    attention call `call` on a GPU of `sms` SMs; raises Refused for what the template does not
+    compute."""
     from minicomp.schedule.templates.attention import AttentionProblem
 
     given = _arguments(call)
@@ -234,6 +238,7 @@ def attention_problem(call: ExternOp, layouts: dict, read: set):
         mask=ops.get("mask"),
         causal=causal,
         scale=float(scale),
+        sms=sms,
     )
     return problem, inputs, outputs, roles
 

@@ -23,6 +23,7 @@ from minicomp.ir.func import Function
 from minicomp.ir.graph import FusedOp
 from minicomp.schedule.common import Strides
 from minicomp.schedule.templates import matmul_simt, matmul_tc
+from minicomp.schedule.templates.base import sm_count_of
 from minicomp.schedule.templates.problem import MatmulProblem, matmul_problem
 from minicomp.script.errors import ScriptError
 
@@ -51,8 +52,9 @@ def schedule_contraction(
     choose: Chooser | None = None,
 ) -> Function | None:
     """The template kernel of fused group `op`, or None when it is not a matrix product a
-    template computes. `choose` picks the config (default: the template's heuristic)."""
-    problem = matmul_problem(op, layouts)
+    template computes. `choose` picks the config (default: the template's heuristic), for the
+    GPU of `options.sm_count` SMs."""
+    problem = matmul_problem(op, layouts, sm_count_of(options))
     if problem is None:
         return None
     template = select_template(problem, options)

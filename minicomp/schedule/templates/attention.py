@@ -46,13 +46,13 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Expr, Var, dim_expr, maximum, minimum, prod
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
 from minicomp.schedule.templates import tiles
 from minicomp.schedule.templates.base import (
-    FILL_BLOCKS,
     MAX_DYNAMIC_SHARED,
     Template,
     WarpTiled,
@@ -156,6 +156,10 @@ class AttentionProblem:
 
     `params` are the kernel's IR parameters in the order a KernelOp passes them: the buffers
     of q, k, v, (mask), o, (lse), then the size symbols the sizes and strides use.
+
+    `sms` is the SM count of the GPU it compiles for, which the heuristic fills with blocks.
+    It is not part of the signature, as in MatmulProblem: tuning records are keyed by the
+    architecture, and a record's config stays a valid candidate whatever the SM count.
     """
 
     name: str
@@ -174,6 +178,7 @@ class AttentionProblem:
     mask: Operand | None = None
     causal: bool = False
     scale: float = 1.0
+    sms: int = H100_SMS
 
     @property
     def buffers(self) -> tuple[Var, ...]:
@@ -301,8 +306,8 @@ _PREFERRED = {
 
 def heuristic(problem: AttentionProblem) -> AttnConfig:
     """The config used without measuring: per head dim (rounded up to 64, 128 or 256), the
-    first valid preference; 64-row blocks when 128-row ones would give too few blocks to
-    fill the GPU."""
+    first valid preference; 64-row blocks when 128-row ones would give fewer blocks than the
+    GPU has SMs (`problem.sms`)."""
     d = problem.head_dim
     key = 64 if d <= 64 else 128 if d <= 128 else 256
     prefs = [c for c in _PREFERRED[key] if valid(problem, c)]
@@ -311,7 +316,7 @@ def heuristic(problem: AttentionProblem) -> AttnConfig:
     best = prefs[0]
     bh, sq = problem.batch * problem.heads, problem.seq_q
     if best.bm == 128 and isinstance(bh, int) and isinstance(sq, int):
-        if bh * ceil_div(sq, 128) < FILL_BLOCKS:
+        if bh * ceil_div(sq, 128) < problem.sms:
             smaller = [c for c in prefs if c.bm == 64]
             best = smaller[0] if smaller else best
     return best

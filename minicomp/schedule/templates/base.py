@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.backends.cuda.sm_count import H100_SMS
+from minicomp.config import Options
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
@@ -15,12 +16,17 @@ from minicomp.ir.functor import collect
 # The most dynamic shared memory a config may take: what every GPU of the limits table lets a
 # block have (a kernel is compiled without knowing which one it will run on).
 MAX_DYNAMIC_SHARED = PORTABLE.shared_per_block_optin
-# Blocks that keep a large GPU busy, one an SM: the heuristics prefer tilings that launch this
-# many. It is an H100's count whatever the device; the target's (backends/cuda/sm_count.py)
-# should replace it once the templates' problems carry it.
-FILL_BLOCKS = H100_SMS
 
 Config = TypeVar("Config")
+
+
+def sm_count_of(options: Options | None) -> int:
+    """The SMs a template's heuristic fills with blocks (a problem's `sms`): the `sm_count`
+    option, which compile_graph resolves from the target; an H100's where no options name
+    one (a problem built outside a compile, as tests do)."""
+    if options is None or options.sm_count is None:
+        return H100_SMS
+    return options.sm_count
 
 
 def _always(problem: Any) -> bool:

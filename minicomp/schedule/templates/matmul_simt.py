@@ -31,7 +31,7 @@ from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.ir.expr import Dim, Select
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
-from minicomp.schedule.templates.base import FILL_BLOCKS, Template, finish, search_space
+from minicomp.schedule.templates.base import Template, finish, search_space
 from minicomp.schedule.templates.problem import (
     BlockTile,
     MatmulProblem,
@@ -158,13 +158,14 @@ def blocks(problem: MatmulProblem, bm: int, bn: int) -> int:
 
 
 def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int, int]:
-    """Of (bm, bn) tiles ordered largest first: the first that launches FILL_BLOCKS blocks
-    without tiles much larger than the matrix; else the one launching the most blocks."""
+    """Of (bm, bn) tiles ordered largest first: the first that launches a block for each of
+    the GPU's SMs (`problem.sms`) without tiles much larger than the matrix; else the one
+    launching the most blocks."""
     m, n = _assumed(problem.m), _assumed(problem.n)
     fitting = [(bm, bn) for bm, bn in tiles if bm <= max(2 * m, 32) and bn <= max(2 * n, 32)]
     fitting = fitting or tiles[-1:]
     for bm, bn in fitting:
-        if blocks(problem, bm, bn) >= FILL_BLOCKS:
+        if blocks(problem, bm, bn) >= problem.sms:
             return bm, bn
     return max(fitting, key=lambda t: (blocks(problem, *t), -t[0] * t[1]))
 

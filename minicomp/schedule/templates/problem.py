@@ -34,6 +34,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorElement
 from minicomp.ir.contraction import Axis, Contraction
@@ -225,10 +226,18 @@ class GatheredOperand:
 
 
 class MatmulProblem:
-    """A matched contraction with the buffers and sizes of its kernel (see the module doc)."""
+    """A matched contraction with the buffers and sizes of its kernel (see the module doc).
 
-    def __init__(self, c: Contraction, layouts: Mapping[str, Strides]):
+    `sms` is the SM count of the GPU it compiles for, which the heuristics fill with blocks
+    (matmul_simt.pick_tile). It is not part of the signature: tuning records are keyed by the
+    architecture beside it, which stands for the device (its bandwidth and clocks are not in
+    the key either), and a record holds the config that measured fastest on the device it was
+    tuned on, still a valid candidate on one with another SM count. The level-0 heuristic,
+    which does depend on it, is never recorded."""
+
+    def __init__(self, c: Contraction, layouts: Mapping[str, Strides], sms: int = H100_SMS):
         op = c.op
+        self.sms = sms
         self.contraction = c
         self.op = op
         self.layouts = layouts
@@ -253,15 +262,16 @@ class MatmulProblem:
         self.b_major = self._major(c.b, c.n)
 
     @classmethod
-    def from_contraction(cls, c: Contraction, layouts: Mapping[str, Strides]):
-        """The problem of contraction `c`, or None when no template computes it (an
-        accumulator other than f32/f64, or a product computed in another type)."""
+    def from_contraction(cls, c: Contraction, layouts: Mapping[str, Strides], sms: int = H100_SMS):
+        """The problem of contraction `c` on a GPU of `sms` SMs, or None when no template
+        computes it (an accumulator other than f32/f64, or a product computed in another
+        type)."""
         body_dtype = T.promote(c.a.dtype, c.b.dtype)
         if c.acc_dtype not in ACC_TYPES or body_dtype != c.acc_dtype:
             return None
         if c.a.dtype != c.acc_dtype or c.b.dtype != c.acc_dtype:
             return None
-        return cls(c, layouts)
+        return cls(c, layouts, sms)
 
     @property
     def params(self) -> tuple[Var, ...]:
@@ -743,10 +753,12 @@ def _plain_text(p: PlainOperand | None, g: GatheredOperand | None = None) -> str
     return f"{p.contiguous}:{_dim_text(p.ld)}"
 
 
-def matmul_problem(op: FusedOp, layouts: Mapping[str, Strides]) -> MatmulProblem | None:
-    """The MatmulProblem of fused group `op`, or None when it is not a contraction a template
-    computes."""
+def matmul_problem(
+    op: FusedOp, layouts: Mapping[str, Strides], sms: int = H100_SMS
+) -> MatmulProblem | None:
+    """The MatmulProblem of fused group `op` on a GPU of `sms` SMs, or None when it is not a
+    contraction a template computes."""
     from minicomp.ir.contraction import match_contraction
 
     c = match_contraction(op)
-    return None if c is None else MatmulProblem.from_contraction(c, layouts)
+    return None if c is None else MatmulProblem.from_contraction(c, layouts, sms)
