@@ -183,7 +183,7 @@ class CudaSourceTarget(Target):
     def passes_for(self, graph, options=None):
         passes = list(self.passes)
         if options is not None and options.sm_count is not None:
-            sized = {lower_attention}  # the passes whose heuristics fill the GPU's SMs
+            sized = {split_k, lower_attention}  # the passes that fill the GPU's SMs
             passes = [configured(p, sms=options.sm_count) if p in sized else p for p in passes]
         if not has_script_ops(graph):
             return passes

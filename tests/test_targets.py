@@ -14,6 +14,7 @@ from minicomp.ir import expr as E
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.attention import lower_attention
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
+from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES
 from minicomp.record import CompileRecord
 from minicomp.script.custom_op import lower_script_ops
@@ -148,8 +149,9 @@ def test_the_compiler_resolves_the_sm_count_once_from_the_target(monkeypatch, gi
     assert seen == [expected]
 
 
-def test_the_cuda_pass_list_sizes_attention_for_the_sm_count_under_its_own_name():
+def test_the_cuda_pass_list_sizes_its_passes_for_the_sm_count_under_their_own_names():
     emu = get_target("cuda-emu")
     passes = emu.passes_for(_exp_times_x(), config.Options(sm_count=16))
     assert [p.__name__ for p in passes] == [p.__name__ for p in emu.passes]
-    assert passes[-1].func is lower_attention and passes[-1].keywords == {"sms": 16}
+    sized = {p.func: p.keywords for p in passes if hasattr(p, "func")}
+    assert sized == {split_k: {"sms": 16}, lower_attention: {"sms": 16}}

@@ -93,7 +93,7 @@ def test_chunking_rule():
     # Several K axes: only the outermost is chunked, the taps stay whole in every chunk.
     assert plan_split(1, (1024, 3, 3)) == KSplit(0, 16, 64, True)
     assert plan_split(2, (1, 4, 8192)) == KSplit(1, 4, 1, True)
-    assert plan_split(split_k_module.MAX_TILES, (65536,)) is None  # the grid is wide enough
+    assert plan_split(66, (65536,)) is None  # the grid keeps half an H100's 132 SMs busy
     assert plan_split(1, (split_k_module.MIN_K - 1,)) is None  # K is short
 
 
@@ -307,3 +307,13 @@ def test_k_the_chunk_does_not_divide(small_thresholds):
 def test_bmm(small_thresholds):
     a, b = torch.randn(3, 8, 2048), torch.randn(3, 2048, 16)
     run(torch.bmm, a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_split_fills_the_sms_of_the_gpu_it_compiles_for():
+    # 4 tiles over K = 16384: 32 chunks of 512 on an H100's 132 SMs, 4 of 4096 fill 16 SMs.
+    h100 = KSplit(0, 32, 512, True)
+    assert plan_split(4, (16384,)) == plan_split(4, (16384,), sms=132) == h100
+    assert plan_split(4, (16384,), sms=16) == KSplit(0, 4, 4096, True)
+    # 8 tiles already keep half of 16 SMs busy: the product stays whole there.
+    assert plan_split(8, (65536,), sms=16) is None
+    assert plan_split(8, (65536,)) == KSplit(0, 32, 2048, True)

@@ -3,7 +3,7 @@ partial products over chunks of K and their sum.
 
 A matmul template gives each BM x BN tile of C (per batch) one block, which walks all of K. A
 product such as (M=16, N=1024, K=16384) or (64 x 64 x 65536) has a handful of tiles, so a
-handful of the GPU's 132 SMs do all the work while the rest idle. This pass rewrites a
+handful of the GPU's SMs (an H100 has 132) do all the work while the rest idle. This pass rewrites a
 compute op that is a contraction (one `sum` over K of a product `a * b`, classified into
 batch, M and N axes by minicomp.ir.contraction.product_sides, exactly as the
 template will see the fused group) into two:
@@ -29,8 +29,10 @@ replaced by 0); the clamp makes the operand a computed one (loaded through regis
 the chunk is chosen to divide the axis whenever that costs little parallelism.
 
 When to split (all sizes static; tiles = B * ceil(M / TILE) * ceil(N / TILE), the blocks the
-template's largest tiles launch):
-- tiles < MAX_TILES (66, half of SMS = 132): with more, the grid already keeps at least half
+template's largest tiles launch; SMS is the SM count of the GPU the graph compiles for, the
+`sm_count` option the CUDA targets bind as `split_k(graph, sms=)`, 132 on an H100, the
+numbers in parentheses):
+- tiles < max_tiles(SMS) (66, half of SMS): with more, the grid already keeps at least half
   the GPU busy and the partials' round trip through memory would cost more than it frees;
 - K >= MIN_K (8192): with a shorter K a tile's work is a few microseconds, no more than the
   second kernel's launch and the partials' round trip;
@@ -42,7 +44,7 @@ template's largest tiles launch):
   would leave the skinny LLM products (16 x 4096 x 11008: 32 tiles, memory bound, where a
   quarter of the SMs cannot pull the GPU's bandwidth) unsplit, although their partials are
   2 MB against 90 MB of weights.
-- S: tiles * S at most TARGET_BLOCKS (264, two blocks per SM) and CHUNK >= MIN_CHUNK, with
+- S: tiles * S at most target_blocks(SMS) (264, two blocks per SM) and CHUNK >= MIN_CHUNK, with
   CHUNK = ceil(K / S), the most even chunks for S (only the last may be shorter). Of the
   counts launching at least FILL_SLACK (3/4) of the most blocks any of them launches (counting
   up to SMS), the pass prefers an exact chunk (dividing the axis: no guard, plain operands),
@@ -52,10 +54,11 @@ template's largest tiles launch):
   512; 64 x 64 x 65536: S = 128 of 512; 16 x 4096 x 11008: S = 8 of 1376.)
 
 The pass runs before split_reductions (the CUDA targets' pass list, minicomp/targets.py),
-which would otherwise take a long-K product with few outputs (16 x 16 x 2^15) for a row reduction and split it with the
-chunk index last and unravelled, a form no template computes. After split-K,
-split_reductions finds the partials' rows short (or, when chunks are long, too many: S * M * N
-with M, N >= 2) and the final sums S <= 264 long, and leaves both alone.
+which would otherwise take a long-K product with few outputs (16 x 16 x 2^15) for a row
+reduction and split it with the chunk index last and unravelled, a form no template
+computes. After split-K, split_reductions finds the partials' rows short (or, when chunks are
+long, too many: S * M * N with M, N >= 2) and the final sums S <= 2 * SMS long, and leaves
+both alone.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir.compute import Compute, Reduce, TensorInput
 from minicomp.ir.contraction import product_sides
 from minicomp.ir.expr import Cast, Expr, Var, const, minimum, prod, select
@@ -71,24 +75,28 @@ from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import i64
 from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
 
-# The GPU the thresholds are set for (an H100 has 132 SMs).
-SMS = 132
 # The largest tile edge of the matmul templates: a product launches about
 # B * ceil(M / TILE) * ceil(N / TILE) blocks.
 TILE = 128
-# Products with at least this many tiles keep half the SMs busy and stay whole.
-MAX_TILES = SMS // 2
 # Products over a shorter K stay whole.
 MIN_K = 8192
 # The shortest chunk of K a partial product sums.
 MIN_CHUNK = 512
-# The most blocks (tiles * chunks) a split aims at: two per SM.
-TARGET_BLOCKS = 2 * SMS
 # A chunk that is a multiple of this many elements is preferred.
 ALIGN = 64
 # A split may launch this fraction of the most blocks (up to SMS) any split launches, when
 # that buys an exact or aligned chunk, or fewer chunks.
 FILL_SLACK = 3 / 4
+
+
+def max_tiles(sms: int) -> int:
+    """Products with at least this many tiles keep half of `sms` SMs busy and stay whole."""
+    return sms // 2
+
+
+def target_blocks(sms: int) -> int:
+    """The most blocks (tiles * chunks) a split aims at: two per SM."""
+    return 2 * sms
 
 
 @dataclass(frozen=True)
@@ -102,14 +110,15 @@ class KSplit:
     exact: bool
 
 
-def split_k(graph: Graph) -> Graph:
+def split_k(graph: Graph, *, sms: int = H100_SMS) -> Graph:
     """`graph` with every small-grid, long-K matrix product replaced by a partial product per
-    K-chunk and their sum (see the module docstring)."""
+    K-chunk and their sum, grids judged small and chunks sized for a GPU of `sms` SMs (see the
+    module docstring)."""
     names = value_names(graph)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
-        split = _split_op(n, names) if isinstance(n, ComputeOp) else None
+        split = _split_op(n, names, sms) if isinstance(n, ComputeOp) else None
         nodes.extend(split or (n,))
         changed |= split is not None
     return graph.replace(nodes=tuple(nodes)) if changed else graph
@@ -134,40 +143,41 @@ def product_tiles(d: Compute) -> tuple[int, Reduce] | None:
     return batch * -(-m // TILE) * -(-n // TILE), red
 
 
-def plan_split(tiles: int, k_extents: Sequence[int]) -> KSplit | None:
-    """How to chunk a product of `tiles` tiles over K extents `k_extents`, or None when it is
-    not worth splitting (see the module docstring for the rules)."""
+def plan_split(tiles: int, k_extents: Sequence[int], sms: int = H100_SMS) -> KSplit | None:
+    """How to chunk a product of `tiles` tiles over K extents `k_extents` on a GPU of `sms`
+    SMs, or None when it is not worth splitting (see the module docstring for the rules)."""
     k = prod(k_extents)
-    if not 1 <= tiles < MAX_TILES or k < MIN_K:
+    if not 1 <= tiles < max_tiles(sms) or k < MIN_K:
         return None
     axis = next(q for q, x in enumerate(k_extents) if x != 1)
     extent = k_extents[axis]
     inner = k // extent
     options: dict[int, KSplit] = {}
-    for s in range(2, TARGET_BLOCKS // tiles + 1):
+    most_blocks = target_blocks(sms)
+    for s in range(2, most_blocks // tiles + 1):
         length = -(-extent // s)
         chunks = -(-extent // length)
-        if chunks >= 2 and length * inner >= MIN_CHUNK and tiles * chunks <= TARGET_BLOCKS:
+        if chunks >= 2 and length * inner >= MIN_CHUNK and tiles * chunks <= most_blocks:
             options[length] = KSplit(axis, chunks, length, chunks * length == extent)
     if not options:
         return None
-    most = max(min(tiles * o.chunks, SMS) for o in options.values())
-    fair = [o for o in options.values() if min(tiles * o.chunks, SMS) >= FILL_SLACK * most]
+    most = max(min(tiles * o.chunks, sms) for o in options.values())
+    fair = [o for o in options.values() if min(tiles * o.chunks, sms) >= FILL_SLACK * most]
 
     def preference(o: KSplit) -> tuple:
         aligned = o.length * inner % ALIGN == 0
-        return (o.exact, tiles * o.chunks >= SMS, aligned, -o.chunks, -o.length)
+        return (o.exact, tiles * o.chunks >= sms, aligned, -o.chunks, -o.length)
 
     return max(fair, key=preference)
 
 
-def _split_op(op: ComputeOp, names: set[str]) -> list[ComputeOp] | None:
+def _split_op(op: ComputeOp, names: set[str], sms: int) -> list[ComputeOp] | None:
     d = op.definition
     found = product_tiles(d)
     if found is None:
         return None
     tiles, red = found
-    plan = plan_split(tiles, red.extents)
+    plan = plan_split(tiles, red.extents, sms)
     if plan is None:
         return None
     used = {v.name for v in collect(d, Var)}

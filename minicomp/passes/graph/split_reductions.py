@@ -33,7 +33,9 @@ When to split (R = number of output rows, L = reduced length, both products of e
 - R static and 1 <= R <= MAX_ROWS (256): with more rows the grid is already wide enough;
 - L static and >= MIN_LENGTH (2^15), or L symbolic (a full reduction under dynamic=True);
 - CHUNK, for static L, is the power of two that makes R * C land in (TARGET_ROWS / 2,
-  TARGET_ROWS] (1024 block rows: about 8 resident 256-thread blocks per SM on a 132-SM GPU),
+  TARGET_ROWS] (1024 block rows: about 8 resident 256-thread blocks per SM on an H100's 132;
+  a fixed count, not the compile's `sm_count`: a GPU with fewer SMs runs more rounds of
+  blocks, a larger one still fills with 1024 when its SMs hold 8 each),
   but at least MIN_CHUNK (2048, 8 elements per thread of a block); for symbolic L it is
   SYMBOLIC_CHUNK (4096) and C the symbolic ceil-div (L + 4095) // 4096.
 Each partial row is then >= 2048 long (a block per row in the CUDA scheduler), and each final
