@@ -59,9 +59,7 @@ def draw_cases(seed: int, program: Program, targets: Iterable[str]) -> list[Case
     rng = random.Random(seed * 2 + 1)
     has_grad = any(spec.requires_grad for spec in program.inputs)
     backward = has_grad and rng.random() < BACKWARD_SHARE
-    return [
-        Case(program, name, rng.random() < DYNAMIC_SHARE, backward, seed) for name in targets
-    ]
+    return [Case(program, name, rng.random() < DYNAMIC_SHARE, backward, seed) for name in targets]
 
 
 def _ops(program: Program) -> set[str]:

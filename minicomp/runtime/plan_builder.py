@@ -64,9 +64,7 @@ class PlanBuilder:
     def add_constant_slot(self, name: str, t: torch.Tensor) -> int:
         k = len(self.slots)
         self.slot[name] = k
-        info = SlotInfo(
-            name, dims_fn(t.shape), dims_fn(self.layouts[name]), t.dtype, t.device.type
-        )
+        info = SlotInfo(name, dims_fn(t.shape), dims_fn(self.layouts[name]), t.dtype, t.device.type)
         self.slots.append(info)
         return k
 

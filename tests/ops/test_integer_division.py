@@ -17,10 +17,10 @@ from helpers import compile_minicomp
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import minicomp
+from minicomp.compiler import compile_graph
 from minicomp.dynamo.backend import recording
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.importer import import_graph
-from minicomp.compiler import compile_graph
 from minicomp.record import CompileRecord
 from minicomp.runtime.cuda_graphs import GraphedPlan, segments
 

@@ -43,4 +43,3 @@ def test_a_python_base_is_rounded_to_the_result_dtype_first(target, dtype, base)
     x = torch.randn(40).to(dtype)
     exact = {"rtol": 0, "atol": 0} if dtype != torch.float32 else {}  # f32: libm's last ulp
     check_compiled(lambda x: torch.pow(base, x), x, target=target, **exact)
-

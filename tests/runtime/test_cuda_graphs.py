@@ -6,9 +6,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from minicomp import config
+from minicomp.compiler import compile_graph
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.importer import import_graph
-from minicomp.compiler import compile_graph
 from minicomp.record import CompileRecord
 from minicomp.runtime import cuda_graphs
 from minicomp.runtime.cuda_graphs import GraphedPlan, capturable, segments

@@ -10,9 +10,9 @@ from helpers import check_compiled, compile_minicomp
 import minicomp
 from minicomp import config
 from minicomp.compiler import compile_graph
-from minicomp.record import CompileRecord
 from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
+from minicomp.record import CompileRecord
 from minicomp.runtime.memory import ALIGN
 
 

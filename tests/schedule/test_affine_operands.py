@@ -12,15 +12,15 @@ from schedule_graphs import one_group
 
 import minicomp
 from minicomp import config
-from minicomp.dynamo.backend import recording
 from minicomp.compiler import compile_graph
-from minicomp.record import CompileRecord
+from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
 from minicomp.ir.compute import reduce
 from minicomp.ir.expr import cast, minimum
 from minicomp.ir.graph import FusedOp, Graph
 from minicomp.passes.graph import split_k
 from minicomp.passes.graph.layout import layouts_for
+from minicomp.record import CompileRecord
 from minicomp.schedule.templates import matmul_problem
 
 EMU = "cuda-emu"

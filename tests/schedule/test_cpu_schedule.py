@@ -8,7 +8,6 @@ from graph_builder import GraphBuilder
 from helpers import build_cpu
 from schedule_graphs import broadcast_add, full_2d_sum, one_group, poisoned, row_reduce, scale_graph
 
-from minicomp.passes.graph.layout import layouts_for
 from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
 from minicomp.ir.func import Function, Module
@@ -16,6 +15,7 @@ from minicomp.ir.functor import collect
 from minicomp.ir.graph import Graph
 from minicomp.ir.stmt import For, If, Store
 from minicomp.ir.types import PointerType, to_torch
+from minicomp.passes.graph.layout import layouts_for
 from minicomp.schedule.cpu import CHUNK, schedule_cpu
 
 

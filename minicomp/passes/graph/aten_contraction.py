@@ -33,7 +33,8 @@ contiguous x); a symbolic divisor, or any other index, leaves the group to the t
 `tune_contractions` (run by the CUDA targets' tune_graph, after tune_attention) asks the
 chooser about each eligible group with the ATen candidate: a function of a tune.tuner.Workload
 running these ATen calls and the compiled epilogue kernel, which is what would run in its
-place, so the tuner times the pair against the template's configs. When the Choice says ATen won, the group is replaced by the rewrite.
+place, so the tuner times the pair against the template's configs. When the Choice says ATen
+won, the group is replaced by the rewrite.
 """
 
 from __future__ import annotations
