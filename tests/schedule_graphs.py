@@ -51,3 +51,19 @@ def full_2d_sum(rows, cols) -> Graph:
     s = b.compute("s", (1, 1), lambda i, j: reduce("sum", (rows, cols), lambda r, c: x[r, c]))
     b.output(s)
     return b.build()
+
+
+def matmul_problem_of(fn, *args, target: str = "cuda-emu"):
+    """The one matmul problem (templates.problem.MatmulProblem) of `fn`'s graph on `target`."""
+    import minicomp
+    from minicomp.passes.graph.layout import layouts_for
+    from minicomp.schedule.templates import matmul_problem
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = minicomp.explain(fn, *args, options={"target": target})
+    (record,) = report.records
+    layouts = layouts_for(record.graph)
+    groups = [n for n in record.graph.nodes if isinstance(n, FusedOp)]
+    (problem,) = [p for p in (matmul_problem(g, layouts) for g in groups) if p is not None]
+    return problem

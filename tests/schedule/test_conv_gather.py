@@ -7,12 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import check_compiled
+from schedule_graphs import matmul_problem_of
 
-import minicomp
 from minicomp.dynamo.backend import recording
-from minicomp.ir.graph import FusedOp
-from minicomp.passes.graph.layout import layouts_for
-from minicomp.schedule.templates import matmul_problem, matmul_tc
+from minicomp.schedule.templates import matmul_tc
 
 H = torch.float16
 CL = torch.channels_last
@@ -20,15 +18,7 @@ TARGET = "cuda-emu"
 
 
 def _problem(fn, *args):
-    """The one matmul problem of `fn`'s graph on cuda-emu."""
-    torch._dynamo.reset()
-    with torch.no_grad():
-        report = minicomp.explain(fn, *args, options={"target": TARGET})
-    (record,) = report.records
-    layouts = layouts_for(record.graph)
-    groups = [n for n in record.graph.nodes if isinstance(n, FusedOp)]
-    (problem,) = [p for p in (matmul_problem(g, layouts) for g in groups) if p is not None]
-    return problem
+    return matmul_problem_of(fn, *args, target=TARGET)
 
 
 def _run(fn, *args) -> list[str]:

@@ -11,14 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import check_compiled
+from schedule_graphs import matmul_problem_of
 
-import minicomp
 from minicomp.backends.cuda.arch import PORTABLE
 from minicomp.dynamo.backend import recording
 from minicomp.ir.func import Module
-from minicomp.ir.graph import FusedOp
-from minicomp.passes.graph.layout import layouts_for
-from minicomp.schedule.templates import TEMPLATES, matmul_problem, matmul_simt, matmul_tc
+from minicomp.schedule.templates import TEMPLATES, matmul_simt, matmul_tc
 
 TARGET = "cuda-emu"
 SIMT, TC = matmul_simt.NAME, matmul_tc.NAME
@@ -266,14 +264,7 @@ def test_larger_tensor_core_product(dt):
 
 
 def _problem(fn, *args):
-    torch._dynamo.reset()
-    with torch.no_grad():
-        report = minicomp.explain(fn, *args, options={"target": TARGET})
-    (record,) = report.records
-    layouts = layouts_for(record.graph)
-    groups = [n for n in record.graph.nodes if isinstance(n, FusedOp)]
-    (problem,) = [p for p in (matmul_problem(g, layouts) for g in groups) if p is not None]
-    return problem
+    return matmul_problem_of(fn, *args, target=TARGET)
 
 
 def test_problem_operands_and_signature():
