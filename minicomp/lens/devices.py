@@ -19,7 +19,7 @@ Sources, cited by name below:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minicomp.backends.cuda import arch
 
@@ -131,27 +131,10 @@ H100 = Device(
     tensor_tflops_f16=989,
 )
 
-H200 = Device(
-    name="H200 SXM",
-    key="h200",
-    arch="sm_90",
-    # The same GH100 configuration as H100 SXM (132 SMs, same clocks, 50 MB L2, the same
-    # 989 TFLOP/s dense f16): H200 datasheet, whose compute rates equal H100 SXM's.
-    sms=132,
-    clock_ghz=1.98,
-    # 4.8 TB/s HBM3e (141 GB): H200 datasheet.
-    dram_gbps=4800,
-    # Assumption, as for H100 (the same L2).
-    l2_gbps=10_000,
-    l2_bytes=50 * MIB,
-    fp32_lanes_per_sm=128,
-    int32_lanes_per_sm=64,
-    sfu_lanes_per_sm=16,
-    # Assumption, as for H100 (the same SMs).
-    mma_sync_tflops_f16=660,
-    # 1979 TFLOP/s f16 with sparsity, 989 dense: H200 datasheet.
-    tensor_tflops_f16=989,
-)
+# The same GH100 configuration as H100 SXM (132 SMs, the same clocks, 50 MB L2, the same 989
+# TFLOP/s dense f16: H200 datasheet, whose compute rates equal H100 SXM's; the same L2 and
+# mma.sync assumptions) with 4.8 TB/s of HBM3e (141 GB): H200 datasheet.
+H200 = replace(H100, name="H200 SXM", key="h200", dram_gbps=4800)
 
 A100 = Device(
     name="A100 SXM4 80GB",

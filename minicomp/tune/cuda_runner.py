@@ -12,11 +12,11 @@ from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.module import build, pick_arch
 from minicomp.backends.cuda.nvrtc import compile_cuda, library_path
 from minicomp.config import Options
-from minicomp.ir import types as T
 from minicomp.ir.func import Function, Module
-from minicomp.ir.graph import FusedOp, Value
+from minicomp.ir.graph import FusedOp
 from minicomp.ir.symbols import launch_dims
 from minicomp.tune.tuner import Workload
+from minicomp.tune.workloads import random_workload, runnable
 
 
 class CudaRunner:
@@ -51,15 +51,7 @@ class CudaRunner:
         self.aten = aten
         self.timer = None
 
-    @staticmethod
-    def can_measure(op: FusedOp, layouts: dict) -> bool:
-        """Whether random inputs can run the group: static sizes and strides, float inputs (an
-        index input holding random values could send a kernel out of bounds)."""
-        for v in (*op.inputs, *op.outputs):
-            dims = (*v.shape, *layouts[v.name])
-            if not all(isinstance(d, int) for d in dims):
-                return False
-        return all(v.dtype.is_float for v in op.inputs)
+    can_measure = staticmethod(runnable)
 
     def render(self, kernel: Function) -> str:
         return render_module(Module(kernel.name, (kernel,)))
@@ -79,18 +71,5 @@ class CudaRunner:
 
         return launch
 
-    def workload(self, seed: int):
-        device = torch.device("cuda", self.index)
-        gen = torch.Generator(device=device).manual_seed(seed)
-
-        def tensor(v: Value, random: bool) -> torch.Tensor:
-            # Filled through its storage: a broadcast input's strides overlap elements.
-            strides = self.layouts[v.name]
-            size = 1 + sum((n - 1) * s for n, s in zip(v.shape, strides)) if all(v.shape) else 0
-            base = torch.empty(size, dtype=T.to_torch(v.dtype), device=device)
-            if random:
-                base.uniform_(-1.0, 1.0, generator=gen)
-            return base.as_strided(v.shape, strides)
-
-        inputs = [tensor(v, True) for v in self.op.inputs]
-        return Workload(inputs, [tensor(v, False) for v in self.op.outputs])
+    def workload(self, seed: int) -> Workload:
+        return random_workload(self.op, self.layouts, seed, torch.device("cuda", self.index))

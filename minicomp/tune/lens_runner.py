@@ -23,13 +23,14 @@ from minicomp.backends.cuda.nvrtc import compile_cuda
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function, Module
-from minicomp.ir.graph import FusedOp, Value
+from minicomp.ir.graph import FusedOp
 from minicomp.ir.symbols import launch_dims
 from minicomp.lens.counts import KernelCounts
 from minicomp.lens.devices import Device
 from minicomp.lens.estimate import estimate
 from minicomp.passes.kernel.count_ops import count_ops
 from minicomp.tune.tuner import Workload
+from minicomp.tune.workloads import random_workload, runnable, storage_elements
 
 VERIFY_BYTES = 1 << 18
 """Candidates of a group whose tensors take at most this many bytes are run whole and checked
@@ -55,13 +56,7 @@ class LensRunner:
         self.timer = _estimated_seconds
         self.model = f"the lens's estimate on {device.name}"
 
-    @staticmethod
-    def can_estimate(op: FusedOp, layouts: dict) -> bool:
-        """Whether random inputs can run the group: static sizes and strides, float inputs."""
-        for v in (*op.inputs, *op.outputs):
-            if not all(isinstance(d, int) for d in (*v.shape, *layouts[v.name])):
-                return False
-        return all(v.dtype.is_float for v in op.inputs)
+    can_estimate = staticmethod(runnable)
 
     def render(self, kernel: Function) -> str:
         return render_module(Module(kernel.name, (kernel,)))
@@ -92,18 +87,7 @@ class LensRunner:
         return launch
 
     def workload(self, seed: int) -> Workload:
-        gen = torch.Generator().manual_seed(seed)
-
-        def tensor(v: Value, random: bool) -> torch.Tensor:
-            strides = self.layouts[v.name]
-            size = 1 + sum((n - 1) * s for n, s in zip(v.shape, strides)) if all(v.shape) else 0
-            base = torch.empty(size, dtype=T.to_torch(v.dtype))
-            if random:
-                base.uniform_(-1.0, 1.0, generator=gen)
-            return base.as_strided(v.shape, strides)
-
-        inputs = [tensor(v, True) for v in self.op.inputs]
-        return Workload(inputs, [tensor(v, False) for v in self.op.outputs])
+        return random_workload(self.op, self.layouts, seed, torch.device("cpu"))
 
 
 def _estimated_seconds(launch: Callable, workloads: Sequence[Workload]) -> float:
@@ -112,13 +96,11 @@ def _estimated_seconds(launch: Callable, workloads: Sequence[Workload]) -> float
 
 
 def _nbytes(op: FusedOp, layouts: dict) -> int:
-    total = 0
-    for v in (*op.inputs, *op.outputs):
-        shape, strides = v.shape, layouts[v.name]
-        if all(isinstance(d, int) for d in (*shape, *strides)) and all(shape):
-            span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-            total += span * T.to_torch(v.dtype).itemsize
-    return total
+    """The bytes of the group's tensors (the caller checked they are static)."""
+    return sum(
+        storage_elements(v.shape, layouts[v.name]) * T.to_torch(v.dtype).itemsize
+        for v in (*op.inputs, *op.outputs)
+    )
 
 
 @functools.lru_cache(maxsize=256)
