@@ -165,7 +165,9 @@ class _Captured:
                 outs = {k for s in steps for k in s.outputs}
                 fixed = {k: self.slots[k] for k in outs if isinstance(self.slots[k], torch.Tensor)}
                 self.segments.append(_Segment(None, steps, fixed))
-        self.held = _held_storages(plan.collect(self.slots, self.env), owned)
+        storages = _output_storages(plan.collect(self.slots, self.env), owned)
+        # Counted once the outputs list is gone: only the capture's references (and ours).
+        self.held = [(st, _use_count(st)) for st in storages]
 
     def outputs(self, copy: bool = True) -> list:
         """The graph's outputs as the slots hold them now: copied out, or (`copy` False) new
@@ -210,15 +212,13 @@ def _use_count(storage: Any) -> int:
     return torch._C._storage_Use_Count(storage._cdata)
 
 
-def _held_storages(outputs: list, owned: set[int]) -> list[tuple[Any, int]]:
-    """Each storage of the capture's own memory that an output lives on, with its use count
-    while no output has been handed out (the capture's own references and this one)."""
+def _output_storages(outputs: list, owned: set[int]) -> list[Any]:
+    """Each storage of the capture's own memory that an output lives on, once."""
     storages = {}
     for o in outputs:
         if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in owned:
             storages.setdefault(o.untyped_storage().data_ptr(), o.untyped_storage())
-    del outputs, o  # only the capture's references remain
-    return [(s, _use_count(s)) for s in storages.values()]
+    return list(storages.values())
 
 
 class GraphedPlan:
