@@ -17,8 +17,10 @@ measures for minicomp at search space 0.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -26,7 +28,7 @@ import torch
 
 from minicomp.bench.kernels.cases import Case
 from minicomp.bench.kernels.families import FAMILIES
-from minicomp.lens.devices import Device, get_device
+from minicomp.lens.devices import DEVICES, Device, get_device
 from minicomp.lens.profile import LENS_OPTIONS, profile_session
 from minicomp.lens.session import recording
 
@@ -239,8 +241,6 @@ def predictions(path: str) -> dict[str, float]:
 
 def device_key(name: str) -> str | None:
     """The lens device describing a GPU by its CUDA name ("NVIDIA H100 80GB HBM3" -> "h100")."""
-    from minicomp.lens.devices import DEVICES
-
     lowered = name.lower()
     return next((key for key in DEVICES if key in lowered), None)
 
@@ -248,9 +248,6 @@ def device_key(name: str) -> str | None:
 def latest_predictions(results_dir: str, key: str) -> tuple[str, dict[str, float]]:
     """The newest estimates committed for device `key` (lens-<key>-<date>.json, not a
     '-before' table) and their microseconds by case label; ("", {}) when there are none."""
-    import glob
-    import os
-
     paths = sorted(glob.glob(os.path.join(results_dir, f"lens-{key}-*.json")))
     paths = [p for p in paths if not p.endswith("-before.json")]
     return (paths[-1], predictions(paths[-1])) if paths else ("", {})
