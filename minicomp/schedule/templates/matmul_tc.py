@@ -264,7 +264,9 @@ def _operand_copy(problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles
         plain.ref, plain.ld, rows_ext, cols_ext, wide=tiles.wide_offsets(plain.ref)
     )
     element = operand_element(problem, side, k_major, mn, cfg.bk, narrow=True)
-    copy = tiles.async_copy(names, side, tiles.Tile(rows, cols, cfg.threads), (matrix,), element)
+    copy = tiles.async_copy(
+        names, side, tiles.Tile(rows, cols, cfg.threads, phase_columns=True), (matrix,), element
+    )
 
     def issue(dst, base, fast, bz, mn0, k0):
         row0, col0 = (mn0, k0) if k_major else (k0, mn0)
@@ -285,7 +287,7 @@ def _gather_copy(
     check_mn, check_k = needs_check(size, mn), needs_check(problem.k, cfg.bk)
     source = problem.gather_source(side, check_mn=check_mn, check_k=check_k)
     element = operand_element(problem, side, True, mn, cfg.bk, narrow=True)
-    tile = tiles.Tile(mn, cfg.bk, cfg.threads)
+    tile = tiles.Tile(mn, cfg.bk, cfg.threads, phase_columns=True)
     copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element)
 
     def issue(dst, base, fast, bz, mn0, k0):

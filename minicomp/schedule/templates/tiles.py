@@ -3,8 +3,15 @@ shared memory by all the threads of a block, in chunks of consecutive elements.
 
 A `Tile` is `rows` x `cols` elements, `cols` along the dimension contiguous in memory, moved
 in chunks of `width` elements (16 bytes of f16/bf16 for copies and vector stores; one element
-for a SIMT operand). Chunk c, in row-major order, belongs to thread c % threads in iteration
-c // threads, so that consecutive threads touch consecutive addresses. Where the threads cover
+for a SIMT operand). Chunk c belongs to thread c % threads in iteration c // threads; chunks
+are numbered row-major, so that consecutive threads touch consecutive addresses, except where
+a row has 2 or 4 chunks of 16 bytes: there the 8 lanes a 16-byte shared access serves at once
+(one phase) take one column of 8 rows, where a tile asks for it (`Tile.phase_columns`: the
+cp.async copies; a register copy keeps the plain order, which costs ptxas fewer registers).
+Rows padded by 16 bytes start an odd number of 16-byte bank groups apart, so those 8 chunks
+hit 8 different groups, where two rows' 8 chunks would share one (a 2-way conflict); a warp
+still reads the same whole rows of global memory, so coalescing does not change. Where the
+threads cover
 whole rows (threads a multiple of the chunks of a row) a tile may ask (`rows_apart`) that a
 thread keep one column, its rows a constant apart: one base address a thread, no division in
 the iterations. (The matmuls do not: with their register-staged copies ptxas then spills in
@@ -78,6 +85,8 @@ class Tile:
     rows_apart: bool = False
     """Where the threads cover whole rows, give each thread one column and rows a constant
     apart (one base address a thread) instead of computing both from the chunk index."""
+    phase_columns: bool = False
+    """Give the 8 lanes of a 16-byte shared access one column of 8 rows (see the module doc)."""
 
     @property
     def per_row(self) -> int:
@@ -86,6 +95,12 @@ class Tile:
     @property
     def chunks(self) -> int:
         return self.rows * self.per_row
+
+    @property
+    def column_phases(self) -> bool:
+        """Whether each 8 consecutive chunks are one column of 8 rows (see the module doc)."""
+        rows_of_two_or_four = self.width == CHUNK and self.per_row in (2, 4)
+        return self.phase_columns and rows_of_two_or_four and self.rows % 8 == 0
 
     @property
     def iters(self) -> int:
@@ -139,6 +154,8 @@ def _each_chunk(tile: Tile, body: Macro) -> ScriptFunction:
     WHOLE = tile.whole_rows
     ROW_STEP = THREADS // PER_ROW if WHOLE else 0
     EXACT = tile.exact
+    COLUMNS = tile.column_phases and not WHOLE
+    SPAN = 8 * PER_ROW  # chunks of 8 rows
 
     @script
     def each_chunk():
@@ -146,6 +163,10 @@ def _each_chunk(tile: Tile, body: Macro) -> ScriptFunction:
             if WHOLE:
                 r = threadIdx.x // PER_ROW + q * ROW_STEP
                 x = threadIdx.x % PER_ROW * W
+            elif COLUMNS:
+                c = q * THREADS + threadIdx.x
+                r = c // SPAN * 8 + c % 8
+                x = c % SPAN // 8 * W
             else:
                 c = q * THREADS + threadIdx.x
                 r = c // PER_ROW
