@@ -376,14 +376,14 @@ def _square_problem(dtype: torch.dtype):
 
 def test_level2_spaces_are_larger():
     """Level 2 adds valid tilings, each within the shared memory every GPU of the limits table
-    lets a block have: 99 KiB (sm_86, sm_89), so a 100 KiB tiling is out."""
+    lets a block have: 99 KiB (sm_86, sm_89), so a 106 KiB tiling is out."""
     p = _square_problem(torch.float16)
     tc1, tc2 = matmul_tc.space(p, 1), matmul_tc.space(p, 2)
     assert len(tc2) > len(tc1) and all(matmul_tc.valid(p, c) for c in tc2)
     limit = PORTABLE.shared_per_block_optin
     assert limit == 99 * 1024 and all(matmul_tc.shared_bytes(p, c) <= limit for c in tc2)
-    at_100k = matmul_tc.TcConfig(256, 32, 64, 32, 32, 2)
-    assert matmul_tc.shared_bytes(p, at_100k) == 100 * 1024 and not matmul_tc.valid(p, at_100k)
+    at_106k = matmul_tc.TcConfig(256, 128, 64, 64, 64, 2)
+    assert matmul_tc.shared_bytes(p, at_106k) == 106 * 1024 and not matmul_tc.valid(p, at_106k)
     q = _square_problem(torch.float32)
     s1, s2 = matmul_simt.space(q, 1), matmul_simt.space(q, 2)
     assert len(s2) > len(s1) and all(matmul_simt.valid(q, c) for c in s2)
@@ -395,7 +395,8 @@ def test_heuristic_rules():
     for problem in (p, q):
         problem.m, problem.n = 4096, 4096
     assert str(matmul_simt.heuristic(q)) == "128x128x8_t8x8"
-    assert (matmul_tc.heuristic(p).bm, matmul_tc.heuristic(p).bn) == (128, 128)
+    big = matmul_tc.heuristic(p)
+    assert (big.bm * big.bn, big.wm, big.wn) == (256 * 128, 64, 64)
     for problem in (p, q):
         problem.m = 20
     assert matmul_simt.heuristic(q).bm == 32 and matmul_tc.heuristic(p).bm == 32

@@ -35,8 +35,9 @@ ways:
 The epilogue goes through shared memory: each warp stages 16 rows of its tile at a time (f32)
 and its lanes apply the epilogue macro along the rows, so that stores are coalesced and the
 epilogue's code exists WM / 16 times, not once per accumulator (ptxas time). Stores are
-guarded where the tiling has partial tiles. Shared memory is dynamic (all of it one after
-the other: stages, then the staging rows), up to MAX_SHARED.
+guarded where the tiling has partial tiles. Shared memory is dynamic, up to MAX_SHARED: the
+stages one after the other, and the staging rows over the start of them (the epilogue runs
+once every copy has landed and every warp is past its last mma).
 
 `instantiate` builds the kernel in steps: each operand's copies (`_operand_copy`: tiles.py's
 cp.async or register copies), the warps' mma step (`_warp_mma`) and the epilogue
@@ -145,7 +146,7 @@ def shared_bytes(problem: MatmulProblem, cfg: TcConfig) -> int:
     a, b = _operand(problem, "a"), _operand(problem, "b")
     elems = _tile_elems(cfg.bm, cfg.bk, a.layout) + _tile_elems(cfg.bn, cfg.bk, b.layout)
     staging = cfg.warps * 16 * (cfg.wn + CPAD) * 4
-    return cfg.stages * elems * 2 + staging
+    return max(cfg.stages * elems * 2, staging)
 
 
 def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
@@ -154,8 +155,11 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
         return False
     if not 2 <= cfg.stages <= 5 or not 1 <= cfg.warps <= 8:
         return False
-    if cfg.wm * cfg.wn // 32 > 64:  # f32 accumulators a thread holds (more spill)
+    accumulators = cfg.wm * cfg.wn // 32  # f32 registers a thread holds (more spill)
+    if accumulators > 128:
         return False
+    if accumulators > 64 and "regs" in (_operand(problem, "a").mode, _operand(problem, "b").mode):
+        return False  # a tile held in registers across the mma's spills beside 128 of them
     for rows in (cfg.bm, cfg.bn):
         if rows * cfg.bk // tiles.CHUNK < cfg.threads:  # every thread copies at least a chunk
             return False
@@ -163,6 +167,9 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
 
 
 _LEVEL1 = (
+    TcConfig(256, 128, 32, 64, 64, 3),
+    TcConfig(128, 256, 32, 64, 64, 3),
+    TcConfig(128, 128, 32, 64, 64, 3),
     TcConfig(128, 128, 32, 64, 32, 3),
     TcConfig(128, 64, 32, 64, 32, 3),
     TcConfig(64, 128, 32, 32, 32, 3),
@@ -181,8 +188,11 @@ def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
 
 
 def heuristic(problem: MatmulProblem) -> TcConfig:
-    """The config used without measuring: 128x128x32 tiles of four 64x64 warps for large
-    problems, smaller tiles when M or N is small or there would be too few blocks."""
+    """The config used without measuring: the largest tile of the level-1 space (256x128 or
+    128x256 of eight 64x64 warps) that still gives every SM a block, smaller tiles when M or
+    N is small. A 64x64 warp tile reads 4 KiB of fragments from shared memory per 128 KFLOP of
+    mma: at H100's mma.sync rate about the 128 bytes a clock shared memory serves, where a
+    64x32 one needs 1.5 times that."""
     by_tile = {(c.bm, c.bn): c for c in reversed(space(problem, 1))}
     tiles = sorted(by_tile, key=lambda t: -t[0] * t[1])
     return by_tile[pick_tile(problem, tiles)]
@@ -409,7 +419,7 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
         n0 = col0(pid)
         a_s = dynamic_shared_tensor(dt, A_SHAPE)
         b_s = dynamic_shared_tensor(dt, B_SHAPE)
-        c_s = dynamic_shared_tensor(f32, (WARPS, 16, WN + CPAD))
+        c_s = dynamic_shared_tensor(f32, (WARPS, 16, WN + CPAD), at=0)
         a_frag = register_tensor(dt, (MI, 8))
         b_frag = register_tensor(dt, (NI, 4))
         acc = register_tensor(f32, (MI, NI, 4))
