@@ -159,10 +159,19 @@ def blocks(problem: MatmulProblem, bm: int, bn: int) -> int:
 
 def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int, int]:
     """Of (bm, bn) tiles ordered largest first: the first that launches a block for each of
-    the GPU's SMs (`problem.sms`) without tiles much larger than the matrix; else the one
-    launching the most blocks."""
+    the GPU's SMs (`problem.sms`) without padding the matrix much more than the smallest tile
+    does (a third more rows or columns: 256-row tiles on 128 rows compute as much padding as
+    product); else the one launching the most blocks."""
     m, n = _assumed(problem.m), _assumed(problem.n)
-    fitting = [(bm, bn) for bm, bn in tiles if bm <= max(2 * m, 32) and bn <= max(2 * n, 32)]
+    least_m, least_n = min(t[0] for t in tiles), min(t[1] for t in tiles)
+
+    def padded(size: int, tile: int) -> int:
+        return -(-size // tile) * tile
+
+    def fits(size: int, tile: int, least: int) -> bool:
+        return padded(size, tile) <= max(4 * size / 3, padded(size, least))
+
+    fitting = [(bm, bn) for bm, bn in tiles if fits(m, bm, least_m) and fits(n, bn, least_n)]
     fitting = fitting or tiles[-1:]
     for bm, bn in fitting:
         if blocks(problem, bm, bn) >= problem.sms:
