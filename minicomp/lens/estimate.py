@@ -1,6 +1,8 @@
 """A roofline-style estimate of a kernel's time on a named device, from its counts (the emulator)
 and its resources (ptxas): each unit's time is its work over its rate, the kernel takes as long
-as the busiest unit, stretched by the last partial wave of blocks. Every rate and price is in
+as the busiest unit, stretched by the last partial wave of blocks (an SM's own units by the
+busiest SM's share of the work, DRAM and L2, which all SMs share, only where too few SMs are
+busy to pull their bandwidth). Every rate and price is in
 ASSUMPTIONS and in the device table (devices.py), printed with every report: a transparent
 model to compare candidates and find a kernel's gap, not a simulator.
 """
@@ -22,6 +24,10 @@ INT64_INSTRUCTIONS = 2
 """32-bit integer instructions of one 64-bit add, compare or multiply-add."""
 ISSUE_PER_SM_PER_CLOCK = 4
 """Warp instructions an SM issues a clock (one per scheduler)."""
+MEMORY_SHARE_PER_SM = 2
+"""How many times its even share (1 / SMs) of DRAM and L2 bandwidth one SM can pull."""
+GLOBAL_UNITS = ("dram", "l2")
+"""The units all SMs share; the others are each SM's own."""
 
 ASSUMPTIONS = (
     "DRAM traffic is the distinct sectors the sampled blocks touch, scaled to the grid, at most "
@@ -35,7 +41,9 @@ ASSUMPTIONS = (
     "access's addressing (load, store and intrinsic indices): the SASS classes show what remains",
     "the units overlap perfectly: the kernel takes as long as the busiest; blocks spread over "
     "the SMs evenly, the busiest SM doing ceil(blocks / SMs) blocks' work (blocks resident "
-    "together share their SM's units); latency is hidden (occupancy is reported, not priced)",
+    "together share their SM's units), which stretches each SM's own units; DRAM and L2 are "
+    f"shared: the busy SMs pull their whole bandwidth, an SM at most {MEMORY_SHARE_PER_SM} "
+    "times its even share; latency is hidden (occupancy is reported, not priced)",
     "counts come from a sample of blocks scaled to the grid; launch overhead is counted once "
     "per kernel in a graph's total",
 )
@@ -62,7 +70,8 @@ class KernelEstimate:
     @property
     def bound(self) -> str:
         """The unit the kernel waits for."""
-        return max(self.times, key=lambda k: self.times[k])
+        stretched = self.stretched
+        return max(stretched, key=lambda k: stretched[k])
 
     @property
     def tail_efficiency(self) -> float:
@@ -71,11 +80,24 @@ class KernelEstimate:
         return per_sm / math.ceil(per_sm) if per_sm else 1.0
 
     @property
+    def memory_reach(self) -> float:
+        """The fraction of DRAM and L2 bandwidth the SMs that have work can pull."""
+        return min(1.0, MEMORY_SHARE_PER_SM * self.tail_efficiency)
+
+    @property
     def time(self) -> float:
         """Estimated seconds of one launch (without launch overhead)."""
         if self.occupancy.blocks_per_sm == 0:
             return math.inf
-        return max(self.times.values()) / self.tail_efficiency
+        return max(self.stretched.values())
+
+    @property
+    def stretched(self) -> dict[str, float]:
+        """Each unit's seconds once the grid's spread over the SMs is counted."""
+        return {
+            unit: t / (self.memory_reach if unit in GLOBAL_UNITS else self.tail_efficiency)
+            for unit, t in self.times.items()
+        }
 
     @property
     def fraction_of_roofline(self) -> float:

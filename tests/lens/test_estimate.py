@@ -56,7 +56,7 @@ def test_a_large_copy_is_dram_bound_at_its_roofline(lens):
     assert c.dram_bytes == c.minimum_bytes == 8 * n  # scaled from 8 of 16384 blocks
     e = estimate(c, H100)
     assert e.bound == "dram"
-    assert e.time == pytest.approx(8 * n / 3350e9 / e.tail_efficiency)
+    assert e.time == pytest.approx(8 * n / 3350e9)  # 16384 blocks: every SM pulls its share
     assert e.fraction_of_roofline > 0.95 and not e.notes
 
 
@@ -86,11 +86,18 @@ def test_bank_conflicts_and_resources_show_in_the_estimate(lens):
 
 
 def test_a_grid_smaller_than_the_gpu_uses_only_some_sms(lens):
+    """16 blocks on 132 SMs: their own units work at 16/132 of the GPU's rate, and they pull
+    twice their share of DRAM bandwidth; with 100 blocks they pull all of it."""
     n = 16 * 256
     c = counts(lens, "copy", 16, 256, [torch.empty(n), torch.empty(n), n])
     e = estimate(c, H100)
     assert e.tail_efficiency == pytest.approx(16 / 132)
-    assert e.time == pytest.approx(max(e.times.values()) * 132 / 16)
+    assert e.stretched["dram"] == pytest.approx(e.times["dram"] * 132 / 32)
+    assert e.stretched["issue"] == pytest.approx(e.times["issue"] * 132 / 16)
+    assert e.time == max(e.stretched.values())
+    n = 100 * 256
+    e = estimate(counts(lens, "copy", 100, 256, [torch.empty(n), torch.empty(n), n]), H100)
+    assert e.bound == "dram" and e.stretched["dram"] == e.times["dram"]
 
 
 def test_a_block_that_does_not_fit_does_not_launch(lens):
