@@ -20,10 +20,10 @@ def _sdpa(b, h, s, d):
     return F.scaled_dot_product_attention, *(torch.randn(b, h, s, d, dtype=H) for _ in range(3))
 
 
-# (case, the configs chosen on an H100 (as before the SM count was a device's), on 16 SMs)
+# (case, the configs chosen on an H100, on 16 SMs)
 CASES = {
     "simt": (_mm(512, 512, 256, torch.float32), "32x32x16_t4x4", "128x128x8_t8x8"),
-    "tensor cores": (_mm(384, 640, 64, H), "32x32x32_w16x32_s3", "64x128x32_w32x32_s3"),
+    "tensor cores": (_mm(384, 640, 64, H), "32x64x32_w16x32_s4", "128x128x32_w64x64_s3"),
     "attention": (_sdpa(1, 8, 512, 64), "64x64_s2_qr", "128x64_s2_w32"),
 }
 

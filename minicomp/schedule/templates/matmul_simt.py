@@ -157,11 +157,10 @@ def blocks(problem: MatmulProblem, bm: int, bn: int) -> int:
     return b * -(-m // bm) * -(-n // bn)
 
 
-def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int, int]:
-    """Of (bm, bn) tiles ordered largest first: the first that launches a block for each of
-    the GPU's SMs (`problem.sms`) without padding the matrix much more than the smallest tile
-    does (a third more rows or columns: 256-row tiles on 128 rows compute as much padding as
-    product); else the one launching the most blocks."""
+def fitting_tiles(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Those of (bm, bn) `tiles` that pad the matrix at most a third (256-row tiles on 128 rows
+    compute as much padding as product), or no more than the smallest tiles do (the smallest
+    if none)."""
     m, n = _assumed(problem.m), _assumed(problem.n)
     least_m, least_n = min(t[0] for t in tiles), min(t[1] for t in tiles)
 
@@ -172,7 +171,14 @@ def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int
         return padded(size, tile) <= max(4 * size / 3, padded(size, least))
 
     fitting = [(bm, bn) for bm, bn in tiles if fits(m, bm, least_m) and fits(n, bn, least_n)]
-    fitting = fitting or tiles[-1:]
+    return fitting or tiles[-1:]
+
+
+def pick_tile(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> tuple[int, int]:
+    """Of (bm, bn) tiles ordered largest first: the first fitting one (`fitting_tiles`) that
+    launches a block for each of the GPU's SMs (`problem.sms`); else the one launching the
+    most blocks."""
+    fitting = fitting_tiles(problem, tiles)
     for bm, bn in fitting:
         if blocks(problem, bm, bn) >= problem.sms:
             return bm, bn

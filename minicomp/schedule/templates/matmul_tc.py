@@ -60,7 +60,7 @@ from minicomp.schedule.templates.base import (
     finish,
     search_space,
 )
-from minicomp.schedule.templates.matmul_simt import pick_tile
+from minicomp.schedule.templates.matmul_simt import blocks, fitting_tiles
 from minicomp.schedule.templates.problem import (
     BlockTile,
     MatmulProblem,
@@ -101,6 +101,9 @@ NAME = "matmul_tc"
 MAX_SHARED = MAX_DYNAMIC_SHARED
 # Elements of padding after each f32 row the epilogue stages.
 CPAD = 4
+# mma.sync flops an SM computes while its shared memory serves a byte (H100: about 2500 a
+# clock against 128 bytes; A100: 2050 against 128).
+MMA_FLOPS_PER_SHARED_BYTE = 20
 
 
 @dataclass(frozen=True)
@@ -188,14 +191,28 @@ def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
 
 
 def heuristic(problem: MatmulProblem) -> TcConfig:
-    """The config used without measuring: the largest tile of the level-1 space (256x128 or
-    128x256 of eight 64x64 warps) that still gives every SM a block, smaller tiles when M or
-    N is small. A 64x64 warp tile reads 4 KiB of fragments from shared memory per 128 KFLOP of
-    mma: at H100's mma.sync rate about the 128 bytes a clock shared memory serves, where a
-    64x32 one needs 1.5 times that."""
+    """The config used without measuring: of the level-1 space's tiles that fit the matrix
+    (matmul_simt.fitting_tiles), the one whose busiest SM has the least work, its blocks'
+    flops weighted by `step_cost`; the largest tile of those as good. So large products get
+    256x128 or 128x256 blocks of eight 64x64 warps, and a grid just short of two waves of
+    small tiles gives way to one wave of large ones."""
     by_tile = {(c.bm, c.bn): c for c in reversed(space(problem, 1))}
     tiles = sorted(by_tile, key=lambda t: -t[0] * t[1])
-    return by_tile[pick_tile(problem, tiles)]
+
+    def busiest_sm(tile: tuple[int, int]) -> float:
+        rounds = -(-blocks(problem, *tile) // problem.sms)
+        return rounds * tile[0] * tile[1] * step_cost(by_tile[tile])
+
+    return by_tile[min(fitting_tiles(problem, tiles), key=busiest_sm)]
+
+
+def step_cost(cfg: TcConfig) -> float:
+    """A K step's time per mma flop, relative to the tensor cores' rate: 1, or more where its
+    shared-memory traffic (each warp's fragments, the block's stores of both operand tiles)
+    takes longer. A 64x64 warp tile reads 4 KiB of fragments per 128 KFLOP, about what shared
+    memory serves while the tensor cores compute them; a 64x32 one 1.5 times that."""
+    shared_bytes = cfg.warps * (cfg.wm + cfg.wn) + cfg.bm + cfg.bn  # a k step of 32 bytes
+    return max(1.0, MMA_FLOPS_PER_SHARED_BYTE * shared_bytes / (cfg.bm * cfg.bn))
 
 
 def applies(problem: MatmulProblem) -> bool:
