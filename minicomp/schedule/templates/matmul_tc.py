@@ -211,7 +211,9 @@ def step_cost(cfg: TcConfig) -> float:
     shared-memory traffic (each warp's fragments, the block's stores of both operand tiles)
     takes longer. A 64x64 warp tile reads 4 KiB of fragments per 128 KFLOP, about what shared
     memory serves while the tensor cores compute them; a 64x32 one 1.5 times that."""
-    shared_bytes = cfg.warps * (cfg.wm + cfg.wn) + cfg.bm + cfg.bn  # a k step of 32 bytes
+    # A K slice 16 deep: each warp reads 32 * (wm + wn) bytes of fragments, the block stores
+    # 32 * (bm + bn) bytes of operands, and the mma's compute 32 * bm * bn flops.
+    shared_bytes = cfg.warps * (cfg.wm + cfg.wn) + cfg.bm + cfg.bn
     return max(1.0, MMA_FLOPS_PER_SHARED_BYTE * shared_bytes / (cfg.bm * cfg.bn))
 
 
