@@ -1,5 +1,6 @@
 """Compile a function with minicomp and compare what it returns with eager PyTorch."""
 
+import pytest
 import torch
 import torch._dynamo
 from torch._prims_common import is_non_overlapping_and_dense_or_false
@@ -119,3 +120,16 @@ def attention_problem_of(fn, *args):
     (call,) = [n for n in graph.nodes if isinstance(n, ExternOp) and n.target in sdpa_ops()]
     read = set(graph.users()) | graph.output_values()
     return attention_problem(call, layouts_for(graph), read)[0]
+
+
+def binary_for_sass(source: str, arch: str, cache_dir: str):
+    """`source` built by NVRTC for `arch`, to disassemble; skips the test where cuobjdump (the
+    `sass` extra) or NVRTC is missing."""
+    from minicomp.backends.cuda import nvrtc, sass
+
+    if sass.find_tool("cuobjdump") is None:
+        pytest.skip("cuobjdump is not installed (the `sass` extra)")
+    try:
+        return nvrtc.compile_cuda(source, arch=arch, cache_dir=cache_dir)
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(str(err))

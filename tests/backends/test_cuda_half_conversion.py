@@ -5,8 +5,9 @@ scalar ones."""
 
 import pytest
 import torch
+from helpers import binary_for_sass
 
-from minicomp.backends.cuda import emu, nvrtc, sass
+from minicomp.backends.cuda import emu, sass
 from minicomp.backends.cuda.codegen import device_header
 
 KERNELS = r"""
@@ -102,14 +103,7 @@ def test_emulator_pairs_equal_two_scalar_conversions(emulated):
 @pytest.fixture(scope="module", params=["sm_75", "sm_80", "sm_90"])
 def sass_counts(request, tmp_path_factory):
     """Each kernel's SASS opcodes (with modifiers), compiled for one architecture."""
-    if sass.find_tool("cuobjdump") is None:
-        pytest.skip("cuobjdump is not installed (the `sass` extra)")
-    try:
-        binary = nvrtc.compile_cuda(
-            SOURCE, arch=request.param, cache_dir=str(tmp_path_factory.mktemp("cubins"))
-        )
-    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
-        pytest.skip(str(err))
+    binary = binary_for_sass(SOURCE, request.param, str(tmp_path_factory.mktemp("cubins")))
     sass_text = sass.disassemble(binary.cubin)
     return request.param, {name: sass.full_opcode_counts(text) for name, text in sass_text.items()}
 

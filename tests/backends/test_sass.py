@@ -2,8 +2,9 @@
 kernel's source asked for are in the cubin NVRTC built."""
 
 import pytest
+from helpers import binary_for_sass
 
-from minicomp.backends.cuda import nvrtc, sass
+from minicomp.backends.cuda import sass
 
 SNIPPET = """
         /*0080*/                   LEA.HI R42, R0, R5, RZ, 0x5 ;
@@ -60,12 +61,7 @@ extern "C" __global__ void claims_ldmatrix(float* d) {
 
 
 def test_the_check_finds_the_mma_and_flags_a_missing_instruction(tmp_path):
-    if sass.find_tool("cuobjdump") is None:
-        pytest.skip("cuobjdump is not installed (the `sass` extra)")
-    try:
-        binary = nvrtc.compile_cuda(MMA_KERNEL, arch="sm_90", cache_dir=str(tmp_path))
-    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
-        pytest.skip(str(err))
+    binary = binary_for_sass(MMA_KERNEL, "sm_90", str(tmp_path))
     reports = {r.kernel: r for r in sass.check_kernels(MMA_KERNEL, binary.cubin)}
     assert reports["with_mma"].ok and reports["with_mma"].counts["HMMA"] >= 1
     assert reports["with_mma"].intended == ("HMMA",)
@@ -167,14 +163,7 @@ extern "C" __global__ void tensor(float* d, const unsigned* b, const float* g) {
 @pytest.fixture(scope="module", params=["sm_80", "sm_90"])
 def classes(request, tmp_path_factory):
     """Each CLASS_KERNELS kernel's instruction classes, compiled for one architecture."""
-    if sass.find_tool("cuobjdump") is None:
-        pytest.skip("cuobjdump is not installed (the `sass` extra)")
-    try:
-        binary = nvrtc.compile_cuda(
-            CLASS_KERNELS, arch=request.param, cache_dir=str(tmp_path_factory.mktemp("cubins"))
-        )
-    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
-        pytest.skip(str(err))
+    binary = binary_for_sass(CLASS_KERNELS, request.param, str(tmp_path_factory.mktemp("cubins")))
     return {
         name: sass.instruction_classes(sass.full_opcode_counts(text))
         for name, text in sass.disassemble(binary.cubin).items()
