@@ -6,6 +6,13 @@ symbol) are simplified when interval bounds on the variables prove the dividend 
 and show which terms divide exactly, so the index maps of a reshape followed by its inverse
 collapse back to plain axes: with 0 <= j < 8, (i*8 + j) // 8 is i and (i*8 + j) % 8 is j.
 Only integer arithmetic is reassociated; floating-point expressions keep their order.
+
+What a guard establishes is used where it holds: the later terms of a conjunction and the
+first arm of a select are simplified knowing the comparisons before them true, so the clamp
+of a guarded read goes (`i >= 0 and i < 7 ? x[min(max(i, 0), 6)] : 0` reads `x[i]`). A
+minimum or maximum whose order is proven (by bounds or by such facts) is the operand it picks.
+The indices of reads and the arguments of calls are simplified without such facts: a backend
+may evaluate a select's other arm, and a read there must stay in bounds (ops/shape.py).
 """
 
 from __future__ import annotations
@@ -39,26 +46,45 @@ _LAUNCH_INDEX_BOUNDS = {
 }
 
 
-def simplify_expr(e: Expr, bounds: Bounds | None = None) -> Expr:
+def simplify_expr(e: Expr, bounds: Bounds | None = None, assuming: Expr | None = None) -> Expr:
     """`e` simplified, given (lo, hi) inclusive bounds of some variables (either may be None;
-    hi may be an expression such as `s - 1` for an axis of symbolic extent `s`).
+    hi may be an expression such as `s - 1` for an axis of symbolic extent `s`), and knowing
+    boolean `assuming` true where given (its integer comparisons).
 
     Returns `e` itself when nothing simplifies.
     """
-    return _Simplifier(bounds or {}).visit(e)
+    simplifier = _Simplifier(bounds or {})
+    if assuming is not None:
+        simplifier = simplifier.knowing(simplifier.visit(assuming))
+    return simplifier.visit(e)
+
+
+_ARITHMETIC = (Binary, Unary, Cast, Select, Const, Var)
 
 
 class _Simplifier(Mutator):
-    def __init__(self, bounds: Bounds):
+    def __init__(self, bounds: Bounds, facts: tuple[Linear, ...] = ()):
         super().__init__()
         self.bounds = bounds
+        self.facts = facts  # linear forms known to be >= 0
+
+    def knowing(self, cond: Expr) -> _Simplifier:
+        """A simplifier that also knows `cond`'s integer comparisons (where it is true)."""
+        found = _facts(self, cond)
+        return _Simplifier(self.bounds, self.facts + found) if found else self
 
     def visit(self, n):
+        if self.facts and isinstance(n, Expr) and not isinstance(n, _ARITHMETIC):
+            return _Simplifier(self.bounds).visit(n)  # a read, a call
         out = super().visit(n)
         return n if out is not n and out == n else out
 
     def visit_Binary(self, e: Binary) -> Expr:
-        a, b = self.visit(e.a), self.visit(e.b)
+        a = self.visit(e.a)
+        if e.op == "and":
+            b = self.knowing(a).visit(e.b)
+            return e if a is e.a and b is e.b else binary("and", a, b)
+        b = self.visit(e.b)
         if not a.dtype.is_integer or e.op not in _INT_RULES:
             return e if a is e.a and b is e.b else binary(e.op, a, b)
         return _INT_RULES[e.op](self, e.op, a, b)
@@ -73,7 +99,7 @@ class _Simplifier(Mutator):
         cond = self.visit(e.cond)
         if isinstance(cond, Const):
             return self.visit(e.a if cond.value else e.b)
-        a, b = self.visit(e.a), self.visit(e.b)
+        a, b = self.knowing(cond).visit(e.a), self.visit(e.b)
         if cond is e.cond and a is e.a and b is e.b:
             return e
         return Select(cond, a, b)
@@ -182,6 +208,17 @@ class _Simplifier(Mutator):
         lo = self.interval(e)[0]
         return lo is not None and lo >= 0
 
+    def form_nonneg(self, form: Linear) -> bool:
+        """Whether form >= 0 is proven, by bounds or by a known fact it exceeds by a constant."""
+        lo = self.form_interval(form)[0]
+        if lo is not None and lo >= 0:
+            return True
+        for fact in self.facts:
+            terms, c = _add(form, _scale(fact, -1))
+            if not terms and c >= 0:
+                return True
+        return False
+
     def below(self, form: Linear, d: Expr) -> bool:
         """Whether 0 <= form < d is proven (d a constant or a size expression)."""
         lo = self.form_interval(form)[0]
@@ -254,17 +291,38 @@ class _Simplifier(Mutator):
         return binary(op, a, b)
 
     def compare_rule(self, op: str, a: Expr, b: Expr) -> Expr:
-        lo, hi = self.form_interval(_add(self.linear(a), _scale(self.linear(b), -1)))
-        known = {
-            "lt": (hi is not None and hi < 0, lo is not None and lo >= 0),
-            "le": (hi is not None and hi <= 0, lo is not None and lo > 0),
-            "gt": (lo is not None and lo > 0, hi is not None and hi <= 0),
-            "ge": (lo is not None and lo >= 0, hi is not None and hi < 0),
-        }[op]
-        if known[0]:
+        known = self.decide(op, a, b)
+        return binary(op, a, b) if known is None else known
+
+    def decide(self, op: str, a: Expr, b: Expr) -> Expr | None:
+        """`a op b` where bounds or facts decide it or a min or max in it, else None."""
+        if op in ("gt", "ge"):  # b < a, b <= a
+            return self.decide("lt" if op == "gt" else "le", b, a)
+        # a < b is b - a - 1 >= 0; a <= b is b - a >= 0.
+        diff = _add(self.linear(b), _scale(self.linear(a), -1))
+        strict = 1 if op == "lt" else 0
+        if self.form_nonneg(_add(diff, ({}, -strict))):
             return const(True)
-        if known[1]:
+        if self.form_nonneg(_add(_scale(diff, -1), ({}, strict - 1))):
             return const(False)
+        # max(x, y) < b is x < b and y < b; a < min(x, y) likewise: one part known true
+        # leaves the other.
+        for side, pick in ((a, "max"), (b, "min")):
+            if not (isinstance(side, Binary) and side.op == pick):
+                continue
+            pairs = [(x, b) if side is a else (a, x) for x in (side.a, side.b)]
+            for this, other in (pairs, pairs[::-1]):
+                known = self.decide(op, *this)
+                if isinstance(known, Const):
+                    return self.compare_rule(op, *other) if known.value else known
+        return None
+
+    def minmax_rule(self, op: str, a: Expr, b: Expr) -> Expr:
+        a_minus_b = _add(self.linear(a), _scale(self.linear(b), -1))
+        if self.form_nonneg(a_minus_b):  # a >= b
+            return a if op == "max" else b
+        if self.form_nonneg(_scale(a_minus_b, -1)):  # b >= a
+            return b if op == "max" else a
         return binary(op, a, b)
 
 
@@ -278,7 +336,22 @@ _INT_RULES = {
     "le": _Simplifier.compare_rule,
     "gt": _Simplifier.compare_rule,
     "ge": _Simplifier.compare_rule,
+    "max": _Simplifier.minmax_rule,
+    "min": _Simplifier.minmax_rule,
 }
+
+
+def _facts(s: _Simplifier, cond: Expr) -> tuple[Linear, ...]:
+    """The linear forms `cond` (a conjunction of comparisons, in part) proves >= 0."""
+    if isinstance(cond, Binary) and cond.op == "and":
+        return _facts(s, cond.a) + _facts(s, cond.b)
+    if not (isinstance(cond, Binary) and cond.op in ("lt", "le", "gt", "ge")):
+        return ()
+    if not cond.a.dtype.is_integer:
+        return ()
+    low, high = (cond.a, cond.b) if cond.op in ("lt", "le") else (cond.b, cond.a)
+    strict = 1 if cond.op in ("lt", "gt") else 0
+    return (_add(_add(s.linear(high), _scale(s.linear(low), -1)), ({}, -strict)),)
 
 
 def _add(x: Linear, y: Linear) -> Linear:

@@ -113,3 +113,49 @@ def test_launch_indices_are_non_negative_and_threads_below_1024():
     # Nothing is known of a plain i32 value.
     x = cast(Var("x", i32), i64)
     assert simplify_expr((x * 4 + r) % 4, bounds) != r
+
+
+def test_a_guard_removes_the_clamps_it_makes_redundant():
+    from minicomp.ir.expr import logical_and, maximum, minimum, select
+
+    x = Var("x", i64)  # a window tap, i + j - 1 (0 <= i < 4, 0 <= j < 8): may fall outside
+    tap = i + j - 1
+    clamped = minimum(maximum(tap, 0), 6)
+    guard = logical_and(tap >= 0, maximum(tap, 0) < 7)
+    # The guard's second term knows the first; the guarded arm knows both.
+    assert simplify_expr(guard, B) == logical_and(tap >= 0, tap < 7)
+    e = select(guard, clamped * 512 + x, const(-1, i64))
+    out = simplify_expr(e, B)
+    assert out.cond == logical_and(tap >= 0, tap < 7)
+    assert out.a == simplify_expr(tap * 512 + x), "the clamp should go from the guarded arm"
+    # Outside the arm nothing is known: the clamps stay.
+    assert simplify_expr(clamped, B) == clamped
+    assert simplify_expr(clamped, B, assuming=guard) == tap
+    # A max whose order the bounds prove is its larger operand.
+    assert simplify_expr(maximum(i + 4, j), B) == maximum(i + 4, j)
+    assert simplify_expr(maximum(i + 8, j), B) == i + 8
+
+
+def test_guarded_reads_keep_their_clamps():
+    """A backend may evaluate a select's other arm: a read's index stays in bounds."""
+    from minicomp.ir.expr import Load, logical_and, maximum, minimum, select
+    from minicomp.ir.types import PointerType
+
+    buf = Var("buf", PointerType(f32))
+    tap = i + j - 1
+    read = Load(buf, minimum(maximum(tap, 0), 6))
+    e = select(logical_and(tap >= 0, tap < 7), read, const(0.0, f32))
+    assert simplify_expr(e, B) is e
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_guarded_forms_keep_their_values(seed):
+    from minicomp.ir.expr import logical_and, maximum, minimum, select
+
+    rng = np.random.default_rng(seed)
+    a, b, c = (int(v) for v in rng.integers(-3, 4, size=3))
+    tap = i * a + j + k * b - c
+    guard = logical_and(tap >= 0, maximum(tap, 0) < 5)
+    e = select(guard, minimum(maximum(tap, 0), 4) * 7 + k, maximum(tap, -2))
+    np.testing.assert_array_equal(_grid(simplify_expr(e, B)), _grid(e))
+    np.testing.assert_array_equal(_grid(simplify_expr(guard, B)), _grid(guard))
