@@ -38,7 +38,8 @@ ASSUMPTIONS = (
     f"constant, 2 or 3), a 64-bit integer operation {INT64_INSTRUCTIONS}, a transcendental call "
     "one special-function slot; integer work is free where the compiler folds it (constants in "
     "each unrolled copy), hoists it (unchanged in the innermost rolled loop) or puts it in an "
-    "access's addressing (load, store and intrinsic indices): the SASS classes show what remains",
+    "access's addressing (load, store and intrinsic indices), and counted once where the "
+    "copies of an unrolled loop or a statement repeat it: the SASS classes show what remains",
     "the units overlap perfectly: the kernel takes as long as the busiest; blocks spread over "
     "the SMs evenly, the busiest SM doing ceil(blocks / SMs) blocks' work (blocks resident "
     "together share their SM's units), which stretches each SM's own units; DRAM and L2 are "

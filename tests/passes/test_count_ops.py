@@ -138,3 +138,69 @@ def test_a_reassigned_variable_varies_where_it_is_assigned():
     )
     # the add, the multiply by acc (not hoisted: acc changes each iteration), the loop's two
     assert sum(c[3] for c in _calls(fn)) == 4
+
+
+def _per_iteration(fn: Function) -> int:
+    """The integer and address instructions of `count_ops(fn)`'s calls that run in an
+    iteration of its outer loop, each unrolled loop's body once per copy."""
+
+    def walk(node, times):
+        if isinstance(node, S.Evaluate) and node.expr.name == "lens_ops":
+            args = [a.value for a in node.expr.args]
+            return times * (args[2] + args[3] + args[7])
+        if isinstance(node, S.For) and node.kind == "unroll":
+            times *= node.extent.value
+        children = node if isinstance(node, tuple) else getattr(node, "children", tuple)()
+        return sum(walk(child, times) for child in children)
+
+    return walk(count_ops(fn).body, 1)
+
+
+def test_work_the_unrolled_copies_share_counts_once():
+    """Each copy of an unrolled loop computes `k * 3 + i` again; the compiler does it once."""
+    j, t, u = Var("j", T.i64), Var("t", T.i64), Var("u", T.i64)
+    shared = Binary("add", Binary("mul", k, Const(3, T.i64)), i)  # changes with i only
+
+    def kernel(init_u):
+        body = S.Seq(
+            (
+                S.Declare(t, shared),
+                S.Declare(u, init_u),
+                S.Store(y, Binary("add", t, u), Const(1.0, T.f32)),
+            )
+        )
+        unrolled = S.For(j, Const(4, T.i64), body, kind="unroll")
+        return Function("share", (y, n, k), S.For(i, n, unrolled))
+
+    loop = 2  # the rolled loop's increment and test
+    # u = j * 5: a constant in each copy; t: k * 3 leaves the rolled loop, + i counts once
+    # for the four copies; t + u: one a copy.
+    assert _per_iteration(kernel(Binary("mul", j, Const(5, T.i64)))) == loop + 1 + 4
+    # u = i * j: one multiply a copy.
+    assert _per_iteration(kernel(Binary("mul", i, j))) == loop + 1 + 4 + 4
+
+
+def test_work_under_a_condition_of_the_copy_counts_in_each_copy():
+    j, t = Var("j", T.i64), Var("t", T.i64)
+    body = S.If(
+        Binary("lt", j, k),
+        S.Seq(
+            (
+                S.Declare(t, Binary("mul", i, k)),
+                S.Store(y, t, Const(1.0, T.f32)),
+            )
+        ),
+    )
+    unrolled = S.For(j, Const(4, T.i64), body, kind="unroll")
+    fn = Function("guarded", (y, n, k), S.For(i, n, unrolled))
+    # the rolled loop's two; per copy, the test j < k (hoisted: j is a constant in each
+    # copy, k does not change) and the multiply
+    assert _per_iteration(fn) == 2 + 4
+
+
+def test_a_subexpression_written_twice_counts_once():
+    q = Binary("idiv", Binary("add", i, k), Const(3, T.i64))  # an add, a multiply-high, a shift
+    both = Binary("add", Binary("mul", q, Const(7, T.i64)), q)
+    fn = Function("cse", (y, n, k), S.For(i, n, S.Store(y, Const(0, T.i64), Cast(both, T.f32))))
+    # the loop's two, q's three once, the multiply and the add
+    assert sum(c[3] for c in _calls(fn)) == 2 + 3 + 2

@@ -24,7 +24,10 @@ constants in each unrolled copy (built from constants and unrolled loops' variab
 and one whose operands do not change in the innermost loop that is not unrolled is hoisted out
 of it. An expression's *variance* is the depth of the innermost rolled loop its value changes
 in (-1: a constant; loads and calls change where they run), the depth at which the compiler
-computes it.
+computes it. An integer operation that does not depend on an unrolled loop's variable is the
+same in each unrolled copy, which the compiler computes once: it counts once, before that
+loop (unless a condition around it depends on the variable). One written twice in a
+statement counts once too (common subexpressions).
 """
 
 from __future__ import annotations
@@ -80,16 +83,67 @@ CONSTANT = -1
 """The variance of a value that is a constant in each unrolled copy of the code."""
 
 
+@dataclass
+class _Unrolled:
+    """An unrolled loop around the walk: the operations its copies share, counted once."""
+
+    var: E.Var
+    counts: OpCounts
+    seen: set
+
+
 class _Scope:
-    """Where the walk is: the depth of rolled loops around it, and each variable's variance."""
+    """Where the walk is: the depth of rolled loops around it, each variable's variance, the
+    unrolled loops (since the innermost rolled one) work may be hoisted before, and which of
+    their variables each variable depends on (None: unknown)."""
 
     def __init__(self, assigned: dict[E.Var, int]):
         self.depth = 0
         self.variance: dict[E.Var, int] = {}
         self.assigned = assigned  # a reassigned variable changes where it is assigned
+        self.unrolled: list[_Unrolled] = []
+        self.deps: dict[E.Var, frozenset | None] = {}
+        self._deps_memo: dict[E.Expr, frozenset | None] = {}
 
-    def declare(self, var: E.Var, variance: int) -> None:
+    def declare(self, var: E.Var, variance: int, deps: frozenset | None = None) -> None:
         self.variance[var] = max(variance, self.assigned.get(var, CONSTANT))
+        self.deps[var] = None if var in self.assigned else deps
+        self._deps_memo.clear()
+
+    def deps_of(self, e: E.Expr) -> frozenset | None:
+        """The unrolled loops' variables `e` depends on; None where it reads memory or calls
+        an intrinsic (its value may change between copies)."""
+        hit = self._deps_memo.get(e, self)
+        if hit is not self:
+            return hit
+        if isinstance(e, E.Var):
+            out = frozenset() if isinstance(e.type, PointerType) else self.deps.get(e, frozenset())
+        elif isinstance(e, E.Call) and e.name.rpartition("_")[0] in _THREAD_CONSTANTS:
+            out = frozenset()
+        elif isinstance(e, (E.Load, E.Call)):
+            out = None
+        else:
+            out = frozenset()
+            for child in e.children():
+                d = self.deps_of(child) if isinstance(child, E.Expr) else frozenset()
+                if d is None:
+                    out = None
+                    break
+                out |= d
+        self._deps_memo[e] = out
+        return out
+
+    def hoist_target(self, e: E.Expr) -> _Unrolled | None:
+        """The outermost unrolled loop `e` is the same in every copy of (with those inside)."""
+        if not self.unrolled:
+            return None
+        deps = self.deps_of(e)
+        if deps is None:
+            return None
+        for i, u in enumerate(self.unrolled):
+            if not any(v.var in deps for v in self.unrolled[i:]):
+                return u
+        return None
 
 
 class _ExprCounter(Visitor):
@@ -102,6 +156,7 @@ class _ExprCounter(Visitor):
         self.counts = counts
         self.scope = scope
         self.in_index = False
+        self.seen: set = set()  # the integer operations of this statement counted so far
 
     def visit(self, n):
         # Every occurrence counts: a memoised visit would count a shared subexpression once.
@@ -121,15 +176,20 @@ class _ExprCounter(Visitor):
         # Parameters and thread indices: fixed for the thread, computed once at the top.
         return self.scope.variance.get(e, 0)
 
-    def _integer(self, dtype, variance: int, instructions: int = 1) -> None:
+    def _integer(self, e: E.Expr, dtype, variance: int, instructions: int = 1) -> None:
         if variance < self.scope.depth:
             return  # folded into a constant, or hoisted out of the loop
+        target = self.scope.hoist_target(e)
+        counts, seen = (self.counts, self.seen) if target is None else (target.counts, target.seen)
+        if e in seen:
+            return  # computed once already
+        seen.add(e)
         if self.in_index:
-            self.counts.address += instructions
+            counts.address += instructions
         elif dtype.nbytes == 8:
-            self.counts.int64 += instructions
+            counts.int64 += instructions
         else:
-            self.counts.int32 += instructions
+            counts.int32 += instructions
 
     def visit_Binary(self, e: E.Binary) -> int:
         variance = max(self.visit(e.a), self.visit(e.b))
@@ -150,11 +210,11 @@ class _ExprCounter(Visitor):
         elif operand.is_integer:
             if e.op in ("idiv", "imod", "floordiv", "mod", "div") and not _is_pow2_const(e.b):
                 if isinstance(e.b, E.Const):  # a multiply-high and a shift (and a multiply-sub)
-                    self._integer(operand, variance, 2 if e.op in ("idiv", "div") else 3)
+                    self._integer(e, operand, variance, 2 if e.op in ("idiv", "div") else 3)
                 elif variance >= self.scope.depth:
                     c.divides += 1
             else:
-                self._integer(operand, variance)
+                self._integer(e, operand, variance)
         return variance
 
     def visit_Unary(self, e: E.Unary) -> int:
@@ -162,7 +222,7 @@ class _ExprCounter(Visitor):
         if e.a.dtype.is_float:
             self.counts.fp += 1
         elif e.a.dtype.is_integer:
-            self._integer(e.a.dtype, variance)
+            self._integer(e, e.a.dtype, variance)
         return variance
 
     def visit_Cast(self, e: E.Cast) -> int:
@@ -288,24 +348,42 @@ def _instrument_run(body, scope: _Scope) -> list[S.Stmt]:
             add(_count(scope, s.extent))
             flush()
             unrolled = _unrolled(s)
-            scope.declare(s.var, CONSTANT if unrolled else scope.depth + 1)
+            scope.declare(s.var, CONSTANT if unrolled else scope.depth + 1, frozenset((s.var,)))
             steps = 0 if unrolled else 2  # the increment and the test
             wide = s.var.dtype.nbytes == 8
             loop = OpCounts(int32=0 if wide else steps, int64=steps if wide else 0)
-            body_stmts = _with_count(loop, [nested(s.body, not unrolled)])
-            out.append(s.replace(body=S.Seq(tuple(body_stmts))))
+            outer = scope.unrolled
+            scope.unrolled = [*outer, _Unrolled(s.var, OpCounts(), set())] if unrolled else []
+            try:
+                body_stmts = _with_count(loop, [nested(s.body, not unrolled)])
+                shared = scope.unrolled[-1].counts if unrolled else OpCounts()
+            finally:
+                scope.unrolled = outer
+            out.extend(_with_count(shared, [s.replace(body=S.Seq(tuple(body_stmts)))]))
         elif isinstance(s, S.While):
             flush()
+            outer, scope.unrolled = scope.unrolled, []
             scope.depth += 1
             cond = _count(scope, s.cond)
             scope.depth -= 1
-            body_stmts = _with_count(cond, [nested(s.body, True)])
+            try:
+                body_stmts = _with_count(cond, [nested(s.body, True)])
+            finally:
+                scope.unrolled = outer
             out.append(s.replace(body=S.Seq(tuple(body_stmts))))
         elif isinstance(s, S.If):
             add(_count(scope, s.cond))
             flush()
-            orelse = None if s.orelse is None else _instrument(s.orelse, scope)
-            out.append(s.replace(then=_instrument(s.then, scope), orelse=orelse))
+            # Work under a condition that changes between the copies is not shared by them.
+            deps = scope.deps_of(s.cond)
+            outer = scope.unrolled
+            if deps is None or any(u.var in deps for u in outer):
+                scope.unrolled = []
+            try:
+                orelse = None if s.orelse is None else _instrument(s.orelse, scope)
+                out.append(s.replace(then=_instrument(s.then, scope), orelse=orelse))
+            finally:
+                scope.unrolled = outer
         elif isinstance(s, (S.Break, S.Continue, S.Return)):
             add(_count(scope, *_expressions(s)))
             run.append(s)
@@ -316,9 +394,10 @@ def _instrument_run(body, scope: _Scope) -> list[S.Stmt]:
         else:
             add(_count(scope, *_expressions(s)))
             if isinstance(s, S.Declare):
-                scope.declare(s.var, _variance(scope, s.init))
+                deps = frozenset() if s.init is None else scope.deps_of(s.init)
+                scope.declare(s.var, _variance(scope, s.init), deps)
             elif isinstance(s, S.DeclareArray):
-                scope.declare(s.var, scope.depth)
+                scope.declare(s.var, scope.depth, None)
             run.append(s)
     flush()
     return out

@@ -62,6 +62,7 @@ from minicomp.ir.expr import (
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp
 from minicomp.ir.printer import expr_str
+from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.stmt import If, Stmt, Store, seq
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
 from minicomp.schedule.templates.fragments import Names, expression
@@ -423,6 +424,13 @@ class MatmulProblem:
             return None
         if el.dtype.nbytes * CHUNK != 16 or collect(el.indices, TensorElement):
             return None
+        if inside is not None:
+            # The offset is used only where the guard holds: a padded window's clamps go.
+            c = self.contraction
+            bounds = {v: (0, x - 1) for v, x in c.batch + c.m + c.n + c.k if isinstance(x, int)}
+            inside = simplify_expr(inside, bounds)
+            indices = tuple(simplify_expr(i, bounds, assuming=inside) for i in el.indices)
+            el = el.replace(indices=indices)
         kept = [(v, x) for v, x in self.k_axes if not is_unit(x)]
         if not kept or not isinstance(kept[-1][1], int) or kept[-1][1] % CHUNK:
             return None
@@ -463,17 +471,25 @@ class MatmulProblem:
             raise ValueError(f"operand {side} is not gathered")
         axes, extent = (c.m, self.m) if side == "a" else (c.n, self.n)
 
+        outer = {v for v, _ in c.batch + axes}
+        form = _strides_of(g.element.indices, g.strides)
+
         def source(b, mn, k):
             mn, k = _index(mn), _index(k)
             mapping = unravel(_index(b), c.batch) | unravel(mn, axes) | unravel(k, self.k_axes)
-            at = offset(substitute(g.element.indices, mapping), g.strides)
+            if form is None:
+                at = offset(substitute(g.element.indices, mapping), g.strides)
+            else:
+                # The (b, mn) part first, then the k part: a compiler computes the first once
+                # for the whole K loop.
+                at = _split_sum(form[0], form[1], mapping, outer)
             conds = []
             if check_mn:
                 conds.append(mn < dim_expr(extent))
             if check_k:
                 conds.append(k < dim_expr(self.k))
             if g.inside is not None:
-                conds.append(substitute(g.inside, mapping))
+                conds.extend(_split_comparison(t, mapping, outer) for t in _conjuncts(g.inside))
             out = select(logical_and(*conds), at, const(-1, T.i64)) if conds else at
             # 32-bit arithmetic (half the instructions of 64-bit) where every value fits.
             narrow = _narrow(out) if self._small(g) else None
@@ -652,6 +668,52 @@ def _affine(e: Expr) -> tuple[dict[Var, int], int] | None:
     for v, k in b[0].items():
         terms[v] = terms.get(v, 0) + k
     return {v: k for v, k in terms.items() if k}, a[1] + b[1]
+
+
+def _split_sum(coeff: Mapping[Var, Dim], base: Dim, mapping: Mapping[Var, Expr], outer) -> Expr:
+    """sum(coeff[v] * mapping[v]) + base as an i64 expression: the terms of the variables in
+    `outer` and the constant first, those of the others last."""
+    order = sorted(coeff, key=lambda v: v not in outer)
+    total: Expr = const(0, T.i64)
+    for v in order:
+        if v not in outer and isinstance(base, int) and base:
+            total, base = total + base, 0
+        total = total + mapping[v] * dim_expr(coeff[v])
+    return total + dim_expr(base) if not (isinstance(base, int) and base == 0) else total
+
+
+def _conjuncts(e: Expr) -> list[Expr]:
+    """The terms of a conjunction."""
+    if isinstance(e, Binary) and e.op == "and":
+        return _conjuncts(e.a) + _conjuncts(e.b)
+    return [e]
+
+
+def _split_comparison(e: Expr, mapping: Mapping[Var, Expr], outer) -> Expr:
+    """Comparison `e` at `mapping`, as (the part of the variables not in `outer`) compared
+    with (the rest, negated) when both sides are affine, so the rest is computed once for
+    the K loop; else `e` at `mapping`."""
+    if not (isinstance(e, Binary) and e.op in ("lt", "le", "gt", "ge")):
+        return substitute(e, mapping)
+    a, b = _affine(e.a), _affine(e.b)
+    if a is None or b is None:
+        return substitute(e, mapping)
+    terms, c = _affine_sub(a, b)
+    inner = {v: k for v, k in terms.items() if v not in outer}
+    if not inner or len(inner) == len(terms):
+        return substitute(e, mapping)
+    rest = {v: -k for v, k in terms.items() if v in outer}
+    lhs = _split_sum(inner, 0, mapping, outer)
+    rhs = _split_sum(rest, -c, mapping, outer)
+    return binary(e.op, lhs, rhs)
+
+
+def _affine_sub(a: tuple[dict[Var, int], int], b: tuple[dict[Var, int], int]):
+    """a - b of two affine forms."""
+    terms = dict(a[0])
+    for v, k in b[0].items():
+        terms[v] = terms.get(v, 0) - k
+    return {v: k for v, k in terms.items() if k}, a[1] - b[1]
 
 
 def _scaled(form: tuple[dict[Var, int], int] | None, k: int):

@@ -156,6 +156,10 @@ def _each_chunk(tile: Tile, body: Macro) -> ScriptFunction:
     EXACT = tile.exact
     COLUMNS = tile.column_phases and not WHOLE
     SPAN = 8 * PER_ROW  # chunks of 8 rows
+    # Where the threads cover whole spans, a thread keeps its column in every iteration, and
+    # the code says so (what depends on the column alone is computed once, not per chunk).
+    SPANS_APART = COLUMNS and THREADS % SPAN == 0
+    SPAN_STEP = THREADS // SPAN * 8
 
     @script
     def each_chunk():
@@ -163,6 +167,9 @@ def _each_chunk(tile: Tile, body: Macro) -> ScriptFunction:
             if WHOLE:
                 r = threadIdx.x // PER_ROW + q * ROW_STEP
                 x = threadIdx.x % PER_ROW * W
+            elif SPANS_APART:
+                r = threadIdx.x // SPAN * 8 + threadIdx.x % 8 + q * SPAN_STEP
+                x = threadIdx.x % SPAN // 8 * W
             elif COLUMNS:
                 c = q * THREADS + threadIdx.x
                 r = c // SPAN * 8 + c % 8
