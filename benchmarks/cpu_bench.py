@@ -62,12 +62,19 @@ def stem_pool():
     return fn, (torch.randn(1, 64, 112, 112),)
 
 
+def permuted_copy():
+    """A copy of a column-major matrix, which eager's clone keeps column-major: the same
+    physical layout in and out (GPT-2's permuted embedding weight, saved for backward)."""
+    return (lambda w: w.clone()), (torch.randn(50257, 768).t(),)
+
+
 # name -> () -> (function, inputs); built lazily so --only skips the others' setup.
 WORKLOADS = {
     "chain": lambda: (elementwise_chain, (torch.randn(2**24),)),
     "softmax": lambda: (softmax_last_dim, (torch.randn(4096, 4096),)),
     "layer_norm": layer_norm,
     "stem_pool": stem_pool,
+    "permuted_copy": permuted_copy,
     "gpt2_block": gpt2_block,
 }
 

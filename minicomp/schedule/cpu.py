@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 
 from minicomp.ir.compute import identity
 from minicomp.ir.error_flag import with_error_flag
-from minicomp.ir.expr import Call, Expr, Load, Var, cast, const, dim_expr, minimum
+from minicomp.ir.expr import Call, Const, Expr, Load, Var, cast, const, dim_expr, minimum
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
+from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.stmt import Assign, Declare, For, If, Stmt, Store, seq
 from minicomp.ir.types import i64
 from minicomp.schedule.common import (
@@ -61,11 +62,29 @@ class CpuKernelBuilder:
             body = self.reduction()
         else:
             body = self.nest(
-                list(zip(op.outer_vars, op.outer_extents)),
+                self.memory_order(list(zip(op.outer_vars, op.outer_extents))),
                 seq(*(self.store(s) for s in op.stages)),
                 parallel=True,
             )
         return Function(op.name, self.sig.params, body, "kernel")
+
+    def memory_order(self, loops: list[tuple[Var, object]]) -> list[tuple[Var, object]]:
+        """`loops` ordered as the first output lies in memory, the smallest stride innermost
+        (a permuted output is written contiguously; a copy into the layout of its input reads
+        and writes in memory order). Kept as they are where a stride is not a constant."""
+        st = self.op.stages[0]
+        _, strides = self.out_bufs[st.output]
+        at = offset(st.indices, strides)
+        zero = {v: const(0) for v, _ in loops}
+        base = simplify_expr(substitute(at, zero))
+        steps = []
+        for v, _ in loops:
+            step = simplify_expr(substitute(at, {**zero, v: const(1)}) - base)
+            if not isinstance(step, Const) or step.value < 0:
+                return loops
+            steps.append(step.value)
+        order = sorted(range(len(loops)), key=lambda i: -steps[i])  # stable: ties keep order
+        return [loops[i] for i in order]
 
     def nest(
         self,

@@ -171,6 +171,29 @@ def test_strided_inputs_are_loaded_with_their_strides():
     assert st.index == o0 * 8 + o1
 
 
+def test_loops_follow_the_output_strides():
+    """An output laid out column-major is written with its rows innermost: the vector loop
+    steps through consecutive addresses, and so does the read of an input in the same layout
+    (a permute saved for backward; Inductor returns it as a view)."""
+    f = schedule(scale_graph((6, 40)), x=(1, 6), y=(1, 6))
+    outer, inner = loops(f)
+    assert (outer.extent, outer.kind) == (E.const(40), "parallel")
+    assert (inner.extent, inner.kind) == (E.const(6), "vectorize")
+    (st,) = collect(f.body, Store)
+    assert st.index == inner.var + outer.var * 6  # unit stride along the vector loop
+    # Row-major strides keep the logical order.
+    outer, inner = loops(schedule(scale_graph((6, 40))))
+    assert (outer.extent, inner.extent) == (E.const(6), E.const(40))
+
+
+def test_a_column_major_output_is_computed_in_memory_order(cache_dir):
+    x = torch.randn(40, 6).t()  # (6, 40) with strides (1, 6)
+    f = schedule(scale_graph((6, 40)), x=x.stride(), y=x.stride())
+    out = poisoned((40, 6)).t()
+    run_kernel(f, cache_dir, {"x": x, "y": out})
+    torch.testing.assert_close(out, x * 2.0 + 1.0, rtol=0, atol=0)
+
+
 # --- numerics ------------------------------------------------------------------------------
 
 
