@@ -8,16 +8,15 @@ import pytest
 import torch
 from graph_builder import GraphBuilder, evaluate_graph, random_inputs
 from helpers import check_compiled
-from schedule_graphs import one_group
+from schedule_graphs import matmul_problem_of, one_group
 
-import minicomp
 from minicomp import config
 from minicomp.compiler import compile_graph
 from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
 from minicomp.ir.compute import reduce
 from minicomp.ir.expr import cast, minimum
-from minicomp.ir.graph import FusedOp, Graph
+from minicomp.ir.graph import Graph
 from minicomp.passes.graph import split_k
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.record import CompileRecord
@@ -121,22 +120,13 @@ def test_diagonal_band_operand_on_the_emulator(dtype):
     np.testing.assert_allclose(actual.numpy().astype(np.float64), expected, rtol=tol, atol=tol)
 
 
-def _matmul_problems(fn, *args):
-    torch._dynamo.reset()
-    with torch.no_grad():
-        report = minicomp.explain(fn, *args, options={"target": EMU})
-    (record,) = report.records
-    layouts = layouts_for(record.graph)
-    groups = [n for n in record.graph.nodes if isinstance(n, FusedOp)]
-    return [p for p in (matmul_problem(n, layouts) for n in groups) if p is not None]
-
-
 def test_sliced_operands_are_plain_with_their_offset():
     h = torch.float16
-    (p,) = _matmul_problems(
+    p = matmul_problem_of(
         lambda a, b: a[2:, 1:] @ b[:, 3:],
         torch.randn(50, 73, dtype=h),
         torch.randn(72, 43, dtype=h),
+        target=EMU,
     )
     assert p.plain_a.contiguous == "k" and p.plain_a.base == 2 * 73 + 1
     assert p.plain_b.contiguous == "mn" and p.plain_b.base == 3
@@ -170,7 +160,7 @@ def test_split_k_partial_operands_are_plain(monkeypatch):
     monkeypatch.setattr(split_k, "MIN_CHUNK", 256)
     h = torch.float16
     a, b = torch.randn(8, 2048, dtype=h), torch.randn(2048, 16, dtype=h)
-    (p,) = _matmul_problems(torch.mm, a, b)
+    p = matmul_problem_of(torch.mm, a, b, target=EMU)
     assert (p.batch, p.m, p.n, p.k) == (8, 8, 16, 256)
     assert p.plain_a.contiguous == "k" and p.plain_a.ld == 2048
     assert p.plain_a.batch_strides == (256,)
