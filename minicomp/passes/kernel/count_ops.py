@@ -107,8 +107,9 @@ class _Scope:
 
     def declare(self, var: E.Var, variance: int, deps: frozenset | None = None) -> None:
         self.variance[var] = max(variance, self.assigned.get(var, CONSTANT))
+        if var in self.deps:
+            self._deps_memo.clear()  # declared again: what was read of it may change
         self.deps[var] = None if var in self.assigned else deps
-        self._deps_memo.clear()
 
     def deps_of(self, e: E.Expr) -> frozenset | None:
         """The unrolled loops' variables `e` depends on; None where it reads memory or calls

@@ -663,11 +663,7 @@ def _affine(e: Expr) -> tuple[dict[Var, int], int] | None:
         if a[0] and b[0]:
             return None  # a product of variables
         return _scaled(b, a[1]) if not a[0] else _scaled(a, b[1])
-    b = _scaled(b, 1 if e.op == "add" else -1)
-    terms = dict(a[0])
-    for v, k in b[0].items():
-        terms[v] = terms.get(v, 0) + k
-    return {v: k for v, k in terms.items() if k}, a[1] + b[1]
+    return _affine_add(a, _scaled(b, 1 if e.op == "add" else -1))
 
 
 def _split_sum(coeff: Mapping[Var, Dim], base: Dim, mapping: Mapping[Var, Expr], outer) -> Expr:
@@ -698,7 +694,7 @@ def _split_comparison(e: Expr, mapping: Mapping[Var, Expr], outer) -> Expr:
     a, b = _affine(e.a), _affine(e.b)
     if a is None or b is None:
         return substitute(e, mapping)
-    terms, c = _affine_sub(a, b)
+    terms, c = _affine_add(a, _scaled(b, -1))
     inner = {v: k for v, k in terms.items() if v not in outer}
     if not inner or len(inner) == len(terms):
         return substitute(e, mapping)
@@ -708,12 +704,12 @@ def _split_comparison(e: Expr, mapping: Mapping[Var, Expr], outer) -> Expr:
     return binary(e.op, lhs, rhs)
 
 
-def _affine_sub(a: tuple[dict[Var, int], int], b: tuple[dict[Var, int], int]):
-    """a - b of two affine forms."""
+def _affine_add(a: tuple[dict[Var, int], int], b: tuple[dict[Var, int], int]):
+    """a + b of two affine forms."""
     terms = dict(a[0])
     for v, k in b[0].items():
-        terms[v] = terms.get(v, 0) - k
-    return {v: k for v, k in terms.items() if k}, a[1] - b[1]
+        terms[v] = terms.get(v, 0) + k
+    return {v: k for v, k in terms.items() if k}, a[1] + b[1]
 
 
 def _scaled(form: tuple[dict[Var, int], int] | None, k: int):
