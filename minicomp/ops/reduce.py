@@ -235,18 +235,35 @@ class Moments(NamedTuple):
 
 
 def variance(name, x, dims, correction, acc: T.DataType) -> Moments:
-    """The moments of `x` over `dims` in two passes (mean, then squared deviations), in `acc`.
+    """The moments of `x` over `dims` in two passes, in `acc`: a first mean, then the squared
+    deviations from it and their sum, which corrects both (the corrected two-pass algorithm).
 
+    A plain sum's mean is off by a few ulps per element, and a normalization multiplies that
+    by 1/std: a group of nearly equal values came out 10x further from float64 than eager.
     The divisor is max(0, N - correction), so N <= correction gives inf or nan as in PyTorch.
     """
-    mean = mean_of(f"{name}_mean", x, dims, True, acc, acc)
+    rough = mean_of(f"{name}_mean0", x, dims, True, acc, acc)
+    n = cast(count(x, dims), acc)
 
-    def sq_dev(*i):
-        d = cast(x[i], acc) - mean[project(i, dims)]
-        return d * d
+    def dev(i):
+        return cast(x[i], acc) - rough[project(i, dims)]
 
-    ssq = reduce_compute(f"{name}_ssq", "sum", x, dims, True, acc, sq_dev)
-    denom = maximum(cast(count(x, dims), acc) - cast(correction, acc), const(0.0, acc))
+    drift = reduce_compute(f"{name}_dev", "sum", x, dims, True, acc, lambda *i: dev(i))
+    ssq_raw = reduce_compute(f"{name}_ssq0", "sum", x, dims, True, acc, lambda *i: dev(i) * dev(i))
+
+    def shift(i):
+        # NaN when the first mean is infinite: then that mean stands, as a plain sum gives.
+        d = drift[i] / n
+        return select(ne(d, d), const(0.0, acc), d)
+
+    mean = compute(f"{name}_mean", rough.shape, lambda *i: rough[i] + shift(i))
+
+    def ssq_of(*i):
+        s = ssq_raw[i] - drift[i] * shift(i)
+        return select(s < const(0.0, acc), const(0.0, acc), s)  # NaN stays NaN
+
+    ssq = compute(f"{name}_ssq", rough.shape, ssq_of)
+    denom = maximum(n - cast(correction, acc), const(0.0, acc))
     var = compute(name, ssq.shape, lambda *i: ssq[i] / denom)
     return Moments(var, mean, ssq)
 

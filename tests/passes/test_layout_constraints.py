@@ -83,7 +83,9 @@ def test_as_strided_of_a_channels_last_intermediate_reads_eagers_elements(dynami
 
 GROUP_NORM_INPUTS = {
     "expanded": lambda: torch.randn(1, 1).expand(1, 4),
-    "expanded_4d": lambda: torch.randn(2, 4, 1, 1).expand(2, 4, 3, 5),
+    # Varying along the last dim: a group of nearly equal values makes any two float32
+    # results differ by more than the tolerance (the output scales the mean's error by 1/std).
+    "expanded_4d": lambda: torch.randn(2, 4, 1, 5).expand(2, 4, 3, 5),
     "transposed": lambda: torch.randn(6, 4).t(),
 }
 
