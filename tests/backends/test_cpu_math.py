@@ -1,11 +1,14 @@
-"""Tests of the cpu runtime's own f32 tanh and erf: accuracy, edge values, vectorisation."""
+"""Tests of the cpu runtime's own f32 exp-based tanh and erf, sin, cos, log and pow: accuracy,
+edge values, vectorisation, and a compiled PyTorch function using them."""
 
+import itertools
+import math
 import os
 import subprocess
 
 import pytest
 import torch
-from helpers import build_cpu
+from helpers import assert_same, build_cpu, compile_minicomp
 
 from minicomp.backends.cpu import render_module
 from minicomp.ir import expr as E
@@ -15,6 +18,9 @@ from minicomp.ir.types import PointerType, f32, f64, i64
 
 i, n = E.Var("i", i64), E.Var("n", i64)
 NAMES = ("tanh", "erf")
+TRIG = ("sin", "cos")
+# Every function the runtime computes itself in float32 instead of calling libm.
+FAST = (*NAMES, *TRIG, "log", "pow")
 # Where each function switches from its polynomial to its exp-based branch, and above which
 # its float32 value is 1.
 SPLITS = {"tanh": (0.875, 9.0110), "erf": (1.0, 3.92)}
@@ -27,15 +33,34 @@ def unary_kernel(name: str, dt=f32) -> Function:
     return Function(f"k_{name}", (x, out, n), body)
 
 
+def pow_kernel(dt=f32) -> Function:
+    """`out[i] = x[i] ** y[i]` (the IR's binary pow) in a `#pragma omp simd` loop."""
+    x, y, out = (E.Var(v, PointerType(dt)) for v in ("x", "y", "out"))
+    value = E.binary("pow", E.Load(x, i), E.Load(y, i))
+    return Function("k_pow", (x, y, out, n), S.For(i, n, S.Store(out, i, value), kind="vectorize"))
+
+
+def fast_kernels(dt=f32) -> tuple[Function, ...]:
+    return (*(unary_kernel(nm, dt) for nm in FAST if nm != "pow"), pow_kernel(dt))
+
+
 @pytest.fixture(scope="module")
 def math_mod(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("math-cache"))
-    return build_cpu(Module("fast_math", tuple(unary_kernel(nm) for nm in NAMES)), cache_dir=cache)
+    return build_cpu(Module("fast_math", fast_kernels()), cache_dir=cache)
 
 
 def apply(mod, name: str, x: torch.Tensor) -> torch.Tensor:
     out = torch.full_like(x, float("nan"))
     mod.kernel(f"k_{name}")(x.data_ptr(), out.data_ptr(), x.numel())
+    return out
+
+
+def apply_pow(mod, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x, y = torch.broadcast_tensors(x, y)
+    x, y = x.contiguous(), y.contiguous()
+    out = torch.full_like(x, float("nan"))
+    mod.kernel("k_pow")(x.data_ptr(), y.data_ptr(), out.data_ptr(), x.numel())
     return out
 
 
@@ -109,14 +134,20 @@ def test_tiny_inputs_are_correctly_rounded(math_mod, name):
 
 
 def test_f64_keeps_libm():
-    src = render_module(Module("m64", tuple(unary_kernel(nm, f64) for nm in NAMES)))
-    assert "tanh(x[i])" in src and "erf(x[i])" in src
-    src32 = render_module(Module("m32", tuple(unary_kernel(nm) for nm in NAMES)))
-    assert "mc_tanh_f32(x[i])" in src32 and "mc_erf_f32(x[i])" in src32
+    src = render_module(Module("m64", fast_kernels(f64)))
+    for name in FAST:
+        call = "pow(x[i], y[i])" if name == "pow" else f"{name}(x[i])"
+        assert f"= {call};" in src, name
+    src32 = render_module(Module("m32", fast_kernels()))
+    for name in FAST:
+        args = "x[i], y[i]" if name == "pow" else "x[i]"
+        assert f"= mc_{name}_f32({args});" in src32, name
 
 
-def test_tanh_erf_loops_vectorise(tmp_path):
-    kernels = tuple(unary_kernel(nm) for nm in NAMES)
+def test_fast_math_loops_vectorise(tmp_path):
+    # Fails if any of them goes back to libm (a call GCC does not vectorise) or stops being
+    # branch-free.
+    kernels = fast_kernels()
     src = render_module(Module("vec_math", kernels))
     path = tmp_path / "vec_math.c"
     path.write_text(src)
@@ -136,3 +167,151 @@ def test_tanh_erf_loops_vectorise(tmp_path):
         loop_line = next(m for m in range(start, len(lines)) if "for (" in lines[m]) + 1
         # GCC reports the loop's line or its body's.
         assert {loop_line, loop_line + 1} & vectorized, k.name
+
+
+# sin, cos, log, pow ---------------------------------------------------------------------------
+
+
+def float_runs(centres, width: int) -> list[torch.Tensor]:
+    """`2 width` consecutive floats around each (positive) centre."""
+    return [
+        torch.arange(lo, lo + 2 * width, dtype=torch.int32).view(torch.float32)
+        for c in centres
+        for lo in [int(torch.tensor(c, dtype=torch.float32).view(torch.int32)) - width]
+    ]
+
+
+def assert_within(label: str, x: torch.Tensor, out: torch.Tensor, err: torch.Tensor, bound=2.0):
+    worst = int(err.argmax())
+    assert err.max() <= bound, (
+        f"{label}({x[worst].item()!r}) = {out[worst].item()!r}, off by {err.max().item():.3f} ulp"
+    )
+
+
+# Floats whose reduced argument is smallest relative to them (by an exhaustive search): the
+# least, at 16367173 * 2^72, is 2^-29.9 quarter turns from a multiple of pi/2.
+HARD_REDUCTIONS = (16367173 * 2.0**72, 10741887 * 2.0**11, 16573937 * 2.0**-16)
+
+
+def trig_sweep(gen: torch.Generator) -> torch.Tensor:
+    """About 2.5M floats of both signs: a stride through every positive bit pattern (up to the
+    largest float), runs around the hardest reductions and around multiples of pi/4, random
+    values up to 1e4 and up to 2^127."""
+    stride = torch.arange(1, 0x7F800000, 2003, dtype=torch.int32).view(torch.float32)
+    hard = float_runs(HARD_REDUCTIONS, 20_000)
+    eighths = float_runs([k * math.pi / 4 for k in range(1, 64)], 2_000)
+    uniform = torch.rand(600_000, generator=gen) * 1e4
+    big = torch.exp2(torch.rand(200_000, generator=gen) * 127)
+    x = torch.cat([stride, *hard, *eighths, uniform, big, torch.linspace(0, 10, 200_000)])
+    signs = torch.randint(0, 2, x.shape, generator=gen) * 2 - 1
+    return x * signs
+
+
+@pytest.mark.parametrize("name", TRIG)
+def test_sin_cos_within_two_ulps(math_mod, name):
+    x = trig_sweep(torch.Generator().manual_seed(3))
+    assert x.numel() > 2_000_000 and x.abs().max() > 1e38
+    out = apply(math_mod, name, x)
+    assert_within(name, x, out, ulps(out, getattr(torch, name)(x.double())))
+    # sin is odd, cos even, bit for bit.
+    mirrored = apply(math_mod, name, -x)
+    assert torch.equal(mirrored, -out if name == "sin" else out)
+
+
+def test_sin_cos_edge_values(math_mod):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([0.0, -0.0, inf, -inf, nan])
+    sin, cos = apply(math_mod, "sin", x), apply(math_mod, "cos", x)
+    assert sin[:2].tolist() == [0.0, -0.0] and cos[:2].tolist() == [1.0, 1.0]
+    assert torch.equal(sin[:2].signbit(), torch.tensor([False, True]))
+    assert sin[2:].isnan().all() and cos[2:].isnan().all()
+    # Below 2^-12, sin(x) rounds to x and cos(x) to 1: every 7th float there, subnormals too.
+    top = int(torch.tensor(2.0**-12).view(torch.int32))
+    tiny = torch.arange(0, top, 7, dtype=torch.int32).view(torch.float32)
+    tiny = torch.cat([tiny, -tiny])
+    assert torch.equal(apply(math_mod, "sin", tiny).view(torch.int32), tiny.view(torch.int32))
+    assert (apply(math_mod, "cos", tiny) == 1).all()
+
+
+def test_log_within_two_ulps(math_mod):
+    gen = torch.Generator().manual_seed(4)
+    # Every 1009th positive float (subnormals to the largest), runs around 1 and the ends of
+    # the mantissa's range [sqrt(1/2), sqrt(2)), around subnormals and huge values.
+    stride = torch.arange(1, 0x7F800000, 1009, dtype=torch.int32).view(torch.float32)
+    centres = (1.0, math.sqrt(2), math.sqrt(0.5), 2.0, 0.5, 1e-40, 1e-30, 3e38)
+    x = torch.cat([stride, *float_runs(centres, 50_000), torch.rand(400_000, generator=gen) * 4])
+    assert x.numel() > 2_500_000 and (x < torch.finfo(torch.float32).tiny).sum() > 100_000
+    out = apply(math_mod, "log", x)
+    assert_within("log", x, out, ulps(out, torch.log(x.double())))
+
+
+def test_log_edge_values(math_mod):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([0.0, -0.0, 1.0, inf, -inf, nan, -1.0, -1e-45, 2.0**-149])
+    out = apply(math_mod, "log", x)
+    assert out[:4].tolist() == [-inf, -inf, 0.0, inf]
+    assert not out[2].signbit()  # log(1) is +0, exactly
+    assert out[4:8].isnan().all()
+    assert out[8].item() == torch.tensor(-149 * math.log(2)).float().item()
+
+
+def pow_cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(label, x, y): every 4001st positive float to a few powers; random pairs whose result
+    spans float's range and beyond (y log2 x in [-160, 140]); x near 1 to large powers;
+    negative x to integer and other powers; subnormal x."""
+    cases = []
+    stride = torch.arange(0, 0x7F800000, 4001, dtype=torch.int32).view(torch.float32)
+    for y in (1.7, -0.5, 3.0, 0.3333, -7.25, 100.0):
+        cases.append((f"stride ** {y}", stride, torch.tensor(y)))
+    m = 1_000_000
+    x = torch.exp2((torch.rand(m, generator=gen, dtype=torch.float64) * 2 - 1) * 126).float()
+    z = torch.rand(m, generator=gen, dtype=torch.float64) * 300 - 160
+    cases.append(("random", x, (z / torch.log2(x.double())).float()))
+    x = 1 + (torch.rand(m, generator=gen) - 0.5) * 1e-3
+    cases.append(("near 1", x, (torch.rand(m, generator=gen) * 2 - 1) * 1e5))
+    x = -torch.exp2((torch.rand(m, generator=gen) * 2 - 1) * 20)
+    cases.append(("negative, integral y", x, torch.randint(-30, 30, (m,), generator=gen).float()))
+    cases.append(("negative, real y", x, torch.rand(m, generator=gen) * 60 - 30))
+    sub = torch.arange(1, 0x00800000, 97, dtype=torch.int32).view(torch.float32)
+    cases += [("subnormal", sub, torch.tensor(0.9)), ("subnormal", sub, torch.tensor(-0.1))]
+    return cases
+
+
+def test_pow_within_two_ulps(math_mod):
+    for label, x, y in pow_cases(torch.Generator().manual_seed(5)):
+        out = apply_pow(math_mod, x, y)
+        x, y = torch.broadcast_tensors(x, y)
+        expected = torch.pow(x.double(), y.double())
+        # Beyond float's range the float64 result rounds to inf or 0, as it should.
+        err = torch.where(out == expected.float(), 0.0, ulps(out, expected))
+        assert_within(f"{label}: pow(x, {y[int(err.argmax())].item()!r}) at x=", x, out, err)
+
+
+def test_pow_special_values(math_mod):
+    # C99's special cases, as eager PyTorch gives them, sign of zero and infinity included:
+    # pow(x, +-0) = 1 and pow(1, y) = 1 even for NaN, negative x to an odd integer negated, to
+    # a non-integer NaN (but not for -0 and -inf), zeros and infinities by the sign of y...
+    inf, nan = float("inf"), float("nan")
+    values = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 1.5, -1.5, inf, -inf, nan]
+    values += [1e-45, -1e-45, 3e38, -3e38, 2.0**24, -(2.0**24), 2.0**24 + 2, -(2.0**23 + 1)]
+    xs, ys = zip(*itertools.product(values, values), strict=True)
+    x, y = torch.tensor(xs), torch.tensor(ys)
+    out, expected = apply_pow(math_mod, x, y), torch.pow(x, y)
+    same = (out == expected) & (out.signbit() == expected.signbit())
+    same |= out.isnan() & expected.isnan()
+    # Ordinary results need only be within 2 ulp.
+    err = ulps(out, torch.pow(x.double(), y.double()))
+    near = expected.isfinite() & (expected != 0) & (err <= 2)
+    bad = (~(same | near)).nonzero().flatten().tolist()
+    assert not bad, [(xs[k], ys[k], out[k].item(), expected[k].item()) for k in bad[:5]]
+
+
+def test_compiled_function_matches_eager():
+    def fn(x):
+        return torch.sin(x) * torch.cos(x) + torch.log(x.abs() + 1) + torch.pow(x.abs(), 1.7)
+
+    compiled = compile_minicomp(fn, "cpu")
+    for seed in (0, 1):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(10_007, generator=gen) * torch.exp2(torch.randint(-10, 20, (10_007,)))
+        assert_same(compiled(x), fn(x))

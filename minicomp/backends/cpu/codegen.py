@@ -20,13 +20,14 @@ from collections.abc import Iterator
 
 from minicomp.backends.c_like import CLikeRenderer, is_half, uses_any
 from minicomp.backends.headers import inline_includes
+from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Module
 from minicomp.ir.types import DataType, f32
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.h")
 UNROLL_FACTOR = 8
-_FAST_F32 = ("exp", "tanh", "erf")
+_FAST_F32 = ("exp", "tanh", "erf", "sin", "cos", "log")
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,12 +47,19 @@ class CRenderer(CLikeRenderer):
         return runtime_header()
 
     def math_function_name(self, name: str, dt: DataType) -> str:
-        # libm's float exp, tanh and erf are calls GCC cannot vectorise; the header's are.
+        # libm's float exp, tanh, erf, sin, cos and log are calls GCC cannot vectorise (the
+        # whole fused loop then runs scalar); the header's are. Doubles keep libm's.
         if name in _FAST_F32 and dt == f32:
             return f"mc_{name}_f32"
         if name == "lgamma":
             return f"mc_lgamma_{dt.short}"
         return super().math_function_name(name, dt)
+
+    def visit_Binary(self, e: E.Binary) -> tuple[str, int]:
+        # Float pow is a binary op, not a math call: powf -> the header's vectorisable one.
+        if e.op == "pow" and e.a.dtype == f32:
+            return self._call("mc_pow_f32", e.a, e.b)
+        return super().visit_Binary(e)
 
     def array_decl(self, s: S.DeclareArray) -> str:
         # Aligned so that vector loads of the array's first elements need no peeling.

@@ -23,6 +23,20 @@
 
 MC_INLINE uint32_t mc_bits_f32(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 MC_INLINE float mc_from_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+MC_INLINE uint64_t mc_bits_f64(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
+MC_INLINE double mc_from_bits_f64(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
+
+/* c ? a : b for c = 0 or 1, by masks: GCC moves the computation of a value that only one arm
+   of ?: uses into a branch and then, as float operations may trap, does not vectorise the
+   loop. (GCC does not vectorise a conversion to bool either: c is an int.) */
+MC_INLINE float mc_select_f32(int c, float a, float b) {
+    uint32_t m = 0u - (uint32_t)c;
+    return mc_from_bits_f32((mc_bits_f32(a) & m) | (mc_bits_f32(b) & ~m));
+}
+MC_INLINE double mc_select_f64(int c, double a, double b) {
+    uint64_t m = 0u - (uint64_t)c;
+    return mc_from_bits_f64((mc_bits_f64(a) & m) | (mc_bits_f64(b) & ~m));
+}
 
 /* ---- float16, stored as uint16_t bit patterns (bfloat16 is in common.h) ---- */
 
@@ -154,6 +168,199 @@ MC_INLINE float mc_erf_f32(float x) {
     large = a > 3.92f ? 1.0f : large;
     uint32_t y = (mc_bits_f32(small) & is_small) | (mc_bits_f32(large) & ~is_small);
     return copysignf(mc_from_bits_f32(y), x);
+}
+
+/* ---- sin and cos: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
+
+/* 2/pi in pieces of 29 bits, MC_2_PI_0 + MC_2_PI_1 + ... (its base-2^29 digits, computed with
+   mpmath), so that the product of a float (24 bits) and a piece is exact in double. */
+#define MC_2_PI_0 0x1.45f306dp-1
+#define MC_2_PI_1 0x1.9391054p-30
+#define MC_2_PI_2 0x1.4fe13abp-59
+#define MC_2_PI_3 0x1.d1f534dp-88
+#define MC_2_PI_4 0x1.b81b6c5p-117
+#define MC_2_PI_5 0x1.5993c4p-148
+#define MC_2_PI_6 0x1.c820ff2p-175
+
+/* x 2/pi = k + f with |f| <= 1/2 + 2^-25 (x = k pi/2 + f pi/2), for every float x >= 0: f as a
+   double, k mod 4 in *quadrant.
+
+   Payne-Hanek's reduction without its table. A piece whose product with x is a multiple of 4
+   does not change x 2/pi mod 4 and is skipped: a float x >= 2^54 is a multiple of 2^31 and
+   MC_2_PI_0 one of 2^-29; from 2^83 on, x MC_2_PI_1 is a multiple of 4 too, and so on.
+   The four pieces after the skipped ones suffice for every x: the rest adds less than
+   2^54 2^-116 = 2^-62 to f, and |f| >= 2^-29.9 over all floats (least at x = 16367173 * 2^72,
+   by an exhaustive search), so f keeps a relative error below 2^-32. The pieces are picked by
+   selects, not from a table indexed by x's exponent, which takes gathers to vectorise.
+   Why not Cody-Waite (x - k pi/2, with pi/2 in three parts) and this only for huge x: the
+   former is exact only up to |x| ~ 1e5..1e6, and a vectorised loop computes both paths for
+   every lane and selects, which costs more than this path alone. */
+MC_INLINE double mc_reduce_pio2_f32(float ax, uint32_t* quadrant) {
+    double x = (double)ax;
+    int big1 = x >= 0x1p54, big2 = x >= 0x1p83, big3 = x >= 0x1p112;
+    double p0 = big3 ? MC_2_PI_3 : big2 ? MC_2_PI_2 : big1 ? MC_2_PI_1 : MC_2_PI_0;
+    double p1 = big3 ? MC_2_PI_4 : big2 ? MC_2_PI_3 : big1 ? MC_2_PI_2 : MC_2_PI_1;
+    double p2 = big3 ? MC_2_PI_5 : big2 ? MC_2_PI_4 : big1 ? MC_2_PI_3 : MC_2_PI_2;
+    double p3 = big3 ? MC_2_PI_6 : big2 ? MC_2_PI_5 : big1 ? MC_2_PI_4 : MC_2_PI_3;
+    /* Exact products, t0 < 2^54, t1 < 2^25, t2 < 2^-4, t3 < 2^-33. Adding then subtracting
+       1.5 * 2^54 rounds t0 to a multiple of 4, which leaves |t0| <= 4. */
+    double t0 = x * p0, t1 = x * p1, t2 = x * p2, t3 = x * p3;
+    t0 = t0 - ((t0 + 0x1.8p54) - 0x1.8p54);
+    /* k = rint(t0 + t1 + t2) by the 1.5 * 2^52 trick, its low bits read from the mantissa.
+       t0 - k is exact (an integer below 2^26 where t0's last bit is worth 1 or more; else
+       within 2^-28.5 t0 + 1 of 0, while t0's last bit is worth 2^-52 t0 or more) but where
+       f is near +-1/2 and k = 1; the sums after it round relative to their own values, and
+       (t0 - k) + t1 is exact unless |t2| < 2^-29, so f is within 2^-51 |f| + 2^-61 of its
+       value. An exhaustive test over all floats finds sin and cos within 0.99 ulp. */
+    double shifted = ((t0 + t1) + t2) + 0x1.8p52;
+    *quadrant = (uint32_t)mc_bits_f64(shifted);
+    return (((t0 - (shifted - 0x1.8p52)) + t1) + t2) + t3;
+}
+
+/* sin(ax + shift pi/2) for ax >= 0: sin(r) or cos(r) of r = f pi/2 by the quadrant, negated in
+   the upper two. The polynomials are evaluated in float on r = rh + rl (its double value split
+   in two floats): sin(r) = r + r s S(s) and cos(r) = 1 - s/2 + s^2 C(s), s = rh^2, S and C
+   quadratics fitted by Chebyshev interpolation in mpmath on |r| <= pi/4 (1 + 2^-20), relative
+   errors < 2^-26 and 2^-29. */
+MC_INLINE float mc_sin_shifted_f32(float ax, uint32_t shift) {
+    uint32_t quadrant;
+    double f = mc_reduce_pio2_f32(ax, &quadrant);
+    quadrant += shift;
+    double r = f * 1.5707963267948966;
+    float rh = (float)r;
+    float rl = (float)(r - (double)rh);
+    float s = rh * rh;
+    float ps = -1.958789071e-04f;
+    ps = ps * s + 8.332747966e-03f;
+    ps = ps * s + -1.666666418e-01f;
+    float sin_r = rh + (rl + rh * (s * ps));
+    /* w = 1 - s/2 rounded, its rounding error (1 - w) - s/2 (exact) added back with the small
+       terms; cos(rh + rl) = cos(rh) - rh rl to first order. */
+    float pc = 2.454794230e-05f;
+    pc = pc * s + -1.388830249e-03f;
+    pc = pc * s + 4.166666418e-02f;
+    float hs = 0.5f * s;
+    float w = 1.0f - hs;
+    float cos_r = w + (((1.0f - w) - hs) + ((s * s) * pc - rh * rl));
+    float v = mc_select_f32((int)(quadrant & 1u), cos_r, sin_r);
+    return mc_from_bits_f32(mc_bits_f32(v) ^ ((quadrant & 2u) << 30));
+}
+
+/* sin is odd: computed on |x|, then given x's sign, so sin(-0) = -0. NaN and +-inf give NaN
+   (inf MC_2_PI_0 - inf in the reduction). */
+MC_INLINE float mc_sin_f32(float x) {
+    float v = mc_sin_shifted_f32(fabsf(x), 0u);
+    return mc_from_bits_f32(mc_bits_f32(v) ^ (mc_bits_f32(x) & 0x80000000u));
+}
+
+MC_INLINE float mc_cos_f32(float x) { return mc_sin_shifted_f32(fabsf(x), 1u); }
+
+/* ---- log: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
+
+/* m with x = 2^e m, m in [sqrt(1/2), sqrt(2)), for x > 0, from the bits: subtracting the bits
+   of sqrt(1/2) (0x3f3504f3) makes the exponent field count e from there, and adding them back
+   to the mantissa field gives m. A subnormal x is scaled by 2^23 first (a select: both are
+   computed). Other x give meaningless finite values. */
+MC_INLINE float mc_log_split_f32(float x, int32_t* e) {
+    uint32_t tiny = 0u - (uint32_t)(x < 0x1p-126f);
+    uint32_t u = (mc_bits_f32(x * 0x1p23f) & tiny) | (mc_bits_f32(x) & ~tiny);
+    uint32_t t = u - 0x3f3504f3u;
+    *e = ((int32_t)t >> 23) - (int32_t)(tiny & 23u);
+    return mc_from_bits_f32((t & 0x7fffffu) + 0x3f3504f3u);
+}
+
+MC_INLINE float mc_log_f32(float x) {
+    int32_t e;
+    float m = mc_log_split_f32(x, &e);
+    /* log(1 + f) = f - f^2/2 + f^3 P(f), f = m - 1 in [-0.293, 0.415] (exact by Sterbenz's
+       lemma), P of degree 8 fitted by Chebyshev interpolation in mpmath (f^3 P within 2^-27
+       of its value relative to log(1 + f)). log(1) = 0 exactly: e and f are 0. An
+       exhaustive test over all floats finds log within 1.18 ulp. */
+    float f = m - 1.0f;
+    float p = 6.971611828e-02f;
+    p = p * f + -1.147973388e-01f;
+    p = p * f + 1.168541983e-01f;
+    p = p * f + -1.242568716e-01f;
+    p = p * f + 1.424905807e-01f;
+    p = p * f + -1.666780263e-01f;
+    p = p * f + 2.000071555e-01f;
+    p = p * f + -2.499999702e-01f;
+    p = p * f + 3.333333135e-01f;
+    float f2 = f * f;
+    float hf2 = 0.5f * f2;
+    /* e ln2 in two parts: ln2 rounded down to 16 bits (so e times it is exact, |e| < 256), and
+       the rest. Where e != 0, |e ln2| >= 0.69 > 2 |log(1 + f)|: the sum does not cancel. */
+    float ef = (float)e;
+    float r = ef * 0.693145751953125f + ((f - hf2) + (f2 * f * p + ef * 1.428606765e-06f));
+    /* log(+-0) = -inf, log(x < 0) = NaN, log(NaN) = NaN, log(inf) = inf. */
+    float nonpositive = x == 0.0f ? -INFINITY : NAN;
+    r = mc_select_f32(x > 0.0f, r, nonpositive);
+    return mc_select_f32(x == INFINITY, x, r);
+}
+
+/* ---- pow: branch-free and vectorisable, max error <= 2 ulp ---- */
+
+/* |x|^y = 2^(y log2|x|), in double: where the result is a finite nonzero float, |y log2|x||
+   < 150, and y log2|x| must be within 2^-28 of its value for the result to be within 0.01 ulp
+   of its, so log2|x| needs a relative error below 2^-36: out of reach in float.
+   log2(1 + f) = f Q(f) with Q of degree 13 (relative error < 2^-38) and 2^g = E(g) on
+   |g| <= 1/2 of degree 8 (< 2^-39), fitted by Chebyshev interpolation in mpmath. The double
+   result is rounded to float once, which rounds subnormal results correctly too, and
+   overflows to inf; the tests' samples find pow within 0.51 ulp. */
+MC_INLINE float mc_pow_f32(float x, float y) {
+    float ax = fabsf(x);
+    int32_t e;
+    double f = (double)(mc_log_split_f32(ax, &e) - 1.0f);
+    double q = -6.80628759039059589e-02;
+    q = q * f + 1.31137437536866824e-01;
+    q = q * f + -1.34789287383660417e-01;
+    q = q * f + 1.30628902560210952e-01;
+    q = q * f + -1.42523407554100173e-01;
+    q = q * f + 1.60182261302960260e-01;
+    q = q * f + -1.80432685210201171e-01;
+    q = q * f + 2.06108695283066246e-01;
+    q = q * f + -2.40446626777273048e-01;
+    q = q * f + 2.88538762329967446e-01;
+    q = q * f + -3.60673789771006947e-01;
+    q = q * f + 4.80898349072796105e-01;
+    q = q * f + -7.21347520343086357e-01;
+    q = q * f + 1.44269504088620337e+00;
+    double l2 = (double)e + f * q;
+    /* log2 of 0 is -inf, of inf inf, of NaN NaN (the split gave them finite values). */
+    double special = mc_select_f64(ax == 0.0f, -(double)INFINITY, (double)ax);
+    l2 = mc_select_f64((ax > 0.0f) & (ax < INFINITY), l2, special);
+    double z = (double)y * l2;
+    /* Clamped (NaN passes; masks, as GCC makes branches of these ?:): 2^200 overflows a
+       float, 2^-200 rounds to 0, and 2^k stays a normal double. k = rint(z) by the
+       1.5 * 2^52 trick; its low bits, plus the bias, shifted into the exponent give 2^k
+       (1.5 * 2^52 has zeros in its low 12 bits). */
+    z = mc_select_f64(z > 200.0, 200.0, z);
+    z = mc_select_f64(z < -200.0, -200.0, z);
+    double shifted = z + 0x1.8p52;
+    double g = z - (shifted - 0x1.8p52);
+    double p = 1.32552248786688168e-06;
+    p = p * g + 1.53100794022492960e-05;
+    p = p * g + 1.54034558524538382e-04;
+    p = p * g + 1.33334505680006454e-03;
+    p = p * g + 9.61812915940255843e-03;
+    p = p * g + 5.55041094120593270e-02;
+    p = p * g + 2.40226506958129887e-01;
+    p = p * g + 6.93147180545933494e-01;
+    p = p * g + 1.0;
+    double scale = mc_from_bits_f64((mc_bits_f64(shifted) + 1023u) << 52);
+    float r = (float)(p * scale);
+    /* C99's special cases, which PyTorch follows. y is an integer if |y| >= 2^23 or rounding
+       it (adding and subtracting 2^23) leaves it unchanged; an odd one is below 2^24. A
+       negative x (-0 and -inf included) with an odd y negates the result; a finite negative
+       x with a non-integral y gives NaN. */
+    float ay = fabsf(y);
+    int is_int = (ay >= 0x1p23f) | ((ay + 0x1p23f) - 0x1p23f == ay);
+    int32_t yi = (int32_t)(ay < 0x1p24f ? ay : 0.0f);
+    uint32_t odd = 0u - (uint32_t)(is_int & yi & 1);
+    r = mc_from_bits_f32(mc_bits_f32(r) ^ (mc_bits_f32(x) & 0x80000000u & odd));
+    r = mc_select_f32((x < 0.0f) & (x > -INFINITY) & !is_int, NAN, r);
+    /* pow(x, +-0) = 1 and pow(1, y) = 1, even for NaN; pow(-1, +-inf) = 1. */
+    return mc_select_f32((y == 0.0f) | (x == 1.0f) | ((x == -1.0f) & (ay == INFINITY)), 1.0f, r);
 }
 
 /* ---- math functions libm lacks ---- */
