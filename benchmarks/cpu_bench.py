@@ -1,6 +1,7 @@
 """CPU benchmark: eager PyTorch, Inductor and minicomp side by side in one run."""
 
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -68,6 +69,36 @@ def permuted_copy():
     return (lambda w: w.clone()), (torch.randn(50257, 768).t(),)
 
 
+def gpt2_train():
+    """A GPT-2 training step (forward with the loss, backward) at 2 layers of full width, with
+    the full vocabulary: the tied LM head saves its transposed weight for the backward."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2, attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    model = GPT2LMHeadModel(config).train()
+    tokens = torch.randint(0, config.vocab_size, (1, 64))
+
+    def make(backend):
+        mine = copy.deepcopy(model)
+        run = compiled(mine, backend)
+
+        def step(tokens):
+            mine.zero_grad(set_to_none=True)
+            loss = run(tokens, labels=tokens).loss
+            loss.backward()
+            return loss.detach()
+
+        return step
+
+    return make, (tokens,)
+
+
+# Training steps: name -> () -> (backend -> step function, inputs); each backend steps its
+# own copy of the model.
+TRAINING = {"gpt2_train": gpt2_train}
+
 # name -> () -> (function, inputs); built lazily so --only skips the others' setup.
 WORKLOADS = {
     "chain": lambda: (elementwise_chain, (torch.randn(2**24),)),
@@ -76,6 +107,7 @@ WORKLOADS = {
     "stem_pool": stem_pool,
     "permuted_copy": permuted_copy,
     "gpt2_block": gpt2_block,
+    **TRAINING,
 }
 
 
@@ -106,11 +138,13 @@ def measure(name: str, backends: list[str], repeat: int) -> dict:
     torch.manual_seed(0)
     fn, inputs = WORKLOADS[name]()
     torch._dynamo.reset()
-    with torch.no_grad():
-        expected = fn(*inputs)
+    training = name in TRAINING
+    make = fn if training else lambda backend: compiled(fn, backend)
+    with torch.set_grad_enabled(training):
+        expected = make("eager")(*inputs)
         rows, runs = {}, {}
         for backend in backends:
-            run = compiled(fn, backend)
+            run = make(backend)
             start = time.perf_counter()
             out = run(*inputs)
             compile_s = time.perf_counter() - start
@@ -129,12 +163,12 @@ def ratio(results: dict, num: str, den: str) -> float | None:
 
 
 def print_table(results: dict, backends: list[str]) -> None:
-    head = f"{'workload':<12}" + "".join(f"{b + ' ms':>14}" for b in backends)
+    head = f"{'workload':<14}" + "".join(f"{b + ' ms':>14}" for b in backends)
     head += f"{'eager/minicomp':>16}{'inductor/minicomp':>19}"
     head += "".join(f"{b + ' 1st s':>16}" for b in backends)
     print(head)
     for name, rows in results.items():
-        line = f"{name:<12}"
+        line = f"{name:<14}"
         for b in backends:
             line += f"{rows[b]['ms']:>14.3f}" if rows[b]["ok"] else f"{'FAIL':>14}"
         for num in ("eager", "inductor"):

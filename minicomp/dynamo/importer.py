@@ -9,6 +9,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from minicomp.dynamo.symbolic import from_sympy, shape_of
 from minicomp.ir import types as T
@@ -83,6 +84,8 @@ class Importer:
         self.frozen = dict(frozen or {})
         self.externs = dict(externs or {})
         self.origins: dict[str, str] = {}  # value name -> the FX node it comes from
+        self.storages: dict[str, int] = {}  # value name -> id of its eager memory
+        self._storage_ids: dict[StorageWeakRef, int] = {}
         self.current = ""
         self.placeholders = 0
         self.env: dict[torch.fx.Node, Any] = {}
@@ -122,11 +125,31 @@ class Importer:
         for n in self.gm.graph.nodes:
             self.current = n.name
             self.node(n)
+            self.record_storages(n)
             if n.op == "output":
                 outputs = tuple(self.output_item(a) for a in _flatten(n.args[0]))
         return Graph(
-            tuple(self.inputs), tuple(self.nodes), outputs, dict(self.constants), self.origins
+            tuple(self.inputs),
+            tuple(self.nodes),
+            outputs,
+            dict(self.constants),
+            self.origins,
+            self.storages,
         )
+
+    def record_storages(self, n: torch.fx.Node) -> None:
+        """Note which eager memory each tensor value `n` results in lives in. A value that
+        stands for several nodes (a lowering returning its input) keeps the first's."""
+        result = self.env.get(n)
+        for path, t in _flatten_vals(n.meta.get("val")) if n.op != "output" else ():
+            v = result
+            for p in path:
+                v = v[p] if isinstance(v, (list, tuple)) and p < len(v) else None
+            if not isinstance(v, Value) or t.layout != torch.strided:
+                continue
+            key = StorageWeakRef(t.untyped_storage())
+            memory = self._storage_ids.setdefault(key, len(self._storage_ids))
+            self.storages.setdefault(v.name, memory)
 
     def node(self, n: torch.fx.Node) -> None:
         if n.op == "placeholder":

@@ -75,18 +75,34 @@ def _storage(val: Any) -> StorageWeakRef | None:
 
 
 def share_storages(outs: list, groups: Sequence[SharedStorage], env: dict) -> list:
-    """`outs` with each group moved into one new storage, laid out as in eager."""
+    """`outs` with each group moved into one new storage, laid out as in eager (a group the
+    plan already returns so, as aliases of one ATen result, stays as it is)."""
     for group in groups:
         nbytes, *rest = group.dims(env)
-        first = outs[group.positions[0]]
-        storage = torch.empty(nbytes, dtype=torch.uint8, device=first.device)
-        for pos, rank in zip(group.positions, group.ranks):
+        layouts = []
+        for rank in group.ranks:
             size, stride, offset = rest[:rank], rest[rank : 2 * rank], rest[2 * rank]
+            layouts.append((tuple(size), tuple(stride), offset))
             rest = rest[2 * rank + 1 :]
+        members = [outs[pos] for pos in group.positions]
+        if _laid_out_as(members, layouts):
+            continue
+        storage = torch.empty(nbytes, dtype=torch.uint8, device=members[0].device)
+        for pos, (size, stride, offset) in zip(group.positions, layouts):
             out = outs[pos]
             view = storage.view(out.dtype).as_strided(size, stride, offset)
             outs[pos] = view.copy_(out)
     return outs
+
+
+def _laid_out_as(outs: list, layouts: list) -> bool:
+    """Whether `outs` share one storage, each at its (size, stride, offset) of `layouts`."""
+    ptr = outs[0].untyped_storage().data_ptr()
+    return all(
+        o.untyped_storage().data_ptr() == ptr
+        and (tuple(o.shape), tuple(o.stride()), o.storage_offset()) == layout
+        for o, layout in zip(outs, layouts)
+    )
 
 
 @dataclass(frozen=True)

@@ -100,9 +100,25 @@ class ExternOp(Op):
     def has_effects(self) -> bool:
         """Whether the call matters beyond its results (it mutates, returns nothing, binds
         size symbols other operators use, or PyTorch says it has side effects)."""
+        return bool(
+            not self.outputs or self.binds or self.mutates or declared_effectful(self.target)
+        )
+
+    @property
+    def mutates(self) -> bool:
+        """Whether the call writes into one of its inputs (its schema says so)."""
         schema = getattr(self.target, "_schema", None)
-        mutates = schema is not None and schema.is_mutable
-        return bool(not self.outputs or self.binds or mutates or declared_effectful(self.target))
+        return schema is not None and schema.is_mutable
+
+    @property
+    def returns_views(self) -> bool:
+        """Whether the call's results may share memory with its inputs (a view op)."""
+        schema = getattr(self.target, "_schema", None)
+        return bool(
+            getattr(self.target, "is_view", False)
+            or schema is not None
+            and any(r.alias_info is not None for r in schema.returns)
+        )
 
 
 def declared_effectful(fn: Any) -> bool:
@@ -199,7 +215,9 @@ class Graph:
 
     `constants` binds values that hold fixed tensors (folded or lifted constants). `origins`
     names, for the values the importer made, the ATen graph node each computes part of (passes
-    name the values they add after those they derive from: see `origin_of`).
+    name the values they add after those they derive from: see `origin_of`). `storages` gives,
+    for the values that are an ATen graph node's result, an id of the memory eager PyTorch
+    holds that result in: two values with one id share memory in eager (a view and its base).
     """
 
     inputs: tuple[GraphInput, ...]
@@ -207,6 +225,7 @@ class Graph:
     outputs: tuple[GraphOutput, ...]
     constants: Mapping[str, Any] = field(default_factory=dict)
     origins: Mapping[str, str] = field(default_factory=dict)
+    storages: Mapping[str, int] = field(default_factory=dict)
 
     def producers(self) -> dict[Value, Op]:
         """The operator producing each value."""
@@ -239,6 +258,11 @@ class Graph:
             if value.startswith(name) and value[len(name)] in "_0123456789"
         ]
         return self.origins[max(derived, key=len)] if derived else None
+
+    def shares_eager_memory(self, a: Value, b: Value) -> bool:
+        """Whether eager PyTorch holds values `a` and `b` in one memory (one is a view)."""
+        ids = self.storages.get(a.name), self.storages.get(b.name)
+        return ids[0] is not None and ids[0] == ids[1]
 
     def replace(self, **changes) -> Graph:
         """A copy with some fields changed."""

@@ -96,11 +96,12 @@ class PlanBuilder:
                 constants[self.add_constant_slot(name, t)] = t
         steps: list[Step] = []
         fresh = []
+        escaping = escaping_values(g)
         for n in g.nodes:
             for v in n.outputs:
                 if v.name in self.slot:
                     continue
-                internal = isinstance(n, _LAUNCHED) and v not in outputs and not self.is_late(v)
+                internal = isinstance(n, _LAUNCHED) and v not in escaping and not self.is_late(v)
                 k = self.add_slot(v, workspace=internal)
                 if isinstance(n, _LAUNCHED) and not internal:
                     fresh.append(k)
@@ -158,12 +159,6 @@ class PlanBuilder:
         expected = [
             dims_fn(v.type.strides) if v.type.strides is not None else None for v in n.outputs
         ]
-        schema = getattr(n.target, "_schema", None)
-        view_like = (
-            getattr(n.target, "is_view", False)
-            or schema is not None
-            and any(r.alias_info is not None for r in schema.returns)
-        )
         return ExternStep(
             n.name,
             n.target,
@@ -172,9 +167,20 @@ class PlanBuilder:
             n.result_paths,
             expected,
             reads,
-            reads if view_like else [],
+            reads if n.returns_views else [],
             n.binds,
         )
+
+
+def escaping_values(graph: Graph) -> set[Value]:
+    """The values whose memory the graph returns: its outputs, and the memory under the ones
+    that an ATen call returning a view of its first argument (or writing into it) made."""
+    escaping = set(graph.output_values())
+    for n in reversed(graph.nodes):
+        if isinstance(n, ExternOp) and n.returns_views and escaping.intersection(n.outputs):
+            first = n.args[0] if n.args else None
+            escaping.update([n.inputs[first.index]] if isinstance(first, ArgRef) else n.inputs)
+    return escaping
 
 
 # Operators the plan launches as kernels of its own module.

@@ -141,3 +141,137 @@ def test_attention_on_a_slice_feeding_back_into_its_source(target):
 def test_a_flip_read_by_an_aten_call_matches_eager(target):
     # The pass leaves a flip a kernel (the left-alone test above): the product reads a copy.
     check_compiled(lambda x: torch.flip(x, dims=(1,)) @ x.mT, torch.randn(2, 3, 4), target=target)
+
+
+# --- returned views --------------------------------------------------------------------------
+
+
+def shared(graph, *groups):
+    """`graph` with eager's memory sharing: the values of each group share one storage."""
+    return graph.replace(storages={v: k for k, names in enumerate(groups) for v in names})
+
+
+def test_a_returned_transpose_of_an_input_is_an_alias_where_eager_returns_one():
+    # A training forward saving the transposed weight for its backward.
+    b = PassGraphBuilder()
+    w, x = b.input("w", (6, 4)), b.input("x", (3, 4))
+    wt = b.compute("wt", (4, 6), lambda i, j: w[j, i])
+    b.output(b.extern("mm", aten.mm.default, [x, wt], (3, 6)), wt)
+
+    e = PassGraphBuilder()
+    w, x = e.input("w", (6, 4)), e.input("x", (3, 4))
+    wt = alias(e, "wt", w, (4, 6), (1, 4), 0)
+    e.output(e.extern("mm", aten.mm.default, [x, wt], (3, 6)), wt)
+    got = alias_views(shared(b.build(), ("w", "wt")))
+    assert_graph_equal(got, e.build())
+
+
+def test_a_returned_view_of_an_aten_result_is_an_alias():
+    # The LM head: the matmul's rows seen at the batch's shape.
+    b = PassGraphBuilder()
+    x, w = b.input("x", (6, 4)), b.input("w", (4, 5))
+    mm = b.extern("mm", aten.mm.default, [x, w], (6, 5))
+    b.output(b.compute("logits", (2, 3, 5), lambda i, j, k: mm[i * 3 + j, k]))
+
+    e = PassGraphBuilder()
+    x, w = e.input("x", (6, 4)), e.input("w", (4, 5))
+    mm = e.extern("mm", aten.mm.default, [x, w], (6, 5))
+    e.output(alias(e, "logits", mm, (2, 3, 5), (15, 5, 1), 0))
+    assert_graph_equal(alias_views(shared(b.build(), ("mm", "logits"))), e.build())
+
+
+def test_a_returned_alias_keeps_eagers_stride_on_a_size_one_dim():
+    # Any stride indexes a size-1 dim; a returned tensor still shows eager's.
+    b = PassGraphBuilder()
+    x, w = b.input("x", (6, 4)), b.input("w", (4, 5))
+    mm = b.extern("mm", aten.mm.default, [x, w], (6, 5))
+    b.output(b.compute("logits", (1, 6, 5), lambda i, j, k: mm[j, k], strides=(30, 5, 1)))
+
+    e = PassGraphBuilder()
+    x, w = e.input("x", (6, 4)), e.input("w", (4, 5))
+    mm = e.extern("mm", aten.mm.default, [x, w], (6, 5))
+    e.output(alias(e, "logits", mm, (1, 6, 5), (30, 5, 1), 0))
+    assert_graph_equal(alias_views(shared(b.build(), ("mm", "logits"))), e.build())
+
+
+def test_returned_views_stay_copies_where_an_alias_would_not_be_eagers():
+    b = PassGraphBuilder()
+    x = b.input("x", (6, 4))
+    copied = b.compute("copied", (4, 6), lambda i, j: x[j, i])  # eager: a contiguous copy
+    h = b.compute("h", (6, 4), lambda i, j: x[i, j] * 2.0)
+    # A view of a kernel's result: the workspace it would live in is reused.
+    of_kernel = b.compute("of_kernel", (4, 6), lambda i, j: h[j, i])
+    b.output(copied, of_kernel)
+    g = shared(b.build(), ("h", "of_kernel"))
+    assert alias_views(g) is g
+
+
+def test_a_returned_view_of_an_input_the_graph_mutates_stays_a_copy():
+    b = PassGraphBuilder()
+    x = b.input("x", (6, 4))
+    xt = b.compute("xt", (4, 6), lambda i, j: x[j, i])
+    b.output(xt, b.extern("added", aten.add_.Scalar, [x], (6, 4), args=(ArgRef(0), 1.0)))
+    g = shared(b.build(), ("x", "xt", "added"))
+    assert alias_views(g) is g
+
+
+def test_a_training_step_saves_the_tied_weight_without_copying_it(target):
+    # GPT-2's tied LM head: the forward returns weight.t() for the backward. Eager's is a view
+    # of the weight; a kernel copying it once cost 75% of a CPU training step.
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 16)
+    idx = torch.randint(0, 50, (2, 5))
+
+    def step(model_emb):
+        logits = model_emb(idx) @ model_emb.weight.t()
+        logits.logsumexp(-1).sum().backward()
+        return logits
+
+    import copy
+
+    from helpers import assert_same, compile_minicomp
+
+    from minicomp.dynamo.backend import recording
+
+    ours = copy.deepcopy(emb)
+    records: list = []
+    with recording(records):
+        got = compile_minicomp(step, target)(ours)
+    expected = step(emb)
+    assert_same(got, expected, rtol=1e-5, atol=1e-5)
+    assert_same(ours.weight.grad, emb.weight.grad, rtol=1e-5, atol=1e-5)
+    forward = next(r for r in records if r.kind == "forward")
+    (saved,) = [v for v in forward.graph.outputs if v is not None and v.shape == (16, 50)]
+    producer = forward.graph.producers()[saved]
+    assert producer.target is strided_view and producer.inputs[0].shape == (50, 16)
+
+
+def test_returned_views_share_memory_exactly_where_eagers_do(target):
+    from helpers import assert_same, compile_minicomp
+
+    def f(x, w):
+        y = x @ w
+        return x.t().contiguous(), x.t(), y.view(2, 3, 5), y.t()
+
+    x, w = torch.randn(6, 4), torch.randn(4, 5)
+    got, expected = compile_minicomp(f, target)(x, w), f(x, w)
+    assert_same(got, expected)
+    storage = [t.untyped_storage().data_ptr() for t in got]
+    assert storage[0] != x.untyped_storage().data_ptr()  # eager's copy stays a copy
+    assert storage[1] == x.untyped_storage().data_ptr()
+    assert storage[2] == storage[3]  # two views of one product
+
+
+def test_a_returned_view_sees_the_graphs_mutation_of_its_input(target):
+    from helpers import assert_same, compile_minicomp
+
+    def f(x):
+        y = x.t()
+        x.mul_(2.0)
+        return y, y + 1.0
+
+    x = torch.randn(4, 3)
+    mine = x.clone()
+    got, expected = compile_minicomp(f, target)(mine), f(x)
+    assert_same(got, expected)
+    assert_same(mine, x)

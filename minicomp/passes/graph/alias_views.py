@@ -1,8 +1,15 @@
-"""Zero-copy views: a pure index remapping read by ATen calls becomes a strided alias.
+"""Zero-copy views: a pure index remapping read by ATen calls, or returned as a view as eager
+returns it, becomes a strided alias.
 
 A view, permute, slice or expand feeding a matmul would otherwise be copied by a kernel
 first. When the remapping of its input's storage is itself strided (checked on the actual
 index map, not by op name), the value is an `as_strided` alias of the input instead.
+
+A returned value is an alias only where eager's is one (the ATen graph's tensors share a
+storage) and its source is memory that outlives the call and that nothing in the graph writes:
+an unmutated graph input or an ATen call's result, never a workspace intermediate. That is
+the transposed weight a training graph saves for its backward, or the LM head's matmul result
+seen at the batch's shape: eager copies neither.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from minicomp.ir import types as T
 from minicomp.ir.compute import Compute, TensorElement, TensorInput
 from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import Binary, Const, Expr, Var
-from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, TensorType
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, TensorType, Value
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.graph.rewrite import rename_values
 
@@ -35,15 +42,18 @@ def alias_views(graph: Graph) -> Graph:
     layouts = layouts_for(graph)
     users = graph.users()
     outputs = graph.output_values()
+    lasting = _lasting_memory(graph)
     nodes, renamed = [], {}
     for n in graph.nodes:
         view = None
-        if (
-            isinstance(n, ComputeOp)
-            and n.outputs[0] not in outputs
-            and any(isinstance(u, ExternOp) for u in users.get(n.outputs[0], []))
-        ):
-            view = _as_alias(n, layouts)
+        if isinstance(n, ComputeOp):
+            out = n.outputs[0]
+            if out in outputs:
+                src = n.inputs[0] if len(n.inputs) == 1 else None
+                if src in lasting and graph.shares_eager_memory(out, src):
+                    view = _as_alias(n, layouts)
+            elif any(isinstance(u, ExternOp) for u in users.get(out, [])):
+                view = _as_alias(n, layouts)
         nodes.append(view or n)
         if view is not None:
             renamed[n.outputs[0]] = view.outputs[0]
@@ -52,6 +62,16 @@ def alias_views(graph: Graph) -> Graph:
     # The alias's value has its own strides, so it is a new Value: its readers must read it,
     # or passes that match producers to readers by value lose the edge.
     return rename_values(graph.replace(nodes=tuple(nodes)), renamed)
+
+
+def _lasting_memory(graph: Graph) -> set:
+    """The values whose memory outlives a call unchanged: graph inputs no operator mutates and
+    the results of ATen calls that allocate them (not views, which may be of the workspace)."""
+    externs = [n for n in graph.nodes if isinstance(n, ExternOp)]
+    mutated = {v for n in externs if n.mutates for v in n.inputs}
+    inputs = {v for v in graph.inputs if isinstance(v, Value)}
+    results = {v for n in externs if not n.returns_views for v in n.outputs}
+    return (inputs | results) - mutated
 
 
 def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
@@ -66,6 +86,9 @@ def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
         return None
     strides, offset = found
     out = op.outputs[0]
+    if out.type.strides is not None:
+        # A size-1 dim's stride is free: keep eager's, which a returned tensor shows.
+        strides = tuple(e if x == 1 else s for s, e, x in zip(strides, out.type.strides, d.shape))
     value = out.replace(type=TensorType(out.shape, out.dtype, out.type.device, strides))
     args = (ArgRef(0), tuple(d.shape), strides, offset)
     return ExternOp(
