@@ -14,19 +14,22 @@ from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_constants import fold_constants
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
 from minicomp.passes.graph.layout import contiguous_extern_inputs
+from minicomp.passes.graph.scatter_accumulate import fold_scatter_into_sum
 from minicomp.passes.graph.simplify_views import simplify_views
 
 GraphPass = Callable[[Graph], Graph]
 
 # Read top to bottom. Dead code goes first so later passes look at less; views collapse
-# before CSE, which then sees the canonical index maps; the last DCE drops what folding,
-# view collapsing and CSE left unread; views that ATen calls read then become aliases, and
-# the ATen calls that need contiguous arguments get copies of the others.
+# before CSE, which then sees the canonical index maps; sums of scattered zeros become
+# scatters into the other addend; the last DCE drops what folding, view collapsing, CSE and
+# that left unread; views that ATen calls read then become aliases, and the ATen calls that
+# need contiguous arguments get copies of the others.
 DEFAULT_PASSES: list[GraphPass] = [
     eliminate_dead_code,
     simplify_views,
     fold_constants,
     eliminate_common_subexpressions,
+    fold_scatter_into_sum,
     eliminate_dead_code,
     alias_views,
     contiguous_extern_inputs,
