@@ -78,9 +78,12 @@ def compile_aten_graph(
     shared = shared_output_storages(gm)
     views = input_views(gm, _fw_metadata())
 
+    entry = getattr(plan, "entry", None)
+    call = entry() if entry is not None else lambda args: plan(*args)
+
     def run(args: list) -> Any:
         env = plan.bind(args) if shared or views else None
-        out = plan(*args)
+        out = call(args)
         out = view_inputs(out, views, args, env) if views else out
         args.clear()
         return share_storages(out, shared, env) if shared else out

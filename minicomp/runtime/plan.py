@@ -67,11 +67,15 @@ class KernelStep(Step):
 
     def __post_init__(self) -> None:
         self._pointer = _tensor if getattr(self.fn, "takes_tensors", False) else _address
+        # The foreign function itself where its arity is checked here, once, not per call.
+        cfunc = getattr(self.fn, "cfunc", None)
+        arity = len(getattr(cfunc, "argtypes", None) or ())
+        self._call = cfunc if arity and arity == len(self.buffers) + len(self.symbols) else self.fn
 
     def run(self, slots: list, env: Env) -> None:
         args = [self._pointer(slots[k]) for k in self.buffers]
         args += [env[s] for s in self.symbols]
-        self.fn(*args)
+        self._call(*args)
 
 
 @dataclass
@@ -254,6 +258,7 @@ class Plan:
     _layouts: dict = field(default_factory=dict)
     _schedule: tuple | None = field(default=None, repr=False)
     error_flag: ErrorFlag | None = field(default=None, repr=False)
+    _fixed: Any = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.error_flag is None:
@@ -326,6 +331,18 @@ class Plan:
         return first, last
 
     def __call__(self, *args: Any) -> list:
+        return self.call(args)
+
+    def entry(self) -> Callable[[Sequence[Any]], list]:
+        """The cheapest way to call this plan with a sequence of arguments: its FixedCall
+        where it has one, else `call`."""
+        return self._fixed_call() or self.call
+
+    def call(self, args: Sequence[Any]) -> list:
+        """The graph's outputs for `args` (a sequence, as AOTAutograd's boxed calls pass)."""
+        fixed = self._fixed if self._fixed is not None else self._fixed_call()
+        if fixed:
+            return fixed(args)
         slots, env = self.prepare(args, outputs=False)
         allocate, drop = self.schedule()
         for step, fresh, dead in zip(self.steps, allocate, drop):
@@ -335,6 +352,16 @@ class Plan:
             for k in dead:
                 slots[k] = None
         return self.collect(slots, env)
+
+    def _fixed_call(self) -> FixedCall | None:
+        """The call of a plan whose sizes are all known (no size symbol, none bound while it
+        runs) with everything that does not change from call to call computed once; None for
+        other plans."""
+        if self._fixed is None:
+            symbolic = self.shape_binders or any(kind == "symbol" for kind, _ in self.inputs)
+            binds = any(getattr(step, "binds", ()) for step in self.steps)
+            self._fixed = False if symbolic or binds else FixedCall(self)
+        return self._fixed or None  # False: not a fixed plan
 
     def _empty(self, k: int, env: Env) -> torch.Tensor:
         info = self.slots[k]
@@ -442,6 +469,94 @@ class Plan:
         if kind == "size":
             return ref(env)
         return None
+
+
+class FixedCall:
+    """Plan.__call__ for a plan whose sizes are all known: the binding, the workspace layout,
+    the slots' shapes and strides and what to allocate and drop around each step are the
+    same on every call, so they are computed here once and a call only moves tensors."""
+
+    def __init__(self, plan: Plan):
+        env = self.env = plan.bind(())
+        self.template: list[Any] = [None] * len(plan.slots)
+        for k, t in plan.constants.items():
+            self.template[k] = t
+        self.inputs = [
+            (pos, ref) for pos, (kind, ref) in enumerate(plan.inputs) if kind == "tensor"
+        ]
+        self.checked = [(k, plan.slots[k].strides(env)) for k in plan.checked_inputs]
+        offsets, self.workspace = plan.layout(env)
+        self.device = torch.device(plan.slots[next(iter(offsets))].device if offsets else "cpu")
+        self.views, self.addresses = [], []
+        for k, off in offsets.items():
+            info = plan.slots[k]
+            if info.as_tensor:
+                shape, strides = info.shape(env), info.strides(env)
+                nbytes = max(_nbytes(shape, info.dtype), _span_bytes(info, env))
+                self.views.append((k, off, off + nbytes, info.dtype, shape, strides))
+            else:
+                self.addresses.append((k, off))
+        allocate, drop = plan.schedule()
+        addresses = {k for k, _ in self.addresses}
+        self.steps = [
+            (
+                self._kernel_call(step, addresses, env),
+                step,
+                [(k, *self._layout(plan.slots[k], env)) for k in fresh],
+                dead,
+            )
+            for step, fresh, dead in zip(plan.steps, allocate, drop)
+        ]
+        # Outputs that are plain slots (no returned constant to copy, no size) are read as is.
+        plain = all(kind == "slot" and ref not in plan.constants for kind, ref in plan.outputs)
+        self.out_slots = [ref for _, ref in plan.outputs] if plain else None
+        self.collect = plan.collect
+
+    @staticmethod
+    def _kernel_call(step: Step, addresses: set[int], env: Env) -> tuple | None:
+        """For a kernel taking addresses: its foreign function, each buffer's slot and whether
+        that holds an address already, and its size arguments (fixed); else None."""
+        if type(step) is not KernelStep or step._pointer is not _address:
+            return None
+        buffers = [(k, k in addresses) for k in step.buffers]
+        return step._call, buffers, [env[s] for s in step.symbols]
+
+    @staticmethod
+    def _layout(info: SlotInfo, env: Env) -> tuple:
+        return info.shape(env), info.strides(env), info.dtype, torch.device(info.device)
+
+    def __call__(self, args: Sequence[Any]) -> list:
+        slots = self.template.copy()
+        for pos, k in self.inputs:
+            slots[k] = args[pos]
+        for k, strides in self.checked:
+            t = slots[k]
+            if t.stride() != strides and t.numel() > 1:
+                slots[k] = torch.empty_strided(
+                    t.shape, strides, dtype=t.dtype, device=t.device
+                ).copy_(t)
+        if self.workspace:
+            ws = torch.empty(self.workspace, dtype=torch.uint8, device=self.device)
+            for k, start, end, dtype, shape, strides in self.views:
+                slots[k] = ws[start:end].view(dtype).as_strided(shape, strides)
+            base = ws.data_ptr()
+            for k, off in self.addresses:
+                slots[k] = base + off
+            slots.append(ws)  # bare addresses keep no reference
+        env = self.env
+        for kernel, step, fresh, dead in self.steps:
+            for k, shape, strides, dtype, device in fresh:
+                slots[k] = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+            if kernel is None:
+                step.run(slots, env)
+            else:
+                call, buffers, sizes = kernel
+                call(*[slots[k] if bare else slots[k].data_ptr() for k, bare in buffers], *sizes)
+            for k in dead:
+                slots[k] = None
+        if self.out_slots is not None:
+            return [slots[k] for k in self.out_slots]
+        return self.collect(slots, env)
 
 
 @dataclass(frozen=True)

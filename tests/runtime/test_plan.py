@@ -14,6 +14,7 @@ from minicomp.ir import expr as E
 from minicomp.ir.compute import reduce
 from minicomp.record import CompileRecord
 from minicomp.runtime.memory import ALIGN
+from minicomp.runtime.plan import FixedCall
 
 
 def six_ops(x):
@@ -151,3 +152,35 @@ def test_dynamic_sizes_replan_the_workspace(target):
 @pytest.mark.parametrize("shape", [(1,), (1, 1)])
 def test_single_element_tensors(target, shape):
     check_compiled(lambda x: torch.exp(x) * x.sum(), torch.randn(shape), target=target)
+
+
+def test_a_plan_of_fixed_sizes_prepares_its_calls_once_and_runs_the_same():
+    # Static sizes: binding, workspace layout and allocations are computed once (FixedCall);
+    # a call must give what the general path gives, for inputs in the layout the kernels
+    # expect or not, and fresh outputs every time.
+    b = GraphBuilder()
+    x, w = b.input("x", (6, 8)), b.input("w", (8, 5))
+    a = b.compute("a", (6, 8), lambda i, j: E.call("sin", x[i, j]) * 2.0)
+    mm = b.extern("mm", torch.ops.aten.mm.default, [a, w], (6, 5))
+    b.output(b.compute("out", (6, 5), lambda i, j: mm[i, j] + a[i, 0]))
+    g = b.build()
+    plan = compile_graph(g, config.resolve({"target": "cpu"}), CompileRecord())
+    prepared = plan.entry()
+    assert isinstance(prepared, FixedCall)
+    transposed = torch.randn(8, 6).t()  # not the row-major layout the kernel reads
+    for args in ([torch.randn(6, 8), torch.randn(8, 5)], [transposed, torch.randn(8, 5)]):
+        (got,) = prepared(args)
+        (again,) = prepared(args)
+        plan._fixed = False  # the general path, for reference
+        (expected,) = plan(*args)
+        plan._fixed = None
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(
+            got, torch.sin(args[0]) * 2.0 @ args[1] + torch.sin(args[0][:, :1]) * 2.0
+        )
+        assert got.data_ptr() != again.data_ptr()
+
+
+def test_a_plan_with_size_symbols_prepares_each_call():
+    plan = compile_graph(_workspace_graph(), config.resolve({"target": "cpu"}), CompileRecord())
+    assert plan.entry() == plan.call
