@@ -69,6 +69,11 @@ def permuted_copy():
     return (lambda w: w.clone()), (torch.randn(50257, 768).t(),)
 
 
+def transpose():
+    """A copy that really moves data: a row-major matrix into its transpose, row-major."""
+    return (lambda x: x.t().contiguous() * 1.0), (torch.randn(4096, 4096),)
+
+
 def gpt2_train():
     """A GPT-2 training step (forward with the loss, backward) at 2 layers of full width, with
     the full vocabulary: the tied LM head saves its transposed weight for the backward."""
@@ -106,6 +111,7 @@ WORKLOADS = {
     "layer_norm": layer_norm,
     "stem_pool": stem_pool,
     "permuted_copy": permuted_copy,
+    "transpose": transpose,
     "gpt2_block": gpt2_block,
     **TRAINING,
 }
