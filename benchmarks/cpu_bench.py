@@ -29,6 +29,12 @@ def elementwise_chain(x):
     return torch.sqrt(y)
 
 
+def transcendental_chain(x):
+    """sin, cos, log, erf and pow fused in one loop: one scalar libm call in it would keep
+    the whole loop from vectorising."""
+    return torch.sin(x) * torch.cos(x) + torch.log(x.abs() + 1.0) + torch.erf(x) + x.abs() ** 1.7
+
+
 def softmax_last_dim(x):
     return torch.softmax(x, dim=-1)
 
@@ -107,6 +113,7 @@ TRAINING = {"gpt2_train": gpt2_train}
 # name -> () -> (function, inputs); built lazily so --only skips the others' setup.
 WORKLOADS = {
     "chain": lambda: (elementwise_chain, (torch.randn(2**24),)),
+    "transcendentals": lambda: (transcendental_chain, (torch.randn(2**22),)),
     "softmax": lambda: (softmax_last_dim, (torch.randn(4096, 4096),)),
     "layer_norm": layer_norm,
     "stem_pool": stem_pool,
