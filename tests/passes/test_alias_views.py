@@ -9,6 +9,7 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import cast
 from minicomp.ir.graph import ArgRef
 from minicomp.passes.graph.alias_views import alias_views, strided_view
+from minicomp.runtime.plan_builder import escaping_values
 
 aten = torch.ops.aten
 VIEW = "a view of its input's memory"
@@ -194,16 +195,51 @@ def test_a_returned_alias_keeps_eagers_stride_on_a_size_one_dim():
     assert_graph_equal(alias_views(shared(b.build(), ("mm", "logits"))), e.build())
 
 
-def test_returned_views_stay_copies_where_an_alias_would_not_be_eagers():
+def test_a_returned_view_stays_a_copy_where_eagers_is_one():
     b = PassGraphBuilder()
     x = b.input("x", (6, 4))
-    copied = b.compute("copied", (4, 6), lambda i, j: x[j, i])  # eager: a contiguous copy
-    h = b.compute("h", (6, 4), lambda i, j: x[i, j] * 2.0)
-    # A view of a kernel's result: the workspace it would live in is reused.
-    of_kernel = b.compute("of_kernel", (4, 6), lambda i, j: h[j, i])
-    b.output(copied, of_kernel)
-    g = shared(b.build(), ("h", "of_kernel"))
+    b.output(b.compute("copied", (4, 6), lambda i, j: x[j, i]))  # eager: a contiguous copy
+    g = b.build()
     assert alias_views(g) is g
+
+
+def test_a_returned_view_of_a_kernels_result_is_an_alias_and_keeps_it_out_of_the_workspace():
+    # A loss gradient's rows seen at the batch's shape: the kernel writes h, the view shows it.
+    b = PassGraphBuilder()
+    x = b.input("x", (6, 4))
+    h = b.compute("h", (6, 4), lambda i, j: x[i, j] * 2.0)
+    b.output(b.compute("rows", (2, 3, 4), lambda i, j, k: h[i * 3 + j, k]))
+
+    e = PassGraphBuilder()
+    x = e.input("x", (6, 4))
+    h = e.compute("h", (6, 4), lambda i, j: x[i, j] * 2.0)
+    e.output(alias(e, "rows", h, (2, 3, 4), (12, 4, 1), 0))
+    got = alias_views(shared(b.build(), ("h", "rows")))
+    assert_graph_equal(got, e.build())
+    assert {v.name for v in escaping_values(got)} == {"h", "rows"}
+
+
+def test_a_returned_view_of_a_kernels_result_matches_eager_across_calls(target):
+    from helpers import assert_same, compile_minicomp
+
+    def f(x):
+        rows = torch.softmax(x, -1) * 3.0  # a reduction kernel's output
+        return rows.view(2, 3, 5)
+
+    from minicomp.dynamo.backend import recording
+
+    compiled = compile_minicomp(f, target)
+    first_x = torch.randn(6, 5)
+    records: list = []
+    with recording(records):
+        first = compiled(first_x)
+    second = compiled(torch.randn(6, 5))
+    (record,) = records
+    (out,) = record.graph.outputs
+    assert record.graph.producers()[out].target is strided_view  # no copy kernel
+    assert_same(first, f(first_x))  # not overwritten by the second call
+    assert second.data_ptr() != first.data_ptr()
+    assert first.untyped_storage().nbytes() == 30 * 4  # its own memory, not a workspace's
 
 
 def test_a_returned_view_of_an_input_the_graph_mutates_stays_a_copy():

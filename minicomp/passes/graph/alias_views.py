@@ -7,9 +7,11 @@ index map, not by op name), the value is an `as_strided` alias of the input inst
 
 A returned value is an alias only where eager's is one (the ATen graph's tensors share a
 storage) and its source is memory that outlives the call and that nothing in the graph writes:
-an unmutated graph input or an ATen call's result, never a workspace intermediate. That is
-the transposed weight a training graph saves for its backward, or the LM head's matmul result
-seen at the batch's shape: eager copies neither.
+an unmutated graph input, an ATen call's new result, or a kernel's output (which the plan
+builder then allocates fresh instead of in the workspace: runtime/plan_builder.py's
+escaping_values). That is the transposed weight a training graph saves for its backward, the
+LM head's matmul result seen at the batch's shape, or a loss gradient's rows reshaped: eager
+copies none of them.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def alias_views(graph: Graph) -> Graph:
     layouts = layouts_for(graph)
     users = graph.users()
     outputs = graph.output_values()
-    lasting = _lasting_memory(graph)
+    lasting = _returnable_memory(graph)
     nodes, renamed = [], {}
     for n in graph.nodes:
         view = None
@@ -64,14 +66,17 @@ def alias_views(graph: Graph) -> Graph:
     return rename_values(graph.replace(nodes=tuple(nodes)), renamed)
 
 
-def _lasting_memory(graph: Graph) -> set:
-    """The values whose memory outlives a call unchanged: graph inputs no operator mutates and
-    the results of ATen calls that allocate them (not views, which may be of the workspace)."""
+def _returnable_memory(graph: Graph) -> set:
+    """The values a returned view may show: memory that outlives the call unchanged. Graph
+    inputs no operator mutates, the results of ATen calls that allocate them (not views, which
+    may be of the workspace), and compute results (kernel outputs: a view returned of one
+    keeps it out of the workspace)."""
     externs = [n for n in graph.nodes if isinstance(n, ExternOp)]
     mutated = {v for n in externs if n.mutates for v in n.inputs}
     inputs = {v for v in graph.inputs if isinstance(v, Value)}
     results = {v for n in externs if not n.returns_views for v in n.outputs}
-    return (inputs | results) - mutated
+    computed = {v for n in graph.nodes if isinstance(n, ComputeOp) for v in n.outputs}
+    return (inputs | results | computed) - mutated
 
 
 def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
