@@ -158,6 +158,31 @@ def test_masked_softmax_is_one_kernel_with_two_reductions_and_one_inner_store():
     assert_compiles_like_reference(g)
 
 
+def test_a_row_store_reading_a_function_of_another_input_is_one_kernel():
+    # Softmax's backward as cross-entropy's gradient has it: g - exp(y) * sum(g). The exp
+    # reads only a graph input, so nothing in the group places its axes: its reader does.
+    b = GraphBuilder()
+    g, y = b.input("g", (4, 16)), b.input("y", (4, 16))
+    e = b.compute("e", (4, 16), lambda i, j: E.call("exp", y[i, j]))
+    total = b.compute("total", (4, 1), lambda i, j: reduce("sum", (16,), lambda k: g[i, k]))
+    b.output(b.compute("grad", (4, 16), lambda i, j: g[i, j] - e[i, j] * total[i, 0]))
+    graph = b.build()
+    f = fuse(graph)
+    assert_well_formed(f)
+    assert_graph_text(
+        f,
+        """
+        graph(%g: f32[4, 16], %y: f32[4, 16]):
+            %grad: f32[4, 16] = k0_e_total_grad(%y, %g)  # fused: e, total, grad
+                for o0<4:
+                    acc0 = sum over r0<16: g[o0, r0]
+                    for r0<16: %grad[o0, r0] = g[o0, r0] - exp(y[o0, r0]) * acc0
+            return (%grad)
+        """,
+    )
+    assert_compiles_like_reference(graph)
+
+
 def test_masked_softmax_with_symbolic_rows_compiles_like_reference():
     g = masked_softmax("n")
     (op,) = fuse(g).nodes

@@ -19,6 +19,11 @@ class NoLoopNest(Exception):
     """The ops cannot share one kernel; the message says why."""
 
 
+class _Unplaced(NoLoopNest):
+    """A row-shaped member reads no member that places its axes on the nest's loops (an
+    `exp` of an input): where a reader inlines it, the reader's indices place it."""
+
+
 def _proj(shape: Sequence) -> tuple:
     return tuple(d for d in shape if not (isinstance(d, int) and d == 1))
 
@@ -172,7 +177,10 @@ class _NestBuilder:
             if name in self.scalars:
                 want = _canonical_index(self.defs[name].shape, self.outer)
             elif name in self.defs and name not in self.reductions:
-                other = self.axis_mapping(name, self.defs[name])
+                try:
+                    other = self.axis_mapping(name, self.defs[name])
+                except _Unplaced:
+                    continue  # constrains nothing: read like a graph input
                 want = tuple(other[a] for a in self.defs[name].axes)
             else:
                 continue
@@ -189,6 +197,8 @@ class _NestBuilder:
                         raise NoLoopNest(f"{vname} runs two of its axes along one loop")
                     mapping[i] = w
         if not set(self.outer) <= set(mapping.values()):
+            if not mapping:
+                raise _Unplaced(f"{vname} does not run along the reduced rows")
             raise NoLoopNest(f"{vname} does not run along the reduced rows")
         rest = [(a, x) for a, x in zip(d.axes, d.shape) if a not in mapping]
         free = [(v, x) for v, x in zip(self.inner, self.inner_extents) if v not in mapping.values()]
