@@ -256,6 +256,7 @@ class Plan:
     shape_binders: list[tuple[int, int, str]] = field(default_factory=list)
     checked_inputs: list[int] = field(default_factory=list)
     _layouts: dict = field(default_factory=dict)
+    _workspaces: dict = field(default_factory=dict, repr=False)
     _schedule: tuple | None = field(default=None, repr=False)
     error_flag: ErrorFlag | None = field(default=None, repr=False)
     _fixed: Any = field(default=None, repr=False)
@@ -293,6 +294,30 @@ class Plan:
             hit = (dict(zip(owners, offsets)), total)
             self._layouts[key] = hit
         return hit
+
+    def workspace(self, env: Env) -> Workspace:
+        """Where the workspace's slots lie for this binding (see Workspace; made once per
+        distinct binding, as the layout)."""
+        key = tuple(sorted(env.items()))
+        hit = self._workspaces.get(key)
+        if hit is None:
+            hit = self._workspaces[key] = self._workspace(env)
+        return hit
+
+    def _workspace(self, env: Env) -> Workspace:
+        offsets, total = self.layout(env)
+        device = self.slots[next(iter(offsets))].device if offsets else "cpu"
+        views, addresses = [], []
+        for k, off in offsets.items():
+            info = self.slots[k]
+            if info.as_tensor:
+                # With the slot's strides: an ATen call may need eager's (as_strided).
+                shape, strides = info.shape(env), info.strides(env)
+                end = off + max(_nbytes(shape, info.dtype), _span_bytes(info, env))
+                views.append((k, off, end, info.dtype, shape, strides))
+            else:
+                addresses.append((k, off))
+        return Workspace(total, torch.device(device), views, addresses)
 
     def schedule(self) -> tuple[list[list[int]], list[list[int]]]:
         """Per step: the fresh output slots to allocate before it, and the slots to drop
@@ -340,8 +365,8 @@ class Plan:
 
     def call(self, args: Sequence[Any]) -> list:
         """The graph's outputs for `args` (a sequence, as AOTAutograd's boxed calls pass)."""
-        fixed = self._fixed if self._fixed is not None else self._fixed_call()
-        if fixed:
+        fixed = self._fixed_call()
+        if fixed is not None:
             return fixed(args)
         slots, env = self.prepare(args, outputs=False)
         allocate, drop = self.schedule()
@@ -383,24 +408,8 @@ class Plan:
             if kind == "tensor":
                 slots[ref] = a
         for k in self.checked_inputs:
-            slots[k] = self._conform(slots[k], self.slots[k], env)
-        offsets, total = self.layout(env)
-        if total:
-            info = self.slots[next(iter(offsets))]
-            ws = torch.empty(total, dtype=torch.uint8, device=info.device)
-            base = ws.data_ptr()
-            for k, off in offsets.items():
-                info = self.slots[k]
-                if info.as_tensor:
-                    # With the slot's strides: an ATen call may need eager's (as_strided).
-                    shape, strides = info.shape(env), info.strides(env)
-                    nbytes = max(_nbytes(shape, info.dtype), _span_bytes(info, env))
-                    flat = ws[off : off + nbytes].view(info.dtype)
-                    slots[k] = flat.as_strided(shape, strides)
-                else:
-                    slots[k] = base + off
-            # Bare addresses keep no reference: the workspace lives as long as the slots.
-            slots.append(ws)
+            slots[k] = _restrided(slots[k], self.slots[k].strides(env))
+        self.workspace(env).place(slots)
         for k in self.fresh if outputs else ():
             slots[k] = self._empty(k, env)
         return slots, env
@@ -448,13 +457,6 @@ class Plan:
         """The graph's outputs, from the slots of a finished call."""
         return [self._output(o, slots, env) for o in self.outputs]
 
-    @staticmethod
-    def _conform(t: torch.Tensor, info: SlotInfo, env: Env) -> torch.Tensor:
-        strides = info.strides(env)
-        if tuple(t.stride()) == strides or t.numel() <= 1:
-            return t
-        return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
-
     def _output(self, o: tuple[str, Any], slots: list, env: Env) -> Any:
         kind, ref = o
         if kind == "slot":
@@ -471,6 +473,39 @@ class Plan:
         return None
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """The workspace of one size binding: its bytes, its device, and where its slots lie:
+    (slot, start, end, dtype, shape, strides) for those some step needs as tensors, (slot,
+    offset) for those kernels take as bare addresses."""
+
+    nbytes: int
+    device: torch.device
+    views: list[tuple]
+    addresses: list[tuple[int, int]]
+
+    def place(self, slots: list) -> None:
+        """Allocate the workspace and put its slots in `slots` (and the workspace itself at
+        the end: bare addresses keep no reference, so it lives as long as the slots)."""
+        if not self.nbytes:
+            return
+        ws = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        for k, start, end, dtype, shape, strides in self.views:
+            slots[k] = ws[start:end].view(dtype).as_strided(shape, strides)
+        base = ws.data_ptr()
+        for k, off in self.addresses:
+            slots[k] = base + off
+        slots.append(ws)
+
+
+def _restrided(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """`t`, or a copy of it with `strides` where its own differ (and it has elements to
+    place)."""
+    if tuple(t.stride()) == strides or t.numel() <= 1:
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
 class FixedCall:
     """Plan.__call__ for a plan whose sizes are all known: the binding, the workspace layout,
     the slots' shapes and strides and what to allocate and drop around each step are the
@@ -485,19 +520,9 @@ class FixedCall:
             (pos, ref) for pos, (kind, ref) in enumerate(plan.inputs) if kind == "tensor"
         ]
         self.checked = [(k, plan.slots[k].strides(env)) for k in plan.checked_inputs]
-        offsets, self.workspace = plan.layout(env)
-        self.device = torch.device(plan.slots[next(iter(offsets))].device if offsets else "cpu")
-        self.views, self.addresses = [], []
-        for k, off in offsets.items():
-            info = plan.slots[k]
-            if info.as_tensor:
-                shape, strides = info.shape(env), info.strides(env)
-                nbytes = max(_nbytes(shape, info.dtype), _span_bytes(info, env))
-                self.views.append((k, off, off + nbytes, info.dtype, shape, strides))
-            else:
-                self.addresses.append((k, off))
+        self.workspace = plan.workspace(env)
         allocate, drop = plan.schedule()
-        addresses = {k for k, _ in self.addresses}
+        addresses = {k for k, _ in self.workspace.addresses}
         self.steps = [
             (
                 self._kernel_call(step, addresses, env),
@@ -530,19 +555,8 @@ class FixedCall:
         for pos, k in self.inputs:
             slots[k] = args[pos]
         for k, strides in self.checked:
-            t = slots[k]
-            if t.stride() != strides and t.numel() > 1:
-                slots[k] = torch.empty_strided(
-                    t.shape, strides, dtype=t.dtype, device=t.device
-                ).copy_(t)
-        if self.workspace:
-            ws = torch.empty(self.workspace, dtype=torch.uint8, device=self.device)
-            for k, start, end, dtype, shape, strides in self.views:
-                slots[k] = ws[start:end].view(dtype).as_strided(shape, strides)
-            base = ws.data_ptr()
-            for k, off in self.addresses:
-                slots[k] = base + off
-            slots.append(ws)  # bare addresses keep no reference
+            slots[k] = _restrided(slots[k], strides)
+        self.workspace.place(slots)
         env = self.env
         for kernel, step, fresh, dead in self.steps:
             for k, shape, strides, dtype, device in fresh:

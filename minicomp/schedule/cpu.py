@@ -108,18 +108,14 @@ class CpuKernelBuilder:
             along, along_extent = loops[k]
             if not all(isinstance(x, int) and x >= 2 * TILE for x in (along_extent, inner_extent)):
                 continue
-            tiles, within = [], []
-            mapping = {}
+            tiles, inside, mapping = [], [], {}
             for v, x in ((along, along_extent), (inner, inner_extent)):
                 t, i = Var(f"{v.name}_t", i64), Var(f"{v.name}_i", i64)
                 tiles.append((t, -(-x // TILE)))
-                within.append((i, x if x % TILE == 0 else None, t))
+                # The last tile of a ragged extent is cut short.
+                inside.append((i, TILE if x % TILE == 0 else minimum(const(TILE), x - t * TILE)))
                 mapping[v] = t * TILE + i
             rest = [loop for j, loop in enumerate(loops[:-1]) if j != k]
-            inside = [
-                (i, TILE if x is not None else minimum(const(TILE), dim_expr(n) - t * TILE))
-                for (i, x, t), n in zip(within, (along_extent, inner_extent))
-            ]
             return [*rest, *tiles, inside[1], inside[0]], substitute(body, mapping)
         return loops, body
 

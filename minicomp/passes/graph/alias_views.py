@@ -44,7 +44,7 @@ def alias_views(graph: Graph) -> Graph:
     layouts = layouts_for(graph)
     users = graph.users()
     outputs = graph.output_values()
-    lasting = _returnable_memory(graph)
+    returnable = _returnable_memory(graph)
     nodes, renamed = [], {}
     for n in graph.nodes:
         view = None
@@ -52,8 +52,15 @@ def alias_views(graph: Graph) -> Graph:
             out = n.outputs[0]
             if out in outputs:
                 src = n.inputs[0] if len(n.inputs) == 1 else None
-                if src in lasting and graph.shares_eager_memory(out, src):
+                if src in returnable and graph.shares_eager_memory(out, src):
                     view = _as_alias(n, layouts)
+                # Returned, it must show eager's strides (a source laid out otherwise would
+                # give others): else the kernel's copy, which writes them, stays.
+                if view is not None and out.type.strides not in (
+                    None,
+                    view.outputs[0].type.strides,
+                ):
+                    view = None
             elif any(isinstance(u, ExternOp) for u in users.get(out, [])):
                 view = _as_alias(n, layouts)
         nodes.append(view or n)

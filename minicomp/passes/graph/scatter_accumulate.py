@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch.utils import _pytree as pytree
 
 from minicomp.ir.compute import TensorElement
 from minicomp.ir.expr import Binary, Const
@@ -57,8 +58,8 @@ def _accumulating_scatter_into(
     accumulate = n.args[3] if len(n.args) > 3 else dict(n.kwargs).get("accumulate", False)
     if accumulate is not True or not n.args or n.args[0] != ArgRef(0):
         return False
-    if ArgRef(0) in _refs(n.args[1:]) or ArgRef(0) in _refs(tuple(v for _, v in n.kwargs)):
-        return False
+    if ArgRef(0) in pytree.tree_leaves((n.args[1:], n.kwargs)):
+        return False  # the zeros are read as more than the tensor scattered into
     zeros = n.inputs[0]
     if zeros in outputs or users.get(zeros) != [n]:
         return False
@@ -68,16 +69,6 @@ def _accumulating_scatter_into(
         return isinstance(body, Const) and body.value == 0
     folded = constants.get(zeros.name)  # a small fill, folded
     return isinstance(folded, torch.Tensor) and not folded.any()
-
-
-def _refs(args: tuple) -> list:
-    out = []
-    for a in args:
-        if isinstance(a, (tuple, list)):
-            out += _refs(tuple(a))
-        else:
-            out.append(a)
-    return out
 
 
 def _other_addend(op: Op, value: Value) -> Value | None:
