@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from minicomp import config
 from minicomp.backends import cache as build_cache
+from minicomp.dynamo import graph_cache
 from minicomp.tune import database
 
 
@@ -22,8 +23,9 @@ class CliError(Exception):
 
 
 # The folders of backends/cache.py builds under the cache root: C and cuda-emu shared
-# libraries (lib.so) and NVRTC cubins (kernel.cubin), each in <kind>/<key[:2]>/<key>/.
-_BUILD_KINDS = ("kernels", "cubins", "headers")
+# libraries (lib.so), NVRTC cubins (kernel.cubin), the emulator's precompiled headers and
+# compiled graphs (lowered.pkl), each in <kind>/<key[:2]>/<key>/.
+_BUILD_KINDS = ("kernels", "cubins", "headers", graph_cache.KIND)
 # A build in progress (under building/, or a .tmp-* folder) untouched for this long crashed.
 _STALE_TEMP_S = 3600.0
 _SHOWN_FAILURES = 3
@@ -87,8 +89,9 @@ class _Build:
 
 
 def _scan(root: str, paths: Sequence[str] | None = None) -> dict[str, object]:
-    """Libraries, cubins and bytes of every file under the kernel-build folders (or `paths`)."""
-    libraries = cubins = total = 0
+    """Libraries, cubins, compiled graphs and bytes of every file under the build folders (or
+    `paths`)."""
+    libraries = cubins = graphs = total = 0
     kinds = [os.path.join(root, kind) for kind in _BUILD_KINDS]
     for path in kinds if paths is None else paths:
         for folder, _dirs, files in os.walk(path):
@@ -99,7 +102,14 @@ def _scan(root: str, paths: Sequence[str] | None = None) -> dict[str, object]:
                     continue  # removed by a concurrent clean-up
                 libraries += file.endswith(".so")
                 cubins += file.endswith(".cubin")
-    return {"paths": kinds, "libraries": libraries, "cubins": cubins, "bytes": total}
+                graphs += file == graph_cache.PRODUCT
+    return {
+        "paths": kinds,
+        "libraries": libraries,
+        "cubins": cubins,
+        "graphs": graphs,
+        "bytes": total,
+    }
 
 
 def _dir_size(path: str) -> int:
@@ -238,7 +248,9 @@ def _cmd_cache_stats(args: argparse.Namespace) -> int:
         print(f"  libraries: {kernels['libraries']}")
         print(f"cubin cache: {kernels['paths'][1]}")
         print(f"  cubins: {kernels['cubins']}")
-        print(f"  size of both: {_human(kernels['bytes'])} ({kernels['bytes']} bytes)")
+        print(f"graph cache: {kernels['paths'][3]}")
+        print(f"  compiled graphs: {kernels['graphs']}")
+        print(f"  size of all builds: {_human(kernels['bytes'])} ({kernels['bytes']} bytes)")
     tuning = _database(args).stats()
     if args.json:
         _print_json({"cache_dir": root, "kernels": kernels, "tuning": tuning})
@@ -275,6 +287,36 @@ def _cmd_cache_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache_graphs(args: argparse.Namespace) -> int:
+    kept = graph_cache.entries(_cache_root(args))
+    if args.json:
+        _print_json(kept)
+        return 0
+    if not kept:
+        print(f"no compiled graphs in {os.path.join(_cache_root(args), graph_cache.KIND)}")
+        return 0
+    header = ("KEY", "KIND", "TARGET", "ATEN OPS", "KERNELS", "ATEN CALLS", "SIZE", "LAST USED")
+    rows = [header]
+    for e in kept:
+        counts = (e.get("aten ops"), e.get("kernels"), e.get("aten calls"))
+        rows.append(
+            (
+                e["key"][:16],
+                str(e.get("kind", "?")),
+                str(e.get("target", "?")),
+                *("?" if c is None else str(c) for c in counts),
+                _human(e["bytes"]),
+                _when(e["used"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    total = sum(e["bytes"] for e in kept)
+    print(f"{len(kept)} compiled graph{'' if len(kept) == 1 else 's'} ({_human(total)})")
+    return 0
+
+
 def _cmd_cache_show(args: argparse.Namespace) -> int:
     db = _database(args)
     if not db.exists():
@@ -308,7 +350,7 @@ def _clear_kernels(root: str) -> dict[str, object]:
     doomed += [e.path for e in _folders(root) if e.name.startswith(_REMOVING)]
     before = _scan(root, doomed)
     stayed = [f for f in map(_remove_tree, doomed) if f is not None]
-    counts = ("libraries", "cubins", "bytes")
+    counts = ("libraries", "cubins", "graphs", "bytes")
     left = _scan(root, [folder for folder, _ in stayed])
     left = {k: left[k] for k in counts}
     removed = {k: before[k] - left[k] for k in counts}
@@ -334,8 +376,9 @@ def _cmd_cache_clear(args: argparse.Namespace) -> int:
     if which in ("kernels", "all"):
         usage = result["kernels"] = _clear_kernels(root)
         lines.append(
-            f"removed {usage['libraries']} libraries and {usage['cubins']} cubins "
-            f"({_human(usage['bytes'])}) from {' and '.join(usage['paths'])}"
+            f"removed {usage['libraries']} libraries, {usage['cubins']} cubins and "
+            f"{usage['graphs']} compiled graphs ({_human(usage['bytes'])}) from "
+            f"{', '.join(usage['paths'])}"
         )
     if which in ("tuning", "all"):
         tuning = result["tuning"] = _clear_tuning(db)
@@ -343,6 +386,12 @@ def _cmd_cache_clear(args: argparse.Namespace) -> int:
             lines.append(f"removed the unreadable tuning database {db.path}")
         else:
             lines.append(f"removed {tuning['records']} tuning records from {db.path}")
+        if which == "tuning":
+            # A compiled graph holds the decisions it was tuned to: it goes with them.
+            graphs = os.path.join(root, graph_cache.KIND)
+            count = _scan(root, [graphs])["graphs"]
+            if _remove_tree(graphs) is None and count:
+                lines.append(f"removed {count} compiled graphs, which hold tuning decisions")
     else:
         with contextlib.suppress(database.TuningDatabaseError):
             kept = db.stats()["entries"]
@@ -506,6 +555,12 @@ def _add_cache_parser(commands: argparse._SubParsersAction) -> None:
         return sub
 
     action("list", _cmd_cache_list, "list the tuning records", [filters, json_flag])
+    action(
+        "graphs",
+        _cmd_cache_graphs,
+        "list the compiled graphs kept, most recently used first",
+        [json_flag],
+    )
     show = action("show", _cmd_cache_show, "show one tuning record", [json_flag])
     show.add_argument("key", metavar="KEY", help="a record's key, or a unique prefix of it")
     action(
@@ -565,6 +620,8 @@ $MINICOMP_CACHE_DIR, else ~/.cache/minicomp):
 
   kernels/, cubins/   compiled kernel builds (shared libraries, NVRTC cubins); cheap to redo
   headers/            precompiled headers the cuda-emu builds include; cheap to redo
+  graphs/             compiled graphs (each graph's IR after minicomp's passes and its kernel
+                      functions), so that compiling a graph again skips minicomp's work
   building/           builds in progress: `clear` and `prune` leave them alone
   quarantine/         damaged builds moved aside (and built again), kept for a look
   tuning.sqlite       the tuning database: the parameters each template tuned to
@@ -573,9 +630,10 @@ The root must belong to you and be writable by no one else: minicomp refuses to 
 from one that is not. `clear` and `prune` exit with status 1, naming what stayed, when they
 cannot remove something.
 
-`clear` with no flag removes the kernel builds only: tuning records cost minutes of
-benchmarking to redo. `export` and `import` ship tuning records to a machine with the same GPU;
-exported to FILE.tar.gz, the bundle also carries the compiled cubins.
+`clear` with no flag removes the kernel builds and compiled graphs only: tuning records cost
+minutes of benchmarking to redo (`clear --tuning` takes the compiled graphs too, as they hold
+the decisions tuning made). `export` and `import` ship tuning records to a machine with the
+same GPU; exported to FILE.tar.gz, the bundle also carries the compiled cubins.
 """
 
 

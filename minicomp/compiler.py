@@ -38,6 +38,19 @@ from minicomp.tune.chooser import make_chooser
 from minicomp.tune.tuner import notice_untuned
 
 
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A graph compiled up to its binaries: the final graph and the kernel functions to
+    build. Everything here pickles (the graph cache keeps it); `link` makes it a plan."""
+
+    options: Options  # as resolved for the graph (sm_count set)
+    graph: Graph
+    kernels: tuple[Function, ...]  # one per fused group, in the graph's order
+    launched: tuple[Function, ...]  # the script kernels the graph's KernelOps launch
+    device_functions: tuple[Function, ...]  # the device functions those call
+    tuning: tuple = ()  # the tuner's decisions: (group, template, tune.tuner.Choice)
+
+
 def compile_graph(
     graph: Graph,
     options: Options,
@@ -52,6 +65,19 @@ def compile_graph(
     heuristics fill, unless the `sm_count` option names a count); `static_inputs` are the
     positions of inputs with stable addresses (parameters, buffers), which CUDA graphs capture
     in place.
+    """
+    lowered, fns = lower(graph, options, record, device_index=device_index)
+    return link(lowered, record, device_index, static_inputs, fns)
+
+
+def lower(
+    graph: Graph, options: Options, record: CompileRecord, *, device_index: int | None = None
+) -> tuple[Lowered, dict]:
+    """`graph` through passes, fusion, tuning and scheduling, and its kernels built: the
+    lowered graph and the kernels' callables by name.
+
+    Raises KernelsFailed naming the ATen ops of the groups that fail to schedule or build on
+    their own, where options.fallback allows running them as ATen calls.
     """
     t0 = time.perf_counter()
     target = resolve_target(options.target, graph_devices(graph))
@@ -84,25 +110,61 @@ def compile_graph(
     launched, device_functions = _script_functions(graph)
     record.kernels = kernels + launched
     t2 = time.perf_counter()
-
+    record.times.update(passes=t1 - t0, schedule=t2 - t1)
+    lowered = Lowered(
+        options,
+        graph,
+        tuple(kernels),
+        tuple(launched),
+        tuple(device_functions),
+        tuple(record.tuning),
+    )
     try:
-        fns, record.source = target.build(
-            kernels + launched, options, device_index, device_functions
-        )
+        fns = _build(lowered, record, device_index)
     except Exception as e:
         if options.fallback == "error":
             raise
         raise _build_failure(groups, kernels, unfused, e, target, options, device_index) from e
-    t3 = time.perf_counter()
-    record.times.update(passes=t1 - t0, schedule=t2 - t1, build=t3 - t2)
+    return lowered, fns
 
+
+def link(
+    lowered: Lowered,
+    record: CompileRecord,
+    device_index: int | None = None,
+    static_inputs: Sequence[int] = (),
+    fns: dict | None = None,
+) -> Callable:
+    """The plan running a lowered graph: a step per operator, run as the target says. The
+    kernels are `fns` (lower's), or built here (from the build cache, when an earlier process
+    built them)."""
+    options, graph = lowered.options, lowered.graph
+    target = resolve_target(options.target, graph_devices(graph))
+    record.target, record.options, record.graph = target.name, options, graph
+    record.kernels = [*lowered.kernels, *lowered.launched]
+    record.tuning = list(lowered.tuning)
+    if fns is None:
+        fns = _build(lowered, record, device_index)
     symbols = {
-        k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)] for k in kernels
+        k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)]
+        for k in lowered.kernels
     }
-    builder = PlanBuilder(graph, layouts, fns, symbols)
+    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols)
     plan = builder.build()
     # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
     return target.finish(plan, options, static_inputs, replayable=not builder.late)
+
+
+def _build(lowered: Lowered, record: CompileRecord, device_index: int | None) -> dict:
+    """The callables of the lowered graph's kernels by name; the source in `record`."""
+    t0 = time.perf_counter()
+    options = lowered.options
+    target = resolve_target(options.target, graph_devices(lowered.graph))
+    fns, record.source = target.build(
+        [*lowered.kernels, *lowered.launched], options, device_index, lowered.device_functions
+    )
+    record.times["build"] = record.times.get("build", 0.0) + time.perf_counter() - t0
+    return fns
 
 
 def graph_devices(graph: Graph) -> set[str]:

@@ -77,6 +77,11 @@ class Options:
         "~/.cache/minicomp",
         "Root of the on-disk caches (compiled kernels, tuning records); ~ is expanded.",
     )
+    graph_cache: bool = _option(
+        True,
+        "Keep each compiled graph in the cache directory, so that compiling the same graph again "
+        "(in this process or a later one) skips minicomp's passes, tuning and scheduling.",
+    )
     parallel_compile: int = _option(
         0, "Number of kernels compiled in parallel; 0 means one per CPU core.", minimum=0
     )

@@ -56,13 +56,14 @@ def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any
     import torch
 
     from minicomp.dynamo.backend import make_backend
+    from minicomp.dynamo.backend import recording as recording_records
 
     records: list = []
     resolved = config.resolve(options)
-    backend = make_backend(resolved, records)
+    backend = make_backend(resolved)
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend)
-    with recording() as session:
+    with recording_records(records, passes=True), recording() as session:
         compiled(*args, **kwargs)
     torch._dynamo.reset()
     if session.launches:
@@ -97,7 +98,7 @@ def explain_file(script: str, args: list[str]) -> str:
     saved = sys.argv
     sys.argv = [script, *args]
     try:
-        with backend.recording(records), recording() as session:
+        with backend.recording(records, passes=True), recording() as session:
             runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv = saved

@@ -34,6 +34,7 @@ class CompileRecord:
     options: Options | None = None  # what the graph was compiled with
     tuning: list = field(default_factory=list)  # (group, template, tune.tuner.Choice)
     estimates: dict[str, str] = field(default_factory=dict)  # kernel -> the lens's estimate
+    cache: str = ""  # what the whole-graph cache did: hit, stored, off or not kept (why)
 
     @property
     def fallbacks(self) -> dict[str, str]:
@@ -74,6 +75,8 @@ def report(r: CompileRecord) -> str:
         parts.append(_section(title, function_str(k)))
     if r.source:
         parts.append(_section("generated source", r.source))
+    if r.cache:
+        parts.append(_section("graph cache", r.cache))
     if r.times:
         parts.append(
             _section(

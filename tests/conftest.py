@@ -37,6 +37,16 @@ def pytest_unconfigure(config):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _graph_cache_off_under_patches(request):
+    """A test that patches minicomp (monkeypatch) compiles its graphs for real: a graph another
+    test compiled unpatched would otherwise come from the graph cache. Tests of the cache
+    turn it on with the graph_cache option, which wins over the environment."""
+    if "monkeypatch" in request.fixturenames:
+        request.getfixturevalue("monkeypatch").setenv("MINICOMP_GRAPH_CACHE", "0")
+    yield
+
+
 def selected_targets() -> list[str]:
     """The targets named by MINICOMP_TEST_TARGETS (comma list, default "cpu,cuda-emu";
     "cuda" runs where a GPU is present)."""

@@ -210,7 +210,7 @@ def test_cache_clear_keeps_tuning_records_unless_asked(tmp_path):
     assert (stats["libraries"], stats["cubins"]) == (1, 1)
 
     text = _ok(_cache(tmp_path, "clear"))
-    assert "removed 1 libraries and 1 cubins" in text
+    assert "removed 1 libraries, 1 cubins" in text
     assert "kept 3 tuning records" in text and "clear --tuning" in text
     assert not os.path.exists(library) and not os.path.exists(cubin)
     db = TuningDatabase(tmp_path / "tuning.sqlite")
@@ -354,3 +354,30 @@ def test_cache_bundle_carries_tuning_records_and_cubins(tmp_path):
     truncated.write_bytes(bundle_file.read_bytes()[:200])
     _fails(_cache(tmp_path / "third", "import", str(truncated)), str(truncated))
     _fails(_cache(here, "export", str(bundle_file), "--arch", "sm_90"), "not a bundle")
+
+
+def _compile_a_graph(cache_dir) -> None:
+    import torch
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    options = {"target": "cpu", "cache_dir": str(cache_dir), "graph_cache": True}
+    x = torch.randn(5, 3)
+    out = torch.compile(lambda x: torch.tanh(x) + 1, backend="minicomp", options=options)(x)
+    assert torch.allclose(out, torch.tanh(x) + 1)
+
+
+def test_cache_graphs_lists_the_compiled_graphs_and_clear_removes_them(tmp_path):
+    assert "no compiled graphs" in _ok(_cache(tmp_path, "graphs"))
+    _compile_a_graph(tmp_path)
+    (entry,) = json.loads(_ok(_cache(tmp_path, "graphs", "--json")))
+    assert (entry["kind"], entry["target"], entry["kernels"]) == ("forward", "cpu", 1)
+    text = _ok(_cache(tmp_path, "graphs"))
+    assert entry["key"][:16] in text and "1 compiled graph" in text
+    assert "compiled graphs: 1" in _ok(_cache(tmp_path, "stats"))
+
+    assert "1 compiled graphs" in _ok(_cache(tmp_path, "clear"))
+    assert json.loads(_ok(_cache(tmp_path, "graphs", "--json"))) == []
+    _compile_a_graph(tmp_path)
+    assert "removed 1 compiled graphs" in _ok(_cache(tmp_path, "clear", "--tuning"))
+    assert json.loads(_ok(_cache(tmp_path, "graphs", "--json"))) == []

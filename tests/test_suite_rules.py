@@ -22,7 +22,7 @@ def _give_up(monkeypatch):
     def fails(*args, **kwargs):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(compiler, "compile_graph", fails)
+    monkeypatch.setattr(compiler, "lower", fails)
     torch._dynamo.reset()
     return torch.compile(lambda x: x + 1, backend="minicomp")
 

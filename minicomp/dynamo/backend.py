@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
 from minicomp.dynamo.decompositions import decomposition_table
+from minicomp.dynamo.eager_strides import restride_like_eager
 from minicomp.dynamo.importer import import_graph
 from minicomp.dynamo.output_aliases import (
     input_views,
@@ -43,16 +45,25 @@ MAX_ATTEMPTS = 4
 
 
 _recorders: list[list] = []
+_pass_tracers: list[list] = []
 
 
 @contextlib.contextmanager
-def recording(records: list) -> Iterator[None]:
-    """Append a CompileRecord to `records` for every graph any minicomp backend compiles."""
+def recording(records: list, *, passes: bool = False) -> Iterator[None]:
+    """Append a CompileRecord to `records` for every graph any minicomp backend compiles.
+
+    With `passes`, each record keeps the graph after every pass, so every graph is compiled
+    in full (never linked from the graph cache) to show them, as `minicomp explain` does.
+    """
     _recorders.append(records)
+    if passes:
+        _pass_tracers.append(records)
     try:
         yield
     finally:
         _recorders.remove(records)
+        if passes:
+            _pass_tracers.remove(records)
 
 
 def compile_aten_graph(
@@ -102,9 +113,7 @@ def _compile(
 ) -> Callable | None:
     """The plan of `gm` with the inputs at `frozen`'s positions as constants; None when it
     cannot be compiled and options.fallback allows running it eagerly."""
-    record = CompileRecord(
-        kind=kind, trace=bool(records is not None or _recorders or options.verbose > 1)
-    )
+    record = CompileRecord(kind=kind, trace=bool(_pass_tracers or options.verbose > 1))
     record.aten_graph = gm.print_readable(print_output=False)
     record.aten_op_count = sum(
         1
@@ -136,11 +145,12 @@ def _compile(
         print(report(record))
     elif options.verbose:
         log.warning(
-            "minicomp: %s graph: %d ATen ops -> %d kernels, %d ATen calls%s",
+            "minicomp: %s graph: %d ATen ops -> %d kernels, %d ATen calls%s%s",
             kind,
             record.aten_op_count,
             len(record.kernels),
             len(record.fallbacks),
+            " (from the graph cache)" if record.cache.startswith("hit") else "",
             "".join(f"\n  extern {k}: {v}" for k, v in record.fallbacks.items()),
         )
     return plan
@@ -153,31 +163,86 @@ def _import_and_compile(
     frozen: Mapping[int, torch.Tensor],
     static: Sequence[int],
 ) -> Callable:
-    """The plan of `gm`; where some fused kernels fail to compile, compiled again with their
-    ATen ops as ATen calls (with a KernelFallbackWarning), up to MAX_ATTEMPTS times."""
+    """The plan of `gm`: linked from the whole-graph cache when it was compiled before, else
+    compiled (and kept there)."""
+    # Lazy for import cost: the compiler brings the schedulers, templates and backends (about
+    # 150 ms), which `import minicomp` registering the backend does not need.
+    from minicomp.compiler import link
+    from minicomp.dynamo import graph_cache
+
+    restride_like_eager(gm)  # before the key: the graph as the importer reads it
+    device_index = _cuda_index(gm)
+    key = None
+    if not options.graph_cache:
+        record.cache = "off (the graph_cache option)"
+    elif frozen:
+        record.cache = "not kept: its weights are frozen into it"
+    else:
+        t0 = time.perf_counter()
+        try:
+            key = graph_cache.graph_key(gm, options, record.kind, static, device_index)
+        except graph_cache.Uncacheable as e:
+            record.cache = f"not kept: {e}"
+        # A graph compiled for explain or verbose=2 runs every pass again, to show them.
+        kept = graph_cache.load(options, key) if key and not record.trace else None
+        if kept is not None:
+            record.times["graph cache"] = time.perf_counter() - t0
+            try:
+                plan = link(kept.lowered, record, device_index, static)
+            except Exception as e:  # noqa: BLE001 - whatever went stale: compile it again
+                log.info("minicomp: a cached graph does not link (%s); compiling it", e)
+            else:
+                for message in kept.warnings:
+                    warnings.warn(message, KernelFallbackWarning, stacklevel=4)
+                record.cache = f"hit ({key[:16]})"
+                return plan
+    messages: list[str] = []
+    lowered, fns = _lower_with_fallbacks(gm, options, record, frozen, device_index, messages)
+    if key is not None:
+        try:
+            summary = {
+                "kind": record.kind,
+                "target": record.target,
+                "aten ops": record.aten_op_count,
+                "kernels": len(record.kernels),
+                "aten calls": len(record.fallbacks),
+                "compile seconds": round(sum(record.times.values()), 3),
+            }
+            kept = graph_cache.CachedGraph(lowered, tuple(messages))
+            graph_cache.store(options, key, kept, summary)
+            record.cache = f"stored ({key[:16]})"
+        except graph_cache.Uncacheable as e:
+            record.cache = f"not kept: {e}"
+    return link(lowered, record, device_index, static, fns)
+
+
+def _lower_with_fallbacks(
+    gm: torch.fx.GraphModule,
+    options: config.Options,
+    record: CompileRecord,
+    frozen: Mapping[int, torch.Tensor],
+    device_index: int | None,
+    messages: list[str],
+) -> tuple:
+    """`gm` imported and lowered (compiler.lower); where some fused kernels fail to compile,
+    again with their ATen ops as ATen calls, up to MAX_ATTEMPTS times, with a
+    KernelFallbackWarning whose message is appended to `messages`."""
+    from minicomp.compiler import lower
+
     externs: dict[str, str] = {}
     attempts = 1
     while True:
         graph = import_graph(gm, frozen, externs)
         record.passes.clear()
         try:
-            # Lazy for import cost: the compiler brings the schedulers, templates and backends
-            # (about 150 ms), which `import minicomp` registering the backend does not need.
-            from minicomp.compiler import compile_graph
-
-            return compile_graph(
-                graph, options, record, device_index=_cuda_index(gm), static_inputs=static
-            )
+            return lower(graph, options, record, device_index=device_index)
         except KernelsFailed as e:
             new = {k: v for k, v in e.externs.items() if k not in externs}
             if not new or attempts == MAX_ATTEMPTS:
                 raise e.cause from e
             reason = next(iter(new.values()))
-            warnings.warn(
-                f"minicomp runs {', '.join(sorted(new))} as ATen calls: {reason}",
-                KernelFallbackWarning,
-                stacklevel=2,
-            )
+            messages.append(f"minicomp runs {', '.join(sorted(new))} as ATen calls: {reason}")
+            warnings.warn(messages[-1], KernelFallbackWarning, stacklevel=2)
             externs.update(new)
             attempts += 1
 

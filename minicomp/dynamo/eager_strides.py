@@ -335,12 +335,18 @@ def _same_strides(a: Any, b: Any) -> bool:
     )
 
 
+_RESTRIDED = "minicomp_restrided"
+
+
 def restride_like_eager(gm: torch.fx.GraphModule) -> None:
     """Give the fake tensors of `gm`'s nodes (node.meta["val"]) eager's strides where a rule
     knows them better (see the module's doc), and recompute those of the nodes that read a
     changed value by running their fake implementation again."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+    if gm.meta.get(_RESTRIDED):
+        return  # once: the backend restrides before keying the graph cache, then imports
+    gm.meta[_RESTRIDED] = True
     changed: dict[torch.fx.Node, Any] = {}
     fake_mode = _fake_mode(gm)
     if fake_mode is None:

@@ -26,6 +26,13 @@ class Node:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self) -> dict:
+        # The cached hash is this process's: string hashes differ between processes, so a
+        # node pickled with it (the graph cache) would compare unequal to its own copy.
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
