@@ -1,6 +1,7 @@
 """The compiler: graph IR in, a runnable plan out.
 
-`compile_graph` reads top to bottom as the stages of the data flow:
+`compile_graph` is `lower` (the stages from the target to the build) then `link` (the plan);
+together they read top to bottom as the stages of the data flow:
 
     target     resolved once from the options and where the graph's tensors are
     passes     the target's graph passes, then fusion into groups (passes/)
@@ -9,6 +10,9 @@
     schedule   one kernel function per fused group (schedule/), indices simplified
     build      the kernels compiled into one binary by the target (backends/)
     plan       a slot per value and a step per operator (runtime/), run as the target says
+
+`lower`'s result, a `Lowered`, is what the whole-graph cache keeps (dynamo/graph_cache.py): a
+graph compiled before is only linked.
 
 Where scheduling or building fails and the fallback option allows it, KernelsFailed names the
 ATen ops of the groups that fail on their own, and the caller compiles again with those ops
