@@ -59,7 +59,10 @@ class StorageTracker(TorchDispatchMode):
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    # Opaque tensors (a oneDNN-prepacked weight) have no storage to count; they are made once,
+    # at compile time.
+    leaves = pytree.tree_leaves(tree)
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.layout == torch.strided]
 
 
 def peak_bytes(fn, *args) -> int:
