@@ -12,15 +12,13 @@ from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
 from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import maximum
-from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph
-from minicomp.passes.graph.onednn_convolution import (
-    PackedConvolution,
-    channels_last_strides,
-    onednn_convolutions,
-)
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, FusedOp, Graph
+from minicomp.passes.graph.onednn_calls import PackedConvolution
+from minicomp.passes.graph.onednn_convolution import channels_last_strides, onednn_convolutions
 
 aten = torch.ops.aten
 ONEDNN = torch.ops.mkldnn._convolution_pointwise.default
+ONEDNN_BINARY = torch.ops.mkldnn._convolution_pointwise.binary
 X = (2, 3, 8, 8)
 Y = (2, 4, 8, 8)
 CL_X, CL_Y = channels_last_strides(X), channels_last_strides(Y)
@@ -93,12 +91,44 @@ def test_constant_weight_is_prepacked_and_relu_fused():
     copy, conv, out = rewritten.nodes
     # The graph input is copied channels-last; the call writes the relu's value directly.
     assert isinstance(copy, ComputeOp) and copy.outputs[0].type.strides == CL_X
-    assert isinstance(conv.target, PackedConvolution) and conv.target.attr == "relu"
+    assert isinstance(conv.target, PackedConvolution) and conv.target.relu
+    assert not conv.target.binary
     assert conv.inputs == copy.outputs and conv.args == (ArgRef(0), None)
     assert conv.outputs[0].name == "r" and conv.outputs[0].type.strides == CL_Y
     assert out.inputs == conv.outputs
     x_value = torch.randn(X)
     torch.testing.assert_close(run_graph(rewritten, {"x": x_value}), run_graph(g, {"x": x_value}))
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_residual_addition_and_relu_fuse_after_the_addend(frozen):
+    # y = conv(x); d = conv(x) (the addend, after y); relu(y + d): one call with both post-ops.
+    torch.manual_seed(0)
+    weights = [torch.randn(4, 3, 3, 3) for _ in range(2)]
+    b = PassGraphBuilder()
+    x = b.input("x", X)
+    w0, w1 = (
+        b.constant(f"w{k}", t) if frozen else b.input(f"w{k}", t.shape)
+        for k, t in enumerate(weights)
+    )
+    y = aten_conv(b, "y", x, w0)
+    d = aten_conv(b, "d", x, w1)
+    s = b.compute("s", Y, lambda *i: d[i] + y[i])
+    r = b.compute("r", Y, lambda *i: maximum(s[i], 0.0))
+    b.output(b.compute("out", Y, lambda *i: r[i] * 2.0))
+    g = b.build()
+    rewritten = onednn_convolutions(g)
+
+    copy, conv_d, conv_y, out = rewritten.nodes
+    assert conv_d.outputs[0].name == "d" and conv_y.outputs[0].name == "r"
+    assert conv_y.inputs[:2] == (copy.outputs[0], conv_d.outputs[0])
+    if frozen:
+        assert (conv_y.target.binary, conv_y.target.relu) == (True, True)
+    else:
+        assert conv_y.target is ONEDNN_BINARY
+        assert conv_y.args[8:11] == ("add", None, "relu")
+    inputs = {"x": torch.randn(X)} | ({} if frozen else {"w0": weights[0], "w1": weights[1]})
+    torch.testing.assert_close(run_graph(rewritten, inputs), run_graph(g, inputs))
 
 
 def test_result_read_by_an_aten_call_is_copied_back():
@@ -170,7 +200,7 @@ def onednn_calls(graph: Graph) -> list:
         n.target
         for n in graph.nodes
         if isinstance(n, ExternOp)
-        and (n.target is ONEDNN or isinstance(n.target, PackedConvolution))
+        and (n.target in (ONEDNN, ONEDNN_BINARY) or isinstance(n.target, PackedConvolution))
     ]
 
 
@@ -195,10 +225,19 @@ def test_compiled_block_matches_eager(freeze, channels_last):
     (record,) = records
     calls = onednn_calls(record.graph)
     assert len(calls) == 3
-    # Frozen: every weight prepacked, conv1's batch norm and relu in its call.
+    # Unfrozen, the batch norms stay kernels: the shortcut's call adds conv2's normalised
+    # result and applies the relu. Frozen: every weight prepacked, the batch norms folded,
+    # conv1's relu and conv2's residual addition and relu in their calls.
+    assert (ONEDNN_BINARY in calls) == (not freeze)
     packed = [c for c in calls if isinstance(c, PackedConvolution)]
     assert len(packed) == (3 if freeze else 0)
-    assert sorted(c.attr for c in packed) == (["none", "none", "relu"] if freeze else [])
+    posts = sorted((c.binary, c.relu) for c in packed)
+    assert posts == ([(False, False), (False, True), (True, True)] if freeze else [])
+    # What kernels are left copy the image in and the result out of channels-last (a
+    # channels-last model needs neither), and compute the batch norms when not frozen.
+    kernels = [m for n in record.graph.nodes if isinstance(n, FusedOp) for m in n.members]
+    if freeze:
+        assert kernels == ([] if channels_last else ["to_layout", "to_layout"])
 
 
 def test_compiled_bf16_block_matches_eager():

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import torch
 
 from minicomp.ir import types as T
-from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput
+from minicomp.ir.compute import Compute, Reduce, TensorElement
 from minicomp.ir.expr import Binary, Cast, Expr, Unary, Var, binary, cast, const, unary
 from minicomp.ir.functor import collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
 from minicomp.passes.graph.fold_constants import folded_value
-from minicomp.passes.graph.rewrite import fresh_name, value_names
+from minicomp.passes.graph.rewrite import fresh_name, reads_own_element, value_names
 
 aten = torch.ops.aten
 
@@ -150,11 +150,10 @@ def _channel_coefficients(n: ComputeOp, x: Value, known: Mapping[str, torch.Tens
     d = n.definition
     if collect(d.body, Reduce):
         return None
-    element = TensorElement(TensorInput(x.name, x.shape, x.dtype), tuple(d.axes))
     reads = [e for e in collect(d.body, TensorElement) if e.tensor.name == x.name]
-    if reads != [element]:
+    if len(reads) != 1 or not reads_own_element(reads[0], x.name, d.axes, d.shape):
         return None  # x read at other indices than the op's own: no elementwise function
-    affine = _affine(d.body, element)
+    affine = _affine(d.body, reads[0])
     if affine is None or affine[0] is None:
         return None
     channel = d.axes[1]

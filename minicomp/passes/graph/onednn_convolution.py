@@ -18,72 +18,34 @@ keeps them); anything else (a graph input, an ATen result) gets a channels-last 
 result is channels-last too, and stays so where only kernels and convolutions read it; a
 result another ATen call reads (or a fused relu's value the graph returns) is copied back to
 eager's strides. A convolution whose input or own result the graph returns (a training
-forward saving them for its backward) is left to ATen. A relu that alone reads the
-convolution's result (a batch norm folded into the convolution, fold_batch_norm.py, leaves
-conv -> relu) becomes the call's post-op. With a constant weight (options.freeze) the weight
+forward saving them for its backward) is left to ATen. The op that alone reads the
+convolution's result, when it is a relu, an addition of another value of the same shape, or
+both (a batch norm folded into the convolution, fold_batch_norm.py, leaves conv -> relu and
+ResNet's conv -> add -> relu), becomes the call's post-op (onednn_calls.py); the call then
+sits where that op was, after the addend. With a constant weight (options.freeze) the weight
 is prepacked; a weight that is a graph input is passed as it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from minicomp.ir import types as T
-from minicomp.ir.compute import TensorElement, TensorInput, compute
-from minicomp.ir.expr import Binary, Const
+from minicomp.ir.compute import TensorInput, compute
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, Value
+from minicomp.passes.graph.onednn_calls import Convolution, PostOp, onednn_call, post_op
 from minicomp.passes.graph.rewrite import fresh_name, rename_values, value_names
 
 aten = torch.ops.aten
 
 
-class PackedConvolution:
-    """oneDNN's convolution over a weight reordered once into the blocked layout its kernel
-    reads for one input size. The packed weight is an opaque MKL-DNN tensor without strides,
-    so it is held here rather than among the graph's constants; the call takes the
-    activation and the bias (or None)."""
-
-    # The activation is passed as the graph lays it out (channels-last): see layout_constraint.
-    layout_constraint = "exact"
-    __name__ = "mkldnn._convolution_pointwise (prepacked)"
-
-    def __init__(self, weight: torch.Tensor, conv: _Conv, attr: str):
-        self.weight = weight
-        self.shape = tuple(weight.shape)
-        self.conv = conv
-        self.attr = attr
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        c = self.conv
-        return torch.ops.mkldnn._convolution_pointwise.default(
-            x, self.weight, bias, c.padding, c.stride, c.dilation, c.groups, self.attr, [], ""
-        )
-
-    def __repr__(self) -> str:
-        return f"PackedConvolution(weight {list(self.shape)}, {self.attr})"
-
-
-@dataclass(frozen=True)
-class _Conv:
-    """A convolution the pass rewrites: its ATen call's operands and parameters."""
-
-    op: ExternOp
-    x: Value
-    weight: Value
-    bias: Value | None
-    padding: tuple[int, int]
-    stride: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
-
-
 def onednn_convolutions(graph: Graph) -> Graph:
     """`graph` with each eligible 2-D convolution a oneDNN call on channels-last values (see
-    the module's docstring), a relu that alone reads its result fused into it."""
+    the module's docstring), with the relu, add or add and relu that alone reads its result
+    as the call's post-op."""
     if not torch.backends.mkldnn.is_available():
         return graph
     returned = graph.output_values()
@@ -99,62 +61,79 @@ def onednn_convolutions(graph: Graph) -> Graph:
         return graph
     users = graph.users()
     producers = graph.producers()
-    relu_of = {}  # conv op -> the relu op fused into it
+
+    def only_reader(v: Value) -> Op | None:
+        readers = users.get(v, [])
+        return readers[0] if len(readers) == 1 and v not in returned else None
+
+    posts: dict[Op, PostOp] = {}  # conv op -> the post-ops fused into it
+    taken: set[Op] = set()
     for n in convs:
-        readers = users.get(n.outputs[0], [])
-        y = n.outputs[0]
-        if y not in returned and len(readers) == 1 and _is_relu_of(readers[0], y):
-            relu_of[n] = readers[0]
-    fused = set(relu_of.values())
-    result = {n: (relu_of[n] if n in relu_of else n).outputs[0] for n in convs}
+        reader = only_reader(n.outputs[0])
+        post = None if reader is None else post_op(reader, n.outputs[0])
+        if post is not None and post.other is not None:
+            post = post_op(reader, n.outputs[0], only_reader(post.result))
+        if post is not None and not taken.intersection(post.ops):
+            posts[n] = post
+            taken.update(post.ops)
+    # The call goes where its last post-op was: the addend may come after the convolution.
+    at = {p.ops[-1]: n for n, p in posts.items()}
+    result = {n: posts[n].result if n in posts else n.outputs[0] for n in convs}
 
     def kernels_read_only(v: Value) -> bool:
-        """Whether only minicomp's kernels and the rewritten convolutions read `v`, and the
-        graph does not return it: then it may live in any layout."""
+        """Whether only minicomp's kernels and the oneDNN calls read `v`, and the graph does
+        not return it: then it may live in any layout."""
         readers = users.get(v, [])
-        return v not in returned and all(
-            isinstance(r, ComputeOp) and r not in fused or r in convs for r in readers
-        )
+        return v not in returned and all(isinstance(r, ComputeOp) or r in convs for r in readers)
 
     retyped: dict[Value, Value] = {}
     for n in convs:
         if kernels_read_only(result[n]):
             retyped[result[n]] = _channels_last(result[n])
     results = set(result.values())
-    for c in convs.values():
-        p = producers.get(c.x)
-        kernel_made = isinstance(p, ComputeOp) and p not in fused
-        if c.x not in results and kernel_made and kernels_read_only(c.x):
-            retyped[c.x] = _channels_last(c.x)
+    operands = [c.x for c in convs.values()] + [p.other for p in posts.values() if p.other]
+    for v in operands:
+        p = producers.get(v)
+        kernel_made = isinstance(p, ComputeOp) and p not in taken
+        if v not in results and kernel_made and kernels_read_only(v):
+            retyped[v] = _channels_last(v)
 
     names = value_names(graph)
-    constants = graph.constants
     copies: dict[Value, Value] = {}
+
+    def channels_last(v: Value, nodes: list[Op]) -> Value:
+        """`v` as the call reads it: itself when channels-last, else its (one) copy."""
+        v = retyped.get(v, v)
+        if _is_channels_last(v):
+            return v
+        if v not in copies:
+            copies[v] = _copy(v, _channels_last(v, fresh_name(f"{v.name}_nhwc", names)), nodes)
+        return copies[v]
+
     nodes: list[Op] = []
     for n in graph.nodes:
-        if n in fused:
+        conv = at.get(n, n if n in convs and n not in posts else None)
+        if conv is None:
+            if n not in convs and n not in taken:
+                if any(v in retyped for v in n.outputs):
+                    n = n.replace(outputs=tuple(retyped.get(v, v) for v in n.outputs))
+                nodes.append(n)
             continue
-        if n not in convs:
-            if any(v in retyped for v in n.outputs):
-                n = n.replace(outputs=tuple(retyped.get(v, v) for v in n.outputs))
-            nodes.append(n)
-            continue
-        c = convs[n]
-        x = retyped.get(c.x, c.x)
-        if not _is_channels_last(x):
-            if x not in copies:
-                copies[x] = _copy(x, _channels_last(x, fresh_name(f"{x.name}_nhwc", names)), nodes)
-            x = copies[x]
-        r = result[n]
-        out = retyped.get(r) or _channels_last(r, fresh_name(f"{r.name}_nhwc", names))
-        attr = "relu" if n in relu_of else "none"
-        nodes.append(_onednn_call(c, x, out, attr, constants.get(c.weight.name)))
-        if r not in retyped:
+        c, post = convs[conv], posts.get(conv)
+        x = channels_last(c.x, nodes)
+        other = channels_last(post.other, nodes) if post and post.other else None
+        r = result[conv]
+        out = retyped.get(r, r)
+        if not _is_channels_last(out):
+            out = _channels_last(r, fresh_name(f"{r.name}_nhwc", names))
+        weight = graph.constants.get(c.weight.name)
+        nodes.append(onednn_call(c, x, other, out, post, weight))
+        if out.name != r.name:
             _copy(out, r, nodes)  # back to the strides the graph's other readers expect
     return rename_values(graph.replace(nodes=tuple(nodes)), retyped)
 
 
-def _convolution(n: Op) -> _Conv | None:
+def _convolution(n: Op) -> Convolution | None:
     """`n` as a convolution the pass rewrites: a plain 2-D convolution on CPU tensors of
     static sizes, float32 (or bfloat16 where oneDNN computes it); else None."""
     if not isinstance(n, ExternOp) or n.target is not aten.convolution.default:
@@ -179,55 +158,13 @@ def _convolution(n: Op) -> _Conv | None:
     params = [_pair(p) for p in (padding, stride, dilation)]
     if None in params or not isinstance(groups, int):
         return None
-    return _Conv(n, x, w, bias, *params, groups)
+    return Convolution(n, x, w, bias, *params, groups)
 
 
 def _pair(p: Any) -> tuple[int, int] | None:
     if isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(d, int) for d in p):
         return (p[0], p[1])
     return None
-
-
-def _is_relu_of(n: Op, y: Value) -> bool:
-    """Whether `n` computes max(y, 0) elementwise over y's own shape (a relu of y)."""
-    out = n.outputs[0] if isinstance(n, ComputeOp) else None
-    if out is None or n.inputs != (y,) or (out.shape, out.dtype) != (y.shape, y.dtype):
-        return False
-    d = n.definition
-    body = d.body
-    if not isinstance(body, Binary) or body.op != "max":
-        return False
-    element = TensorElement(TensorInput(y.name, y.shape, y.dtype), tuple(d.axes))
-    operands = {body.a, body.b}
-    zero = [e for e in operands if isinstance(e, Const) and e.value == 0]
-    return element in operands and len(zero) == 1
-
-
-def _onednn_call(c: _Conv, x: Value, out: Value, attr: str, weight: torch.Tensor | None):
-    """The oneDNN call computing convolution `c` of `x` into `out`: over a prepacked weight
-    when the weight is the constant `weight`, else over the weight value as it is."""
-    n = c.op
-    reason = f"oneDNN convolution, channels-last{', relu fused' if attr == 'relu' else ''}"
-    if weight is not None:
-        packed = torch.ops.mkldnn._reorder_convolution_weight(
-            weight.contiguous(memory_format=torch.channels_last),
-            list(c.padding),
-            list(c.stride),
-            list(c.dilation),
-            c.groups,
-            list(x.shape),
-        )
-        target: Any = PackedConvolution(packed, c, attr)
-        inputs: tuple[Value, ...] = (x,) if c.bias is None else (x, c.bias)
-        args: tuple = (ArgRef(0), None if c.bias is None else ArgRef(1))
-        reason += ", weight prepacked"
-    else:
-        target = torch.ops.mkldnn._convolution_pointwise.default
-        inputs = (x, c.weight) if c.bias is None else (x, c.weight, c.bias)
-        bias = None if c.bias is None else ArgRef(2)
-        params = (c.padding, c.stride, c.dilation, c.groups, attr, (), "")
-        args = (ArgRef(0), ArgRef(1), bias, *params)
-    return ExternOp(n.name, inputs, (out,), target, args, (), ((),), reason)
 
 
 def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
