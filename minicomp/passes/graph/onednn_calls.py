@@ -169,3 +169,23 @@ def onednn_call(
             target = mkldnn._convolution_pointwise.binary
             args = (*refs, bias, *params, "add", None, "relu" if relu else None, (), "")
     return ExternOp(c.op.name, inputs, (out,), target, args, (), ((),), ", ".join(parts))
+
+
+class PackedLinear:
+    """oneDNN's matrix product x @ w.t() + bias over a weight w [N, K] reordered once for
+    it (an opaque MKL-DNN tensor, held here as PackedConvolution holds its weight)."""
+
+    __name__ = "mkldnn._linear_pointwise (prepacked)"
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self.shape = tuple(weight.shape)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # oneDNN reads the activation row-major; a strided one is copied (as ATen's mm would
+        # pack it).
+        x = x if x.is_contiguous() else x.contiguous()
+        return mkldnn._linear_pointwise.default(x, self.weight, bias, "none", [], "")
+
+    def __repr__(self) -> str:
+        return f"PackedLinear(weight {list(self.shape)})"
