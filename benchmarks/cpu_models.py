@@ -38,8 +38,14 @@ def compiled(model: torch.nn.Module, backend: str):
     if backend.startswith("inductor"):
         import torch._inductor.config as inductor_config
 
-        inductor_config.freezing = backend == "inductor-freeze"
-        return torch.compile(model, backend="inductor")
+        # Inductor reads `freezing` from its global config when the first call compiles
+        # (right after this returns); as a compile option alone it is not applied. The
+        # option still matters: Dynamo's cache guards on the backend, not on the config, so
+        # without it inductor-freeze reused the code "inductor" compiled just before (and
+        # timed unfrozen Inductor).
+        freeze = backend == "inductor-freeze"
+        inductor_config.freezing = freeze
+        return torch.compile(model, backend="inductor", options={"freezing": freeze})
     options = {"target": "cpu", "freeze": backend == "minicomp-freeze"}
     return torch.compile(model, backend="minicomp", options=options)
 

@@ -34,6 +34,8 @@ from minicomp.passes.graph.aten_contraction import tune_contractions
 from minicomp.passes.graph.attention import lower_attention, tune_attention
 from minicomp.passes.graph.fold_constants import constant_operand_layouts
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
+from minicomp.passes.graph.onednn_convolution import onednn_convolutions
+from minicomp.passes.graph.onednn_linear import onednn_linears
 from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.graph.split_reductions import split_reductions
 from minicomp.passes.kernel.count_ops import count_ops
@@ -145,7 +147,11 @@ class CpuTarget(Target):
     """Kernels as C functions compiled by the host C compiler, on CPU tensors."""
 
     name = "cpu"
-    passes = (*FIRST_PASSES, *DEFAULT_PASSES)
+    # Convolutions become oneDNN calls on channels-last values last, when every view and
+    # alias is decided: a value an ATen call or an alias reads keeps eager's layout. Products
+    # over constant weights become oneDNN's prepacked linear (after the default passes fold
+    # the weights' transposes into constants).
+    passes = (*FIRST_PASSES, *DEFAULT_PASSES, onednn_convolutions, onednn_linears)
 
     def schedule(self, op, layouts, choose, options):
         return schedule_cpu(op, layouts)

@@ -11,6 +11,7 @@ from minicomp.ir.graph import Graph
 from minicomp.passes.graph.alias_views import alias_views
 from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
+from minicomp.passes.graph.fold_batch_norm import fold_batch_norms
 from minicomp.passes.graph.fold_constants import fold_constants
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
 from minicomp.passes.graph.layout import contiguous_extern_inputs
@@ -35,10 +36,11 @@ DEFAULT_PASSES: list[GraphPass] = [
     contiguous_extern_inputs,
 ]
 
-# Passes every target runs first. Matrix products sharing their input fuse while they are
-# still ATen calls, before the CUDA targets lower them (lower_anchors). Each target
-# (minicomp/targets.py) puts its own passes around these and the default ones.
-FIRST_PASSES: list[GraphPass] = [fuse_matmuls_sharing_input]
+# Passes every target runs first, on ATen calls the CUDA targets lower later (lower_anchors):
+# batch norms with constant statistics fold into the convolution before them, and matrix
+# products sharing their input fuse. Each target (minicomp/targets.py) puts its own passes
+# around these and the default ones.
+FIRST_PASSES: list[GraphPass] = [fold_batch_norms, fuse_matmuls_sharing_input]
 
 
 def configured(p: Callable[..., Graph], **settings: object) -> GraphPass:

@@ -123,7 +123,7 @@ class CpuKernelBuilder:
         """`loops` ordered as the first output lies in memory, the smallest stride innermost
         (a permuted output is written contiguously; a copy into the layout of its input reads
         and writes in memory order). Kept as they are where a stride is not a constant."""
-        st = self.op.stages[0]
+        st = next(s for s in self.op.stages if isinstance(s, StoreStage))
         _, strides = self.out_bufs[st.output]
         steps = _steps(offset(st.indices, strides), [v for v, _ in loops])
         if steps is None or any(step < 0 for step in steps):
@@ -199,12 +199,13 @@ class CpuKernelBuilder:
         if full:
             body = seq(*(self.reusing_store(s, reuse, saved) for s in full))
             stmts.append(self.inner_nest(inner, body, parallel=parallel_inner))
-        return self.nest(
-            list(zip(op.outer_vars, op.outer_extents)),
-            seq(*stmts),
-            parallel=True,
-            vector=self.small,
-        )
+        outer = list(zip(op.outer_vars, op.outer_extents))
+        if self.small:
+            # A window per output (pooling): the outputs' loops in memory order, so that the
+            # vector loop walks the output and the window's loads contiguously (the channels
+            # of a channels-last pool, not its width at a stride of the channel count).
+            outer = self.memory_order(outer)
+        return self.nest(outer, seq(*stmts), parallel=True, vector=self.small)
 
     def plan_reuse(self, full: list[StoreStage]) -> dict[ReduceStage, StoreStage]:
         """Reduce stages whose (costly) element value a row store repeats.

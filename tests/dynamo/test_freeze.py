@@ -122,9 +122,38 @@ def test_conv_net_with_batch_norm(target):
     model = conv_net()
     record = run_frozen(model, torch.randn(2, 3, 12, 12), target=target)
     assert [v.shape for v in tensor_inputs(record.graph)] == [(2, 3, 12, 12)]
-    # Weights, biases and the batch norms' statistics are all constants now.
-    assert len(record.graph.constants) >= 12
+    # Weights and biases are constants now, the batch norms folded into the convolutions':
+    # two folded weights and biases, the linear's weight (transposed) and bias.
+    assert len(record.graph.constants) == 6
     assert constant_only_ops(record.graph) == []
+
+
+def batch_norm_ops(graph: Graph) -> list[str]:
+    """The ATen ops of batch norms the compiled graph still computes (as kernels or calls)."""
+    names = [n.name for n in graph.nodes if not isinstance(n, FusedOp)]
+    names += [m for n in graph.nodes if isinstance(n, FusedOp) for m in n.members]
+    return [name for name in names if "batch_norm" in name]
+
+
+def test_batch_norms_fold_into_convolution_weights(target):
+    model = conv_net()
+    x = torch.randn(2, 3, 12, 12)
+    plain = run_frozen(model, x, target=target, freeze=False)
+    frozen = run_frozen(model, x, target=target)
+    # Unfrozen, the statistics are inputs and each batch norm is computed on every call.
+    assert len(batch_norm_ops(plain.graph)) == 2
+    # Frozen, both fold into their convolution's weight and bias (conv1 has no bias of its own).
+    assert batch_norm_ops(frozen.graph) == []
+    folded = [name for name in frozen.graph.constants if name.endswith("_folded_weight")]
+    assert len(folded) == 2
+
+
+def test_folded_batch_norm_in_channels_last(target):
+    # Eager's channels-last strides survive the folding (assert_same compares strides).
+    model = conv_net().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    record = run_frozen(model, x, target=target)
+    assert batch_norm_ops(record.graph) == []
 
 
 def test_channels_last_conv_weight_is_stored_k_major_on_cuda_targets(target):

@@ -15,6 +15,7 @@ from minicomp.ir.contraction import match_contraction
 from minicomp.ir.evaluate import evaluate
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, FusedOp, Graph
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
+from minicomp.passes.graph.onednn_calls import PackedLinear
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built here; nothing is downloaded
 
@@ -44,7 +45,12 @@ def transposed(b: GraphBuilder, name: str, w: torch.Tensor):
 
 
 def products(graph: Graph) -> list[ExternOp]:
-    return [n for n in graph.nodes if isinstance(n, ExternOp) and "mm" in str(n.target)]
+    """The matrix products the graph calls: ATen's, or oneDNN's prepacked linear (cpu, frozen)."""
+    return [
+        n
+        for n in graph.nodes
+        if isinstance(n, ExternOp) and ("mm" in str(n.target) or isinstance(n.target, PackedLinear))
+    ]
 
 
 MM = "matrix product"  # the reason an importer gives its ATen calls

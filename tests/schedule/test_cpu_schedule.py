@@ -137,6 +137,31 @@ def test_a_small_reduction_is_unrolled_under_vector_lanes_across_outputs(kind):
     assert window.kind == "unroll" and window.reductions == ()
 
 
+def channels_last_window_max() -> Graph:
+    """A pooling window over (2, 8, 4, 6): y[n, c, h, w] = max of x[n, c, h, w + r], r < 3."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 8, 4, 6))
+    y = b.compute(
+        "y", (2, 8, 4, 4), lambda n, c, h, w: reduce("max", (3,), lambda r: x[n, c, h, w + r])
+    )
+    b.output(y)
+    return b.build()
+
+
+def test_a_channels_last_window_is_vectorised_along_the_channels(cache_dir):
+    # The outputs' loops follow the output's memory order: channels innermost, so the vector
+    # lanes load and store consecutive channels (not the width at a stride of 8).
+    x = torch.randn(2, 8, 4, 6).to(memory_format=torch.channels_last)
+    out = poisoned((2, 8, 4, 4)).to(memory_format=torch.channels_last)
+    f = schedule(channels_last_window_max(), x=x.stride(), y=out.stride())
+    *outer, window = loops(f)
+    assert [lp.extent for lp in outer] == [E.const(2), E.const(4), E.const(4), E.const(8)]
+    assert outer[-1].kind == "vectorize" and window.kind == "unroll"
+    run_kernel(f, cache_dir, {"x": x, "y": out})
+    expected = x.unfold(3, 3, 1).amax(-1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 def test_params_are_inputs_then_outputs_then_sorted_symbols():
     b = GraphBuilder()
     n, a = b.symbol("n"), b.symbol("a")

@@ -33,7 +33,8 @@ def layout_constraint(n: ExternOp) -> str:
     """What an ATen call needs of its tensor arguments' strides: "exact" (eager's: as_strided
     reads storage, and ops tagged needs_exact_strides or needs_fixed_stride_order, custom ops
     by default), "contiguous" (tagged needs_contiguous_strides, or kernels that check
-    contiguity: _CHECKS_CONTIGUOUS) or "flexible"."""
+    contiguity: _CHECKS_CONTIGUOUS) or "flexible". A callable that is no ATen op says so
+    with a `layout_constraint` attribute (a prepacked oneDNN convolution: "exact")."""
     import torch
     from torch._library.utils import get_layout_constraint_tag
 
@@ -41,7 +42,7 @@ def layout_constraint(n: ExternOp) -> str:
     if fn in (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default):
         return "exact"
     if not isinstance(fn, torch._ops.OpOverload):
-        return "flexible"
+        return getattr(fn, "layout_constraint", "flexible")
     if fn.namespace == "aten" and str(fn).removeprefix("aten.") in _CHECKS_CONTIGUOUS:
         return "contiguous"
     tag = get_layout_constraint_tag(fn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from minicomp.ir.compute import Compute, TensorElement, TensorInput
+from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.functor import Mutator, collect
 from minicomp.ir.graph import ComputeOp, FusedOp, Graph, Op, Value
 
@@ -97,3 +98,14 @@ def fresh_name(base: str, used: set[str]) -> str:
         name, n = f"{base}{n}", n + 1
     used.add(name)
     return name
+
+
+def reads_own_element(e: Expr, name: str, axes: Sequence[Var], shape: Sequence) -> bool:
+    """Whether `e` is the element of tensor `name` at the op's own position: indices that are
+    its axes, where a size-1 axis may read index 0 instead (simplify_views writes it so)."""
+    if not isinstance(e, TensorElement) or e.tensor.name != name or len(e.indices) != len(axes):
+        return False
+    return all(
+        i == v or isinstance(d, int) and d == 1 and isinstance(i, Const) and i.value == 0
+        for i, v, d in zip(e.indices, axes, shape)
+    )
