@@ -131,13 +131,28 @@ MC_INLINE float mc_tanh_f32(float x) {
     return copysignf(r, x);
 }
 
-MC_INLINE float mc_erf_f32(float x) {
-    float a = fabsf(x);
-    /* |x| < 1: erf = a (2/sqrt(pi) + s Q(s)) with s = a^2 and Q a minimax sextic fitted in
-       double. The constant and the last product are taken in double, so tiny and subnormal
-       a give a * 2/sqrt(pi) correctly rounded: in float the constant alone is 0.02 ulp off,
-       which misrounds about 1% of them. */
-    float s = a * a;
+/* e^-s for 0 <= s <= 16, as mc_exp_f32(-s) computes it, bit for bit: in this range 2^k is a
+   normal float, so the clamps and the two-step scaling that keep mc_exp_f32 exact near overflow
+   and for subnormal results are not needed. erf's large branch (s = x^2 <= 15.4) spent half its
+   time in them. */
+MC_INLINE float mc_exp_neg_f32(float s) {
+    float shifted = s * -1.44269504088896341f + 12582912.0f;
+    uint32_t k = mc_bits_f32(shifted) - mc_bits_f32(12582912.0f);
+    float kf = shifted - 12582912.0f;
+    float r = -s - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float q = 1.381461276e-03f;
+    q = q * r + 8.368710056e-03f;
+    q = q * r + 4.166838899e-02f;
+    q = q * r + 1.666652113e-01f;
+    q = q * r + 4.999999404e-01f;
+    float p = (r * r) * q + r + 1.0f;
+    return p * mc_from_bits_f32((k + 127u) << 23);
+}
+
+/* erf on |x| < 1 is a (2/sqrt(pi) + s Q(s)) with s = a^2 and Q a minimax sextic fitted in
+   double; this is Q(s) s. */
+MC_INLINE float mc_erf_small_q_f32(float s) {
     float q = -8.737099051e-06f;
     q = q * s + 1.094916806e-04f;
     q = q * s + -8.442027611e-04f;
@@ -145,11 +160,21 @@ MC_INLINE float mc_erf_f32(float x) {
     q = q * s + -2.686454169e-02f;
     q = q * s + 1.128376946e-01f;
     q = q * s + -3.761263788e-01f;
-    float small = (float)((double)a * (1.1283791670955126 + (double)(q * s)));
-    /* 1 <= |x| < 3.92: erf = 1 - e^-s R(a), R(a) = erfc(a) e^(a^2) fitted by a degree-9
-       polynomial in a - 2.45 minimising the absolute error of the product. The rounding of
-       s moves e^-s by < 2^-21 relative, at most 0.15 ulp of the result. */
-    float t = a - 2.45f;
+    return q * s;
+}
+
+/* erf(x) from a = |x| and its value `small` for a < 1. 1 <= a < 3.92: erf = 1 - e^-s R(a),
+   s = a^2, R(a) = erfc(a) e^(a^2) fitted by a degree-9 polynomial in a - 2.45 minimising the
+   absolute error of the product. The rounding of s moves e^-s by < 2^-21 relative, at most
+   0.15 ulp of the result. Beyond 3.92, erfc < 2^-25 and erf rounds to 1: the formula at 3.92
+   gives 1, so a is clamped there (one vector instruction, not a comparison and a select; NaN
+   becomes 3.92). NaN is not >= 1 and takes `small`, NaN. Masks, not ?:, which GCC turns into
+   a branch around `small` and then cannot vectorise (and the clamped value must not feed
+   `small`: GCC then branches around mc_erf_f32's double arithmetic). */
+MC_INLINE float mc_erf_select_f32(float x, float a, float small) {
+    float c = a < 3.92f ? a : 3.92f;
+    float s = c * c;
+    float t = c - 2.45f;
     float r = -2.799051981e-05f;
     r = r * t + -4.519362847e-05f;
     r = r * t + -1.157489314e-04f;
@@ -160,14 +185,19 @@ MC_INLINE float mc_erf_f32(float x) {
     r = r * t + 2.616828866e-02f;
     r = r * t + -7.690362632e-02f;
     r = r * t + 2.145871371e-01f;
-    float large = 1.0f - mc_exp_f32(-s) * r;
-    /* Beyond 3.92, erfc < 2^-25 and erf rounds to 1 (inf included; NaN fails both tests and
-       takes the NaN of `large`). Masks, not ?:, which GCC turns into a branch around the
-       double arithmetic of `small` and then cannot vectorise. */
-    uint32_t is_small = 0u - (uint32_t)(a < 1.0f);
-    large = a > 3.92f ? 1.0f : large;
-    uint32_t y = (mc_bits_f32(small) & is_small) | (mc_bits_f32(large) & ~is_small);
+    float large = 1.0f - mc_exp_neg_f32(s) * r;
+    uint32_t is_large = 0u - (uint32_t)(a >= 1.0f);
+    uint32_t y = (mc_bits_f32(large) & is_large) | (mc_bits_f32(small) & ~is_large);
     return copysignf(mc_from_bits_f32(y), x);
+}
+
+/* Below 1 the constant and the last product are taken in double, so tiny and subnormal a
+   give a * 2/sqrt(pi) correctly rounded: in float the constant alone is 0.02 ulp off, which
+   misrounds about 1% of them. */
+MC_INLINE float mc_erf_f32(float x) {
+    float a = fabsf(x);
+    float small = (float)((double)a * (1.1283791670955126 + (double)mc_erf_small_q_f32(a * a)));
+    return mc_erf_select_f32(x, a, small);
 }
 
 /* ---- sin and cos: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
