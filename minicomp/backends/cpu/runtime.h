@@ -200,6 +200,40 @@ MC_INLINE float mc_erf_f32(float x) {
     return mc_erf_select_f32(x, a, small);
 }
 
+/* ---- near versions: cheaper where the argument is in a common range ----
+
+   mc_<f>_near_f32(x) equals mc_<f>_f32(x) within the same error bounds wherever
+   mc_<f>_far_f32(x) is 0, and is cheaper. A loop cannot branch per lane without losing its
+   vectorisation, so the code generator (codegen.py) runs a vector loop with the near versions,
+   OR-reduces the far flags of its arguments, and runs the loop again with the exact versions
+   when any was set. They need a hardware fused multiply-add (exact products, and fmaf is a
+   libm call without one); elsewhere they are the exact versions and nothing is far. */
+
+#if defined(__FP_FAST_FMAF) || defined(__FMA__)
+#define MC_NEAR_MATH 1
+#endif
+
+#ifdef MC_NEAR_MATH
+/* erf below 1 as a 2/sqrt(pi) + a s Q(s) in float: a times the constant's leading part (its
+   float value) is exact in the fma, and the rest (0x1.20dd750429b6dp+0 minus it, a 2^-25
+   relative part) is added with the polynomial, so the result is correctly rounded unless it
+   is within ~2^-48 relative of a rounding boundary. Below 2^-100, a times the rest is
+   subnormal and loses those bits: far. Zero is not (it gives +-0 exactly). */
+MC_INLINE float mc_erf_near_f32(float x) {
+    float a = fabsf(x);
+    float small = fmaf(a, 0x1.20dd76p+0f, a * (mc_erf_small_q_f32(a * a) + -0x1.f7ac92p-25f));
+    return mc_erf_select_f32(x, a, small);
+}
+
+/* 0 < |x| < 2^-100: one unsigned comparison of the magnitude's bits minus one. */
+MC_INLINE int mc_erf_far_f32(float x) {
+    return (mc_bits_f32(x) & 0x7fffffffu) - 1u < 0x0d7fffffu;
+}
+#else
+MC_INLINE float mc_erf_near_f32(float x) { return mc_erf_f32(x); }
+MC_INLINE int mc_erf_far_f32(float x) { (void)x; return 0; }
+#endif
+
 /* ---- sin and cos: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
 
 /* 2/pi in pieces of 29 bits, MC_2_PI_0 + MC_2_PI_1 + ... (its base-2^29 digits, computed with
@@ -222,9 +256,8 @@ MC_INLINE float mc_erf_f32(float x) {
    2^54 2^-116 = 2^-62 to f, and |f| >= 2^-29.9 over all floats (least at x = 16367173 * 2^72,
    by an exhaustive search), so f keeps a relative error below 2^-32. The pieces are picked by
    selects, not from a table indexed by x's exponent, which takes gathers to vectorise.
-   Why not Cody-Waite (x - k pi/2, with pi/2 in three parts) and this only for huge x: the
-   former is exact only up to |x| ~ 1e5..1e6, and a vectorised loop computes both paths for
-   every lane and selects, which costs more than this path alone. */
+   This is the exact path; below 2^18 the near versions (Cody-Waite in float, further down)
+   cost a third of it, and the code generator uses them where a loop can be run again. */
 MC_INLINE double mc_reduce_pio2_f32(float ax, uint32_t* quadrant) {
     double x = (double)ax;
     int big1 = x >= 0x1p54, big2 = x >= 0x1p83, big3 = x >= 0x1p112;
@@ -284,6 +317,62 @@ MC_INLINE float mc_sin_f32(float x) {
 }
 
 MC_INLINE float mc_cos_f32(float x) { return mc_sin_shifted_f32(fabsf(x), 1u); }
+
+/* Near sin and cos: |x| <= 2^18, max error 1.54 ulp (an exhaustive test over those floats;
+   the exact versions' is 0.99 ulp, Sleef's u35 that Inductor calls allows 3.5).
+   Cody-Waite in float: q = rint(x 2/pi) by an fma with the 1.5 * 2^23 trick, then
+   r = x - q pi/2 with pi/2 in three floats P1 + P2 + P3 (72 bits, by mpmath). x - q P1 is exact
+   in the fma (q P1 and x >= 1 are multiples of 2^-23 and |r| < 1; below 1, q <= 1); the other
+   two round once each, so |r| is off by at most about an ulp of itself. Where r is tiny,
+   x is a multiple of pi/2 to many bits, r - q P2 is exact too, and r stays accurate relative
+   to itself. x times 2/pi's float is exact in the fma, but that float is 2^-25 relative off:
+   below 2^18, q P1 is then within 2^-6.6 pi/4 of the nearest multiple, and the polynomials are
+   fitted to |r| <= pi/4 (1 + 2^-6). Beyond the bound the error grows with that drift and with
+   q P3's rounding (1.56 ulp below 2^19, 1.67 below 2^20, by the same test). */
+#define MC_TRIG_NEAR_F32 0x1p18f
+
+#ifdef MC_NEAR_MATH
+MC_INLINE float mc_sin_shifted_near_f32(float ax, uint32_t shift) {
+    float shifted = fmaf(ax, 0x1.45f306p-1f, 0x1.8p23f);
+    float q = shifted - 0x1.8p23f;
+    uint32_t quadrant = mc_bits_f32(shifted) + shift;
+    float r = fmaf(-q, 0x1.921fb6p+0f, ax);
+    r = fmaf(-q, -0x1.777a5cp-25f, r);
+    r = fmaf(-q, -0x1.ee59dap-50f, r);
+    /* sin r = r + r s S(s), cos r = 1 + s C(s), s = r^2, S and C fitted in mpmath (Lawson's
+       iteration towards minimax relative error over |r| <= pi/4 (1 + 2^-6)), relative errors
+       below 2^-27 and 2^-30. */
+    float s = r * r;
+    float ps = -1.9505032105e-04f;
+    ps = ps * s + 8.3320857957e-03f;
+    ps = ps * s + -1.6666653752e-01f;
+    float sin_r = fmaf(r * s, ps, r);
+    float pc = 2.4421440685e-05f;
+    pc = pc * s + -1.3887214009e-03f;
+    pc = pc * s + 4.1666641831e-02f;
+    pc = pc * s + -0.5f;
+    float cos_r = fmaf(s, pc, 1.0f);
+    /* The odd quadrants take cos r: a mask from the quadrant's low bit, shifted into the sign
+       and spread by the arithmetic shift (three vector instructions, mc_select_f32's five). */
+    uint32_t odd = (uint32_t)((int32_t)(quadrant << 31) >> 31);
+    uint32_t v = (mc_bits_f32(cos_r) & odd) | (mc_bits_f32(sin_r) & ~odd);
+    return mc_from_bits_f32(v ^ ((quadrant & 2u) << 30));
+}
+
+/* sin(-0) = -0 as in mc_sin_f32; NaN gives NaN; infinities are far (and give NaN too). */
+MC_INLINE float mc_sin_near_f32(float x) {
+    float v = mc_sin_shifted_near_f32(fabsf(x), 0u);
+    return mc_from_bits_f32(mc_bits_f32(v) ^ (mc_bits_f32(x) & 0x80000000u));
+}
+
+MC_INLINE float mc_cos_near_f32(float x) { return mc_sin_shifted_near_f32(fabsf(x), 1u); }
+
+MC_INLINE int mc_trig_far_f32(float x) { return fabsf(x) > MC_TRIG_NEAR_F32; }
+#else
+MC_INLINE float mc_sin_near_f32(float x) { return mc_sin_f32(x); }
+MC_INLINE float mc_cos_near_f32(float x) { return mc_cos_f32(x); }
+MC_INLINE int mc_trig_far_f32(float x) { (void)x; return 0; }
+#endif
 
 /* ---- log: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
 
