@@ -130,6 +130,13 @@ class CRenderer(CLikeRenderer):
         tests = [f"{flag} |= {test}({self.expr(arg)});" for test, arg in far_tests(s)]
         return tests + lines
 
+    def intrinsic_transpose16_f32(self, e: E.Call) -> str:
+        """(tile, buf, index, stride): the 16x16 float32 block of `buf` from element `index`,
+        rows `stride` apart, transposed into the local array `tile` (schedule/cpu.py)."""
+        tile, buf, index, stride = e.args
+        src = f"&{self.name_of(buf)}[{self.expr(index)}]"
+        return f"mc_transpose16_f32({src}, {self.expr(stride)}, {self.name_of(tile)})"
+
     def collapse_loops(self, loop: S.For) -> list[S.For]:
         loops = [loop]
         if loop.kind != "parallel" or self._parallel_depth:

@@ -11,6 +11,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 /* Forced inlining lets GCC vectorise loops calling helpers inside `#pragma omp simd`. */
 #define MC_INLINE static inline __attribute__((always_inline, unused))
@@ -480,6 +483,78 @@ MC_INLINE float mc_pow_f32(float x, float y) {
     r = mc_select_f32((x < 0.0f) & (x > -INFINITY) & !is_int, NAN, r);
     /* pow(x, +-0) = 1 and pow(1, y) = 1, even for NaN; pow(-1, +-inf) = 1. */
     return mc_select_f32((y == 0.0f) | (x == 1.0f) | ((x == -1.0f) & (ay == INFINITY)), 1.0f, r);
+}
+
+/* ---- transposes ---- */
+
+#ifdef __AVX__
+/* Transposes the 8x8 block of rows r[0..7] in registers: unpack pairs of rows, shuffle pairs
+   of pairs, then swap 128-bit halves (24 shuffles). */
+MC_INLINE void mc_transpose8_regs_f32(__m256* r) {
+    __m256 t[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+#endif
+
+/* dst[j * 16 + i] = src[i * stride + j] for i, j < 16: a 16x16 tile of a strided matrix read
+   row by row and written transposed into a local array, through registers (GCC vectorises
+   neither the strided gathers nor the scattered stores of the plain loops well). */
+MC_INLINE void mc_transpose16_f32(const float* src, int64_t stride, float* dst) {
+#if defined(__AVX512F__)
+    /* Rows in 16 zmm registers: unpack pairs, shuffle pairs of pairs, then exchange 128-bit
+       lanes twice (64 shuffles). */
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * stride);
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        _mm512_storeu_ps(dst + 16 * j, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+        _mm512_storeu_ps(dst + 16 * (8 + j), _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+    }
+#elif defined(__AVX__)
+    /* Four 8x8 blocks, block (bi, bj) of src to block (bj, bi) of dst. */
+    for (int bi = 0; bi < 2; ++bi) {
+        for (int bj = 0; bj < 2; ++bj) {
+            __m256 r[8];
+            const float* block = src + 8 * bi * stride + 8 * bj;
+            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(block + i * stride);
+            mc_transpose8_regs_f32(r);
+            for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (8 * bj + j) * 16 + 8 * bi, r[j]);
+        }
+    }
+#else
+    for (int i = 0; i < 16; ++i) {
+        for (int j = 0; j < 16; ++j) dst[j * 16 + i] = src[i * stride + j];
+    }
+#endif
 }
 
 /* ---- math functions libm lacks ---- */
