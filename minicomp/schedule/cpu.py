@@ -12,8 +12,8 @@ from minicomp.ir.func import Function
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
 from minicomp.ir.simplify import simplify_expr
-from minicomp.ir.stmt import Assign, Declare, For, If, Stmt, Store, seq
-from minicomp.ir.types import i64
+from minicomp.ir.stmt import Assign, Declare, DeclareArray, Evaluate, For, If, Stmt, Store, seq
+from minicomp.ir.types import PointerType, f32, i64
 from minicomp.schedule.common import (
     KernelSignature,
     Strides,
@@ -31,6 +31,10 @@ CHUNK = 4096
 # float transposes (one thread): 8 gave 42 and 17 ms, 16 gave 44-48 and 19-20 ms, 32 46-115
 # and 22-29 ms (by the order in the tile), untiled 116 and 31 ms.
 TILE = 8
+# Side of the tiles of a float32 transpose that is moved through registers, a whole 64-byte
+# line per row: 4096^2 took 44 ms with in-register 16x16 tiles, 50-52 with 8x8 ones (staged
+# or not), against 37 for a memset of the fresh output alone (the page faults).
+STAGED_TILE = 16
 # Reductions over at most this many elements (a pooling window) are unrolled in each output's
 # iteration, and the outputs' innermost loop is the vector loop: vector lanes across a
 # reduction of 9 cost more in setting up and combining private accumulators than they save.
@@ -81,19 +85,26 @@ class CpuKernelBuilder:
         else:
             loops = self.memory_order(list(zip(op.outer_vars, op.outer_extents)))
             body = seq(*(self.store(s) for s in op.stages))
-            loops, body = self.transpose_tiles(loops, body)
-            body = self.nest(loops, body, parallel=True)
+            tiled = self.transpose_tiles(loops, body)
+            if tiled is None:
+                body = self.nest(loops, body, parallel=True)
+            else:
+                # The tiles' loops are parallel; each tile's own loops are in its body.
+                body = self.nest(*tiled, parallel=True, vector=False)
         return Function(op.name, self.sig.params, body, "kernel")
 
-    def transpose_tiles(self, loops: list, body: Stmt) -> tuple[list, Stmt]:
-        """`loops` and `body` with the innermost loop and the one some load walks memory along
-        split into TILE x TILE tiles, when that load strides across memory in the innermost
-        loop: a transpose that really moves data. The tiles go in the output's order; in a
-        tile, the loop reading memory in order is innermost, and the lines written and read
-        stay in the L1 cache (untiled, each element read touched its own line). Unchanged
-        when no load transposes or the extents are symbolic or small."""
+    def transpose_tiles(self, loops: list, body: Stmt) -> tuple[list, Stmt] | None:
+        """For a transpose that really moves data (a load striding across memory in the
+        innermost loop), the loops over tiles and one tile's body; None for other kernels or
+        symbolic or small extents. The innermost loop and the one the load walks memory along
+        split into tiles, in the output's order. Where both extents are multiples of
+        STAGED_TILE and such loads are float32, each of their tiles is read in order and
+        transposed in registers into a local array (runtime.h's mc_transpose16_f32), and the
+        tile's stores then read it in their own order, vectorised both ways. Otherwise, in a
+        TILE x TILE tile the loop reading memory in order is innermost, and the lines written
+        and read stay in the L1 cache (untiled, each element read touched its own line)."""
         if len(loops) < 2:
-            return loops, body
+            return None
         inner, inner_extent = loops[-1]
         steps = {}
         for load in collect(body, Load):
@@ -108,6 +119,10 @@ class CpuKernelBuilder:
             along, along_extent = loops[k]
             if not all(isinstance(x, int) and x >= 2 * TILE for x in (along_extent, inner_extent)):
                 continue
+            rest = [loop for j, loop in enumerate(loops[:-1]) if j != k]
+            staged = self.staged_tile(body, steps, k, (along, along_extent), loops[-1])
+            if staged is not None:
+                return [*rest, *staged[0]], staged[1]
             tiles, inside, mapping = [], [], {}
             for v, x in ((along, along_extent), (inner, inner_extent)):
                 t, i = Var(f"{v.name}_t", i64), Var(f"{v.name}_i", i64)
@@ -115,9 +130,47 @@ class CpuKernelBuilder:
                 # The last tile of a ragged extent is cut short.
                 inside.append((i, TILE if x % TILE == 0 else minimum(const(TILE), x - t * TILE)))
                 mapping[v] = t * TILE + i
-            rest = [loop for j, loop in enumerate(loops[:-1]) if j != k]
-            return [*rest, *tiles, inside[1], inside[0]], substitute(body, mapping)
-        return loops, body
+            (i_along, n_along), (i_inner, n_inner) = inside
+            tile = For(i_along, dim_expr(n_along), substitute(body, mapping), "vectorize")
+            return [*rest, *tiles], For(i_inner, dim_expr(n_inner), tile, "serial")
+        return None
+
+    def staged_tile(self, body: Stmt, steps: dict, k: int, along, inner):
+        """(tile loops, tile body) reading the float32 loads that stride along the innermost
+        loop and walk memory in order along loop `k` through transposed STAGED_TILE-square
+        local arrays; None when the extents are not multiples of STAGED_TILE or no such load
+        is float32."""
+        (along, along_extent), (inner, inner_extent) = along, inner
+        n = STAGED_TILE
+        if along_extent % n or inner_extent % n:
+            return None
+        moved = {
+            load: per_loop[-1]
+            for load in collect(body, Load)
+            for per_loop in [steps[load.index]]
+            if load.dtype == f32 and per_loop[k] == 1 and abs(per_loop[-1]) >= n
+        }
+        if not moved:
+            return None
+        t_along, t_inner = Var(f"{along.name}_t", i64), Var(f"{inner.name}_t", i64)
+        i_along, i_inner = Var(f"{along.name}_i", i64), Var(f"{inner.name}_i", i64)
+        corner = {along: t_along * n, inner: t_inner * n}
+        head, tiles = [], {}
+        for load, stride in moved.items():
+            tile = Var(f"{load.buf.name}_tile", PointerType(f32, "local"))
+            start = simplify_expr(substitute(load.index, corner))
+            head.append(DeclareArray(tile, f32, n * n))
+            head.append(
+                Evaluate(Call("transpose16_f32", (tile, load.buf, start, const(stride)), f32))
+            )
+            tiles[load] = Load(tile, i_along * n + i_inner)
+        # The tile's element (i_along, i_inner) of each moved load is its tile's at
+        # [i_along, i_inner]: replace the loads first, then the loop variables.
+        inside = substitute(
+            substitute(body, tiles), {along: t_along * n + i_along, inner: t_inner * n + i_inner}
+        )
+        loop = For(i_along, const(n), For(i_inner, const(n), inside, "vectorize"), "serial")
+        return [(t_along, along_extent // n), (t_inner, inner_extent // n)], seq(*head, loop)
 
     def memory_order(self, loops: list[tuple[Var, object]]) -> list[tuple[Var, object]]:
         """`loops` ordered as the first output lies in memory, the smallest stride innermost

@@ -1,16 +1,21 @@
 """Tests of the cpu runtime's own f32 exp-based tanh and erf, sin, cos, log and pow: accuracy,
-edge values, vectorisation, and a compiled PyTorch function using them."""
+edge values, vectorisation, and a compiled PyTorch function using them. sin, cos and erf also
+have near versions (runtime.h), which a vector loop runs where it can run again with the exact
+ones: both are tested, the exact ones through kernels that cannot run twice."""
 
 import itertools
 import math
 import os
+import shlex
 import subprocess
 
 import pytest
 import torch
 from helpers import assert_same, build_cpu, compile_minicomp
 
+from minicomp import config
 from minicomp.backends.cpu import render_module
+from minicomp.dynamo.backend import recording
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
@@ -21,9 +26,25 @@ NAMES = ("tanh", "erf")
 TRIG = ("sin", "cos")
 # Every function the runtime computes itself in float32 instead of calling libm.
 FAST = (*NAMES, *TRIG, "log", "pow")
+# Those with near versions, and where they stop: above 2^18 for sin and cos, below 2^-100 (but
+# not 0) for erf.
+NEAR = ("sin", "cos", "erf")
+TRIG_NEAR = 2.0**18
+ERF_NEAR = 2.0**-100
 # Where each function switches from its polynomial to its exp-based branch, and above which
 # its float32 value is 1.
 SPLITS = {"tanh": (0.875, 9.0110), "erf": (1.0, 3.92)}
+
+
+def compiler_has_fma() -> bool:
+    """Whether the cpu target's compiler and flags give a hardware fused multiply-add, without
+    which the runtime's near versions are the exact ones."""
+    cmd = [config.get("cc"), *shlex.split(config.get("cflags")), "-dM", "-E", "-x", "c", "-"]
+    macros = subprocess.run(cmd, input="", capture_output=True, text=True, check=True).stdout
+    return "__FMA__" in macros or "__FP_FAST_FMAF" in macros
+
+
+needs_fma = pytest.mark.skipif(not compiler_has_fma(), reason="no near versions without FMA")
 
 
 def unary_kernel(name: str, dt=f32) -> Function:
@@ -44,15 +65,31 @@ def fast_kernels(dt=f32) -> tuple[Function, ...]:
     return (*(unary_kernel(nm, dt) for nm in FAST if nm != "pow"), pow_kernel(dt))
 
 
+def in_place_kernel(name: str) -> Function:
+    """`x[i] = name(x[i])`: a loop that reads what it writes cannot run twice, so it calls the
+    exact versions only."""
+    x = E.Var("x", PointerType(f32))
+    body = S.For(i, n, S.Store(x, i, E.call(name, E.Load(x, i))), kind="vectorize")
+    return Function(f"k_{name}_exact", (x, n), body)
+
+
 @pytest.fixture(scope="module")
 def math_mod(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("math-cache"))
-    return build_cpu(Module("fast_math", fast_kernels()), cache_dir=cache)
+    exact = tuple(in_place_kernel(nm) for nm in NEAR)
+    return build_cpu(Module("fast_math", fast_kernels() + exact), cache_dir=cache)
 
 
 def apply(mod, name: str, x: torch.Tensor) -> torch.Tensor:
+    """name(x) by a vector loop: near versions where every element allows them."""
     out = torch.full_like(x, float("nan"))
     mod.kernel(f"k_{name}")(x.data_ptr(), out.data_ptr(), x.numel())
+    return out
+
+
+def apply_exact(mod, name: str, x: torch.Tensor) -> torch.Tensor:
+    out = x.clone()
+    mod.kernel(f"k_{name}_exact")(out.data_ptr(), out.numel())
     return out
 
 
@@ -95,7 +132,8 @@ def sweep(name: str, gen: torch.Generator) -> torch.Tensor:
 def test_within_two_ulps(math_mod, name):
     gen = torch.Generator().manual_seed(len(name))
     x = sweep(name, gen)
-    assert x.numel() > 1_900_000
+    # With tiny values among them, erf's loop runs again with the exact version: this tests it.
+    assert x.numel() > 1_900_000 and ((x != 0) & (x.abs() < ERF_NEAR)).any()
     out = apply(math_mod, name, x)
     expected = getattr(torch, name)(x.double())
     err = ulps(out, expected)
@@ -144,11 +182,8 @@ def test_f64_keeps_libm():
         assert f"= mc_{name}_f32({args});" in src32, name
 
 
-def test_fast_math_loops_vectorise(tmp_path):
-    # Fails if any of them goes back to libm (a call GCC does not vectorise) or stops being
-    # branch-free.
-    kernels = fast_kernels()
-    src = render_module(Module("vec_math", kernels))
+def gcc_vectorised(tmp_path, src: str) -> list[bool]:
+    """For each `#pragma omp simd` loop of `src`, whether GCC reports it vectorised."""
     path = tmp_path / "vec_math.c"
     path.write_text(src)
     flags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fopt-info-vec-optimized"]
@@ -161,12 +196,19 @@ def test_fast_math_loops_vectorise(tmp_path):
     vectorized = {
         int(line.split(":")[1]) for line in proc.stderr.splitlines() if "loop vectorized" in line
     }
+    # The `for` is on the line after the pragma (1-based: index + 2); GCC reports the loop's
+    # line or its body's.
     lines = src.splitlines()
-    for k in kernels:
-        start = next(m for m, line in enumerate(lines) if line.startswith(f"void {k.name}("))
-        loop_line = next(m for m in range(start, len(lines)) if "for (" in lines[m]) + 1
-        # GCC reports the loop's line or its body's.
-        assert {loop_line, loop_line + 1} & vectorized, k.name
+    loops = [k + 2 for k, line in enumerate(lines) if line.lstrip().startswith("#pragma omp simd")]
+    return [bool({k, k + 1} & vectorized) for k in loops]
+
+
+def test_fast_math_loops_vectorise(tmp_path):
+    # Fails if any of them goes back to libm (a call GCC does not vectorise) or stops being
+    # branch-free; sin, cos and erf have two loops each (near versions, then exact ones).
+    kernels = fast_kernels()
+    done = gcc_vectorised(tmp_path, render_module(Module("vec_math", kernels)))
+    assert len(done) == len(kernels) + len(NEAR) and all(done), done
 
 
 # sin, cos, log, pow ---------------------------------------------------------------------------
@@ -210,6 +252,7 @@ def trig_sweep(gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("name", TRIG)
 def test_sin_cos_within_two_ulps(math_mod, name):
     x = trig_sweep(torch.Generator().manual_seed(3))
+    # With values beyond 2^18 among them, the loop runs again with the exact versions.
     assert x.numel() > 2_000_000 and x.abs().max() > 1e38
     out = apply(math_mod, name, x)
     assert_within(name, x, out, ulps(out, getattr(torch, name)(x.double())))
@@ -231,6 +274,96 @@ def test_sin_cos_edge_values(math_mod):
     tiny = torch.cat([tiny, -tiny])
     assert torch.equal(apply(math_mod, "sin", tiny).view(torch.int32), tiny.view(torch.int32))
     assert (apply(math_mod, "cos", tiny) == 1).all()
+
+
+# The near versions --------------------------------------------------------------------------
+
+
+def near_trig_sweep(gen: torch.Generator) -> torch.Tensor:
+    """About 2M floats of both signs up to 2^18: a stride through the bit patterns, runs around
+    the hardest reduction below 2^18 and around multiples of pi/4 (small and near 2^18), random
+    values, and 2^18 itself."""
+    top = int(torch.tensor(TRIG_NEAR).view(torch.int32))
+    stride = torch.arange(1, top, 1009, dtype=torch.int32).view(torch.float32)
+    quarters = [k * math.pi / 4 for k in (*range(1, 64), 333_333, 333_334)]
+    runs = float_runs([HARD_REDUCTIONS[2], *quarters], 2_000)
+    uniform = torch.rand(300_000, generator=gen) * TRIG_NEAR
+    x = torch.cat([stride, *runs, uniform, torch.tensor([TRIG_NEAR])])
+    signs = torch.randint(0, 2, x.shape, generator=gen) * 2 - 1
+    return x * signs
+
+
+@needs_fma
+@pytest.mark.parametrize("name", TRIG)
+def test_near_sin_cos_within_bound(math_mod, name):
+    x = near_trig_sweep(torch.Generator().manual_seed(6))
+    assert x.numel() > 1_400_000 and x.abs().max() == TRIG_NEAR
+    out = apply(math_mod, name, x)
+    # The near versions ran: the exact ones round some results differently.
+    assert not torch.equal(out, apply_exact(math_mod, name, x))
+    # An exhaustive test over the floats up to 2^18 finds 1.54 ulp (the exact versions' 0.99).
+    assert_within(name, x, out, ulps(out, getattr(torch, name)(x.double())), bound=1.6)
+    mirrored = apply(math_mod, name, -x)
+    assert torch.equal(mirrored, -out if name == "sin" else out)
+
+
+@needs_fma
+def test_near_erf_within_bound(math_mod):
+    gen = torch.Generator().manual_seed(7)
+    x = sweep("erf", gen)
+    x = x[(x == 0) | (x.abs() >= ERF_NEAR)]
+    out = apply(math_mod, "erf", x)
+    assert not torch.equal(out, apply_exact(math_mod, "erf", x))
+    # The exact version's bound is 1.11 ulp, the near one's 1.29 (the fma formula below 1).
+    assert_within("erf", x, out, ulps(out, torch.erf(x.double())), bound=1.4)
+    assert torch.equal(apply(math_mod, "erf", -x), -out)
+    # From 2^-100 up, a * 2/sqrt(pi) is still correctly rounded: every 101st float to 2^-20.
+    lo, hi = (int(torch.tensor(v).view(torch.int32)) for v in (ERF_NEAR, 2.0**-20))
+    tiny = torch.arange(lo, hi, 101, dtype=torch.int32).view(torch.float32)
+    out = apply(math_mod, "erf", tiny)
+    expected = torch.erf(tiny.double()).float()
+    assert torch.equal(out, expected), f"misrounded: {tiny[out != expected][:5].tolist()}"
+
+
+@pytest.mark.parametrize("name", NEAR)
+def test_one_far_argument_runs_the_loop_again_exactly(math_mod, name):
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(8)) * 3
+    for far in (1e30, float("inf"), -3e5) if name != "erf" else (1e-35, -(2.0**-149)):
+        y = x.clone()
+        y[4321] = far
+        out = apply(math_mod, name, y).view(torch.int32)
+        # Bit for bit the exact versions' results, the far argument's included.
+        assert torch.equal(out, apply_exact(math_mod, name, y).view(torch.int32)), far
+    assert apply(math_mod, name, torch.tensor([float("nan")])).isnan().all()
+
+
+def test_far_argument_in_a_reduction_restores_the_accumulator():
+    # The loop adds into an OpenMP reduction: running it again starts from the saved value.
+    def fn(x):
+        return (torch.sin(x) + torch.erf(x)).sum()
+
+    compiled = compile_minicomp(fn, "cpu")
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(9))
+    for far in (None, 1e30, 1e-35):
+        y = x.clone()
+        if far is not None:
+            y[17] = far
+        expected = (torch.sin(y.double()) + torch.erf(y.double())).sum().float()
+        assert_same(compiled(y), expected, rtol=1e-5, atol=1e-3)
+
+
+def test_fused_chain_vectorises(tmp_path):
+    # The benchmark's chain (sin cos, log, erf, pow in one loop), as the cpu target builds it:
+    # the near loop and the exact one both vectorise (a scalar call or a branch would stop it).
+    def chain(x):
+        return torch.sin(x) * torch.cos(x) + torch.log(x.abs() + 1.0) + torch.erf(x)
+
+    records: list = []
+    with recording(records):
+        compile_minicomp(chain, "cpu")(torch.randn(100_000))
+    (src,) = [r.source for r in records if r.source]
+    assert "mc_sin_near_f32" in src and "mc_erf_f32" in src
+    assert gcc_vectorised(tmp_path, src) == [True, True]
 
 
 def test_log_within_two_ulps(math_mod):

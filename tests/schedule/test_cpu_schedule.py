@@ -14,10 +14,10 @@ from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import Graph
 from minicomp.ir.simplify import simplify_expr
-from minicomp.ir.stmt import For, If, Store
-from minicomp.ir.types import PointerType, to_torch
+from minicomp.ir.stmt import DeclareArray, For, If, Store
+from minicomp.ir.types import PointerType, f64, to_torch
 from minicomp.passes.graph.layout import layouts_for
-from minicomp.schedule.cpu import CHUNK, TILE, schedule_cpu
+from minicomp.schedule.cpu import CHUNK, STAGED_TILE, TILE, schedule_cpu
 
 
 @pytest.fixture(scope="module")
@@ -241,15 +241,69 @@ def test_a_transposing_copy_walks_square_tiles():
     assert len(loops(schedule(scale_graph((6, 72)), x=(1, 6)))) == 2
 
 
-@pytest.mark.parametrize("shape", [(64, 48), (37, 51), (3, 67, 45)], ids=str)
+@pytest.mark.parametrize("shape", [(64, 48), (37, 51), (3, 67, 45), (3, 32, 80)], ids=str)
 def test_tiled_transposes_write_every_element(cache_dir, shape):
-    # Ragged edges (sizes no multiple of TILE) and a batch dim outside the tiles.
+    # Ragged edges (sizes no multiple of TILE), a batch dim outside the tiles, and tiles
+    # transposed in registers (sizes multiples of STAGED_TILE).
     x = torch.randn(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
     f = schedule(scale_graph(shape), x=x.stride())
     assert len(loops(f)) == len(shape) + 2
+    staged = all(n % STAGED_TILE == 0 for n in shape[-2:])
+    assert bool(collect(f.body, DeclareArray)) == staged
     out = poisoned(shape)
     run_kernel(f, cache_dir, {"x": x, "y": out})
     torch.testing.assert_close(out, x * 2.0 + 1.0, rtol=0, atol=0)
+
+
+def transposed_sum() -> Graph:
+    """z = x + y + w, all (32, 48): x and y will be column-major, w row-major like z."""
+    b = GraphBuilder()
+    x, y, w = (b.input(name, (32, 48)) for name in "xyw")
+    z = b.compute("z", (32, 48), lambda i, j: x[i, j] * 2.0 + y[i, j] - w[i, j])
+    b.output(z)
+    return b.build()
+
+
+def test_a_float32_transpose_moves_whole_tiles_through_registers(cache_dir):
+    """Extents multiples of STAGED_TILE: every float32 load striding along the output's rows
+    is read a tile at a time into a local array, transposed (mc_transpose16_f32); the tile's
+    loop then reads it, and the other loads, in the output's order, vectorised."""
+    x, y = (torch.randn(48, 32).t() for _ in range(2))
+    w = torch.randn(32, 48)
+    f = schedule(transposed_sum(), x=x.stride(), y=y.stride())
+    tile_rows, tile_cols, rows, cols = loops(f)
+    assert (tile_rows.extent, tile_cols.extent) == (E.const(2), E.const(3))
+    assert (rows.kind, cols.kind) == ("serial", "vectorize")
+    assert tile_rows.kind == tile_cols.kind == "parallel"
+    arrays = collect(f.body, DeclareArray)
+    calls = [c for c in collect(f.body, E.Call) if c.name == "transpose16_f32"]
+    assert len(arrays) == len(calls) == 2  # x and y, not w
+    # x's tile starts at x[16 * tile_rows, 16 * tile_cols], rows 32 floats apart.
+    tile, buf, start, stride = calls[0].args
+    assert (tile, buf.name, stride) == (arrays[0].var, "in_x", E.const(32))
+    corner = simplify_expr(
+        substitute(start, {tile_rows.var: E.const(1), tile_cols.var: E.const(2)})
+    )
+    assert corner == E.const(16 + 32 * 32)
+    out = poisoned((32, 48))
+    run_kernel(f, cache_dir, {"x": x, "y": y, "w": w, "z": out})
+    torch.testing.assert_close(out, x * 2.0 + y - w, rtol=0, atol=0)
+
+
+def test_other_types_transpose_through_square_tiles(cache_dir):
+    # mc_transpose16_f32 moves 4-byte floats only: a float64 transpose keeps TILE x TILE
+    # tiles read in order.
+    g = GraphBuilder()
+    x = g.input("x", (32, 48), f64)
+    y = g.compute("y", (32, 48), lambda i, j: x[i, j] * 2.0)
+    g.output(y)
+    xt = torch.randn(48, 32, dtype=torch.float64).t()
+    f = schedule(g.build(), x=xt.stride())
+    assert not collect(f.body, DeclareArray)
+    assert [lp.extent for lp in loops(f)][2:] == [E.const(TILE), E.const(TILE)]
+    out = poisoned((32, 48), torch.float64)
+    run_kernel(f, cache_dir, {"x": xt, "y": out})
+    torch.testing.assert_close(out, xt * 2.0, rtol=0, atol=0)
 
 
 # --- numerics ------------------------------------------------------------------------------

@@ -11,6 +11,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 /* Forced inlining lets GCC vectorise loops calling helpers inside `#pragma omp simd`. */
 #define MC_INLINE static inline __attribute__((always_inline, unused))
@@ -131,13 +134,28 @@ MC_INLINE float mc_tanh_f32(float x) {
     return copysignf(r, x);
 }
 
-MC_INLINE float mc_erf_f32(float x) {
-    float a = fabsf(x);
-    /* |x| < 1: erf = a (2/sqrt(pi) + s Q(s)) with s = a^2 and Q a minimax sextic fitted in
-       double. The constant and the last product are taken in double, so tiny and subnormal
-       a give a * 2/sqrt(pi) correctly rounded: in float the constant alone is 0.02 ulp off,
-       which misrounds about 1% of them. */
-    float s = a * a;
+/* e^-s for 0 <= s <= 16, as mc_exp_f32(-s) computes it, bit for bit: in this range 2^k is a
+   normal float, so the clamps and the two-step scaling that keep mc_exp_f32 exact near overflow
+   and for subnormal results are not needed. erf's large branch (s = x^2 <= 15.4) spent half its
+   time in them. */
+MC_INLINE float mc_exp_neg_f32(float s) {
+    float shifted = s * -1.44269504088896341f + 12582912.0f;
+    uint32_t k = mc_bits_f32(shifted) - mc_bits_f32(12582912.0f);
+    float kf = shifted - 12582912.0f;
+    float r = -s - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float q = 1.381461276e-03f;
+    q = q * r + 8.368710056e-03f;
+    q = q * r + 4.166838899e-02f;
+    q = q * r + 1.666652113e-01f;
+    q = q * r + 4.999999404e-01f;
+    float p = (r * r) * q + r + 1.0f;
+    return p * mc_from_bits_f32((k + 127u) << 23);
+}
+
+/* erf on |x| < 1 is a (2/sqrt(pi) + s Q(s)) with s = a^2 and Q a minimax sextic fitted in
+   double; this is Q(s) s. */
+MC_INLINE float mc_erf_small_q_f32(float s) {
     float q = -8.737099051e-06f;
     q = q * s + 1.094916806e-04f;
     q = q * s + -8.442027611e-04f;
@@ -145,11 +163,21 @@ MC_INLINE float mc_erf_f32(float x) {
     q = q * s + -2.686454169e-02f;
     q = q * s + 1.128376946e-01f;
     q = q * s + -3.761263788e-01f;
-    float small = (float)((double)a * (1.1283791670955126 + (double)(q * s)));
-    /* 1 <= |x| < 3.92: erf = 1 - e^-s R(a), R(a) = erfc(a) e^(a^2) fitted by a degree-9
-       polynomial in a - 2.45 minimising the absolute error of the product. The rounding of
-       s moves e^-s by < 2^-21 relative, at most 0.15 ulp of the result. */
-    float t = a - 2.45f;
+    return q * s;
+}
+
+/* erf(x) from a = |x| and its value `small` for a < 1. 1 <= a < 3.92: erf = 1 - e^-s R(a),
+   s = a^2, R(a) = erfc(a) e^(a^2) fitted by a degree-9 polynomial in a - 2.45 minimising the
+   absolute error of the product. The rounding of s moves e^-s by < 2^-21 relative, at most
+   0.15 ulp of the result. Beyond 3.92, erfc < 2^-25 and erf rounds to 1: the formula at 3.92
+   gives 1, so a is clamped there (one vector instruction, not a comparison and a select; NaN
+   becomes 3.92). NaN is not >= 1 and takes `small`, NaN. Masks, not ?:, which GCC turns into
+   a branch around `small` and then cannot vectorise (and the clamped value must not feed
+   `small`: GCC then branches around mc_erf_f32's double arithmetic). */
+MC_INLINE float mc_erf_select_f32(float x, float a, float small) {
+    float c = a < 3.92f ? a : 3.92f;
+    float s = c * c;
+    float t = c - 2.45f;
     float r = -2.799051981e-05f;
     r = r * t + -4.519362847e-05f;
     r = r * t + -1.157489314e-04f;
@@ -160,15 +188,54 @@ MC_INLINE float mc_erf_f32(float x) {
     r = r * t + 2.616828866e-02f;
     r = r * t + -7.690362632e-02f;
     r = r * t + 2.145871371e-01f;
-    float large = 1.0f - mc_exp_f32(-s) * r;
-    /* Beyond 3.92, erfc < 2^-25 and erf rounds to 1 (inf included; NaN fails both tests and
-       takes the NaN of `large`). Masks, not ?:, which GCC turns into a branch around the
-       double arithmetic of `small` and then cannot vectorise. */
-    uint32_t is_small = 0u - (uint32_t)(a < 1.0f);
-    large = a > 3.92f ? 1.0f : large;
-    uint32_t y = (mc_bits_f32(small) & is_small) | (mc_bits_f32(large) & ~is_small);
+    float large = 1.0f - mc_exp_neg_f32(s) * r;
+    uint32_t is_large = 0u - (uint32_t)(a >= 1.0f);
+    uint32_t y = (mc_bits_f32(large) & is_large) | (mc_bits_f32(small) & ~is_large);
     return copysignf(mc_from_bits_f32(y), x);
 }
+
+/* Below 1 the constant and the last product are taken in double, so tiny and subnormal a
+   give a * 2/sqrt(pi) correctly rounded: in float the constant alone is 0.02 ulp off, which
+   misrounds about 1% of them. */
+MC_INLINE float mc_erf_f32(float x) {
+    float a = fabsf(x);
+    float small = (float)((double)a * (1.1283791670955126 + (double)mc_erf_small_q_f32(a * a)));
+    return mc_erf_select_f32(x, a, small);
+}
+
+/* ---- near versions: cheaper where the argument is in a common range ----
+
+   mc_<f>_near_f32(x) equals mc_<f>_f32(x) within the same error bounds wherever
+   mc_<f>_far_f32(x) is 0, and is cheaper. A loop cannot branch per lane without losing its
+   vectorisation, so the code generator (codegen.py) runs a vector loop with the near versions,
+   OR-reduces the far flags of its arguments, and runs the loop again with the exact versions
+   when any was set. They need a hardware fused multiply-add (exact products, and fmaf is a
+   libm call without one); elsewhere they are the exact versions and nothing is far. */
+
+#if defined(__FP_FAST_FMAF) || defined(__FMA__)
+#define MC_NEAR_MATH 1
+#endif
+
+#ifdef MC_NEAR_MATH
+/* erf below 1 as a 2/sqrt(pi) + a s Q(s) in float: a times the constant's leading part (its
+   float value) is exact in the fma, and the rest (0x1.20dd750429b6dp+0 minus it, a 2^-25
+   relative part) is added with the polynomial, so the result is correctly rounded unless it
+   is within ~2^-48 relative of a rounding boundary. Below 2^-100, a times the rest is
+   subnormal and loses those bits: far. Zero is not (it gives +-0 exactly). */
+MC_INLINE float mc_erf_near_f32(float x) {
+    float a = fabsf(x);
+    float small = fmaf(a, 0x1.20dd76p+0f, a * (mc_erf_small_q_f32(a * a) + -0x1.f7ac92p-25f));
+    return mc_erf_select_f32(x, a, small);
+}
+
+/* 0 < |x| < 2^-100: one unsigned comparison of the magnitude's bits minus one. */
+MC_INLINE int mc_erf_far_f32(float x) {
+    return (mc_bits_f32(x) & 0x7fffffffu) - 1u < 0x0d7fffffu;
+}
+#else
+MC_INLINE float mc_erf_near_f32(float x) { return mc_erf_f32(x); }
+MC_INLINE int mc_erf_far_f32(float x) { (void)x; return 0; }
+#endif
 
 /* ---- sin and cos: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
 
@@ -192,9 +259,8 @@ MC_INLINE float mc_erf_f32(float x) {
    2^54 2^-116 = 2^-62 to f, and |f| >= 2^-29.9 over all floats (least at x = 16367173 * 2^72,
    by an exhaustive search), so f keeps a relative error below 2^-32. The pieces are picked by
    selects, not from a table indexed by x's exponent, which takes gathers to vectorise.
-   Why not Cody-Waite (x - k pi/2, with pi/2 in three parts) and this only for huge x: the
-   former is exact only up to |x| ~ 1e5..1e6, and a vectorised loop computes both paths for
-   every lane and selects, which costs more than this path alone. */
+   This is the exact path; below 2^18 the near versions (Cody-Waite in float, further down)
+   cost a third of it, and the code generator uses them where a loop can be run again. */
 MC_INLINE double mc_reduce_pio2_f32(float ax, uint32_t* quadrant) {
     double x = (double)ax;
     int big1 = x >= 0x1p54, big2 = x >= 0x1p83, big3 = x >= 0x1p112;
@@ -254,6 +320,62 @@ MC_INLINE float mc_sin_f32(float x) {
 }
 
 MC_INLINE float mc_cos_f32(float x) { return mc_sin_shifted_f32(fabsf(x), 1u); }
+
+/* Near sin and cos: |x| <= 2^18, max error 1.54 ulp (an exhaustive test over those floats;
+   the exact versions' is 0.99 ulp, Sleef's u35 that Inductor calls allows 3.5).
+   Cody-Waite in float: q = rint(x 2/pi) by an fma with the 1.5 * 2^23 trick, then
+   r = x - q pi/2 with pi/2 in three floats P1 + P2 + P3 (72 bits, by mpmath). x - q P1 is exact
+   in the fma (q P1 and x >= 1 are multiples of 2^-23 and |r| < 1; below 1, q <= 1); the other
+   two round once each, so |r| is off by at most about an ulp of itself. Where r is tiny,
+   x is a multiple of pi/2 to many bits, r - q P2 is exact too, and r stays accurate relative
+   to itself. x times 2/pi's float is exact in the fma, but that float is 2^-25 relative off:
+   below 2^18, q P1 is then within 2^-6.6 pi/4 of the nearest multiple, and the polynomials are
+   fitted to |r| <= pi/4 (1 + 2^-6). Beyond the bound the error grows with that drift and with
+   q P3's rounding (1.56 ulp below 2^19, 1.67 below 2^20, by the same test). */
+#define MC_TRIG_NEAR_F32 0x1p18f
+
+#ifdef MC_NEAR_MATH
+MC_INLINE float mc_sin_shifted_near_f32(float ax, uint32_t shift) {
+    float shifted = fmaf(ax, 0x1.45f306p-1f, 0x1.8p23f);
+    float q = shifted - 0x1.8p23f;
+    uint32_t quadrant = mc_bits_f32(shifted) + shift;
+    float r = fmaf(-q, 0x1.921fb6p+0f, ax);
+    r = fmaf(-q, -0x1.777a5cp-25f, r);
+    r = fmaf(-q, -0x1.ee59dap-50f, r);
+    /* sin r = r + r s S(s), cos r = 1 + s C(s), s = r^2, S and C fitted in mpmath (Lawson's
+       iteration towards minimax relative error over |r| <= pi/4 (1 + 2^-6)), relative errors
+       below 2^-27 and 2^-30. */
+    float s = r * r;
+    float ps = -1.9505032105e-04f;
+    ps = ps * s + 8.3320857957e-03f;
+    ps = ps * s + -1.6666653752e-01f;
+    float sin_r = fmaf(r * s, ps, r);
+    float pc = 2.4421440685e-05f;
+    pc = pc * s + -1.3887214009e-03f;
+    pc = pc * s + 4.1666641831e-02f;
+    pc = pc * s + -0.5f;
+    float cos_r = fmaf(s, pc, 1.0f);
+    /* The odd quadrants take cos r: a mask from the quadrant's low bit, shifted into the sign
+       and spread by the arithmetic shift (three vector instructions, mc_select_f32's five). */
+    uint32_t odd = (uint32_t)((int32_t)(quadrant << 31) >> 31);
+    uint32_t v = (mc_bits_f32(cos_r) & odd) | (mc_bits_f32(sin_r) & ~odd);
+    return mc_from_bits_f32(v ^ ((quadrant & 2u) << 30));
+}
+
+/* sin(-0) = -0 as in mc_sin_f32; NaN gives NaN; infinities are far (and give NaN too). */
+MC_INLINE float mc_sin_near_f32(float x) {
+    float v = mc_sin_shifted_near_f32(fabsf(x), 0u);
+    return mc_from_bits_f32(mc_bits_f32(v) ^ (mc_bits_f32(x) & 0x80000000u));
+}
+
+MC_INLINE float mc_cos_near_f32(float x) { return mc_sin_shifted_near_f32(fabsf(x), 1u); }
+
+MC_INLINE int mc_trig_far_f32(float x) { return fabsf(x) > MC_TRIG_NEAR_F32; }
+#else
+MC_INLINE float mc_sin_near_f32(float x) { return mc_sin_f32(x); }
+MC_INLINE float mc_cos_near_f32(float x) { return mc_cos_f32(x); }
+MC_INLINE int mc_trig_far_f32(float x) { (void)x; return 0; }
+#endif
 
 /* ---- log: branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
 
@@ -361,6 +483,78 @@ MC_INLINE float mc_pow_f32(float x, float y) {
     r = mc_select_f32((x < 0.0f) & (x > -INFINITY) & !is_int, NAN, r);
     /* pow(x, +-0) = 1 and pow(1, y) = 1, even for NaN; pow(-1, +-inf) = 1. */
     return mc_select_f32((y == 0.0f) | (x == 1.0f) | ((x == -1.0f) & (ay == INFINITY)), 1.0f, r);
+}
+
+/* ---- transposes ---- */
+
+#ifdef __AVX__
+/* Transposes the 8x8 block of rows r[0..7] in registers: unpack pairs of rows, shuffle pairs
+   of pairs, then swap 128-bit halves (24 shuffles). */
+MC_INLINE void mc_transpose8_regs_f32(__m256* r) {
+    __m256 t[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+#endif
+
+/* dst[j * 16 + i] = src[i * stride + j] for i, j < 16: a 16x16 tile of a strided matrix read
+   row by row and written transposed into a local array, through registers (GCC vectorises
+   neither the strided gathers nor the scattered stores of the plain loops well). */
+MC_INLINE void mc_transpose16_f32(const float* src, int64_t stride, float* dst) {
+#if defined(__AVX512F__)
+    /* Rows in 16 zmm registers: unpack pairs, shuffle pairs of pairs, then exchange 128-bit
+       lanes twice (64 shuffles). */
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * stride);
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        _mm512_storeu_ps(dst + 16 * j, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+        _mm512_storeu_ps(dst + 16 * (8 + j), _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+    }
+#elif defined(__AVX__)
+    /* Four 8x8 blocks, block (bi, bj) of src to block (bj, bi) of dst. */
+    for (int bi = 0; bi < 2; ++bi) {
+        for (int bj = 0; bj < 2; ++bj) {
+            __m256 r[8];
+            const float* block = src + 8 * bi * stride + 8 * bj;
+            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(block + i * stride);
+            mc_transpose8_regs_f32(r);
+            for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (8 * bj + j) * 16 + 8 * bi, r[j]);
+        }
+    }
+#else
+    for (int i = 0; i < 16; ++i) {
+        for (int j = 0; j < 16; ++j) dst[j * 16 + i] = src[i * stride + j];
+    }
+#endif
 }
 
 /* ---- math functions libm lacks ---- */
