@@ -15,14 +15,16 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from graph_builder import GraphBuilder
 from graph_builder import assert_graph_equal as _assert_same_structure
 
 from minicomp.ir import types as T
 from minicomp.ir.compute import Compute, TensorInput, compute
+from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import Expr
-from minicomp.ir.graph import Graph
+from minicomp.ir.graph import ArgRef, ComputeOp, Graph
 
 
 class PassGraphBuilder(GraphBuilder):
@@ -114,3 +116,23 @@ def assert_graph_text(actual: Graph, expected: str) -> None:
     want = textwrap.dedent(expected).strip("\n")
     got = str(actual)
     assert got == want, f"graphs differ\n--- actual\n{got}\n--- expected\n{want}"
+
+
+def run_graph(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The graph's outputs: compute ops by the reference evaluator, calls by calling their
+    targets (ATen operators or callables)."""
+    env = {**graph.constants, **inputs}
+    for n in graph.nodes:
+        ins = [env[v.name] for v in n.inputs]
+        if isinstance(n, ComputeOp):
+            # The evaluator holds bf16 as float32 arrays.
+            arrays = {
+                v.name: (t.float() if t.dtype == torch.bfloat16 else t).contiguous().numpy()
+                for v, t in zip(n.inputs, ins)
+            }
+            out = torch.from_numpy(np.array(evaluate(n.definition, arrays)))
+            env[n.outputs[0].name] = out.to(T.to_torch(n.outputs[0].dtype))
+        else:
+            args = [ins[a.index] if isinstance(a, ArgRef) else a for a in n.args]
+            env[n.outputs[0].name] = n.target(*args, **dict(n.kwargs))
+    return [env[o.name] for o in graph.outputs]

@@ -1,40 +1,19 @@
 """Batch norm folding: a convolution followed by a per-channel affine op with constant
 coefficients becomes one convolution over folded weights; anything else is left alone."""
 
-import numpy as np
 import pytest
 import torch
-from helpers_graph import PassGraphBuilder, assert_graph_equal
+from helpers_graph import PassGraphBuilder, assert_graph_equal, run_graph
 
 from minicomp.ir import types as T
-from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import call, cast, maximum
-from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph
+from minicomp.ir.graph import ArgRef, ExternOp, Graph
 from minicomp.passes.graph.fold_batch_norm import FOLDED, fold_batch_norms
 
 aten = torch.ops.aten
 EPS = 1e-5
 SHAPE = (2, 4, 6, 6)  # the convolution's output: 4 channels
 CONV = "convolution"
-
-
-def run_graph(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The graph's outputs: compute ops by the reference evaluator, ATen calls by ATen."""
-    env = {**graph.constants, **inputs}
-    for n in graph.nodes:
-        ins = [env[v.name] for v in n.inputs]
-        if isinstance(n, ComputeOp):
-            # The evaluator holds bf16 as float32 arrays.
-            arrays = {
-                v.name: (t.float() if t.dtype == torch.bfloat16 else t).contiguous().numpy()
-                for v, t in zip(n.inputs, ins)
-            }
-            out = torch.from_numpy(np.array(evaluate(n.definition, arrays)))
-            env[n.outputs[0].name] = out.to(T.to_torch(n.outputs[0].dtype))
-        else:
-            args = [ins[a.index] if isinstance(a, ArgRef) else a for a in n.args]
-            env[n.outputs[0].name] = n.target(*args, **dict(n.kwargs))
-    return [env[o.name] for o in graph.outputs]
 
 
 def statistics(channels: int = 4) -> dict[str, torch.Tensor]:

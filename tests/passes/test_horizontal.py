@@ -3,17 +3,15 @@ product over the concatenated weights, sliced; anything else is left alone."""
 
 import os
 
-import numpy as np
 import pytest
 import torch
 from graph_builder import GraphBuilder
 from helpers import assert_same, clone_inputs
-from helpers_graph import PassGraphBuilder, assert_graph_equal
+from helpers_graph import PassGraphBuilder, assert_graph_equal, run_graph
 
 from minicomp.dynamo.backend import recording
 from minicomp.ir.contraction import match_contraction
-from minicomp.ir.evaluate import evaluate
-from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, FusedOp, Graph
+from minicomp.ir.graph import ExternOp, FusedOp, Graph
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
 from minicomp.passes.graph.onednn_calls import PackedLinear
 
@@ -21,20 +19,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built here; nothing 
 
 aten = torch.ops.aten
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
-
-
-def run_graph(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The graph's outputs: compute ops by the reference evaluator, ATen calls by ATen."""
-    env = {**graph.constants, **inputs}
-    for n in graph.nodes:
-        ins = [env[v.name] for v in n.inputs]
-        if isinstance(n, ComputeOp):
-            arrays = {v.name: t.contiguous().numpy() for v, t in zip(n.inputs, ins)}
-            env[n.outputs[0].name] = torch.from_numpy(np.array(evaluate(n.definition, arrays)))
-        else:
-            args = [ins[a.index] if isinstance(a, ArgRef) else a for a in n.args]
-            env[n.outputs[0].name] = n.target(*args, **dict(n.kwargs))
-    return [env[o.name] for o in graph.outputs]
 
 
 def transposed(b: GraphBuilder, name: str, w: torch.Tensor):

@@ -2,15 +2,13 @@
 relu fused, eager's layout wherever anything else reads a value; and compiled models that
 match eager (values, dtypes, strides) frozen and not."""
 
-import numpy as np
 import pytest
 import torch
 from helpers import assert_same, clone_inputs
-from helpers_graph import PassGraphBuilder, assert_graph_equal
+from helpers_graph import PassGraphBuilder, assert_graph_equal, run_graph
 
 from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
-from minicomp.ir.evaluate import evaluate
 from minicomp.ir.expr import maximum
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, FusedOp, Graph
 from minicomp.passes.graph.onednn_calls import PackedConvolution
@@ -26,20 +24,6 @@ REASON = "oneDNN convolution, channels-last"
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN"
 )
-
-
-def run_graph(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The graph's outputs: compute ops by the reference evaluator, calls by calling them."""
-    env = {**graph.constants, **inputs}
-    for n in graph.nodes:
-        ins = [env[v.name] for v in n.inputs]
-        if isinstance(n, ComputeOp):
-            arrays = {v.name: t.contiguous().numpy() for v, t in zip(n.inputs, ins)}
-            env[n.outputs[0].name] = torch.from_numpy(np.array(evaluate(n.definition, arrays)))
-        else:
-            args = [ins[a.index] if isinstance(a, ArgRef) else a for a in n.args]
-            env[n.outputs[0].name] = n.target(*args, **dict(n.kwargs))
-    return [env[o.name] for o in graph.outputs]
 
 
 def conv_args(bias: bool) -> tuple:

@@ -4,11 +4,11 @@ over graph inputs, or that oneDNN's linear does not compute, are left alone."""
 import pytest
 import torch
 from helpers import assert_same
-from helpers_graph import PassGraphBuilder
+from helpers_graph import PassGraphBuilder, run_graph
 
 from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
-from minicomp.ir.graph import ArgRef, ExternOp, Graph
+from minicomp.ir.graph import ExternOp, Graph
 from minicomp.passes.graph.onednn_calls import PackedLinear
 from minicomp.passes.graph.onednn_linear import onednn_linears
 
@@ -16,16 +16,6 @@ aten = torch.ops.aten
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN"
 )
-
-
-def run_graph(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The outputs of a graph of calls only."""
-    env = {**graph.constants, **inputs}
-    for n in graph.nodes:
-        ins = [env[v.name] for v in n.inputs]
-        args = [ins[a.index] if isinstance(a, ArgRef) else a for a in n.args]
-        env[n.outputs[0].name] = n.target(*args, **dict(n.kwargs))
-    return [env[o.name] for o in graph.outputs]
 
 
 def products(weight: torch.Tensor, bias: torch.Tensor | None, dtype=T.f32, kwargs=()) -> Graph:

@@ -30,7 +30,7 @@ from minicomp.ir.compute import Compute, Reduce, TensorElement
 from minicomp.ir.expr import Binary, Cast, Expr, Unary, Var, binary, cast, const, unary
 from minicomp.ir.functor import collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
-from minicomp.passes.graph.fold_constants import folded_value
+from minicomp.passes.graph.fold_constants import constant_value, folded_value
 from minicomp.passes.graph.rewrite import fresh_name, reads_own_element, value_names
 
 aten = torch.ops.aten
@@ -94,11 +94,11 @@ def _match(
     conv, x = _convolution_read(n, producers, users, returned)
     if conv is None:
         return None
-    weight = _constant(conv.inputs[conv.args[1].index], constants, producers)
+    weight = constant_value(conv.inputs[conv.args[1].index], constants, producers)
     bias_ref = conv.args[2]
     bias = None
     if bias_ref is not None:
-        bias = _constant(conv.inputs[bias_ref.index], constants, producers)
+        bias = constant_value(conv.inputs[bias_ref.index], constants, producers)
         if bias is None:
             return None
     if weight is None or not weight.is_floating_point():
@@ -106,7 +106,7 @@ def _match(
     known = dict(constants)
     for v in n.inputs:
         if v != x:
-            t = _constant(v, constants, producers)
+            t = constant_value(v, constants, producers)
             if t is None:
                 return None
             known[v.name] = t
@@ -223,16 +223,6 @@ def _evaluated(
     return None if value is None else value.reshape(channels)
 
 
-def _constant(v: Value, constants: Mapping[str, torch.Tensor], producers: dict):
-    """The tensor `v` holds when it is a constant or computed from constants alone."""
-    if v.name in constants:
-        return constants[v.name]
-    producer = producers.get(v)
-    if isinstance(producer, ComputeOp):
-        return folded_value(producer, constants)
-    return None
-
-
 def _folded_convolution(f: _Fold, constants: dict, names: set[str]) -> ExternOp:
     """The convolution with the affine op folded into its weight and bias, defining the affine
     op's output."""
@@ -246,8 +236,8 @@ def _folded_convolution(f: _Fold, constants: dict, names: set[str]) -> ExternOp:
     conv = f.conv
     device = conv.inputs[conv.args[0].index].type.device
     out = f.affine.outputs[0]
-    w_value = _constant_value(fresh_name(f"{out.name}_folded_weight", names), weight, device)
-    b_value = _constant_value(fresh_name(f"{out.name}_folded_bias", names), bias, device)
+    w_value = _new_constant(fresh_name(f"{out.name}_folded_weight", names), weight, device)
+    b_value = _new_constant(fresh_name(f"{out.name}_folded_bias", names), bias, device)
     constants[w_value.name] = weight
     constants[b_value.name] = bias
     inputs = (conv.inputs[conv.args[0].index], w_value, b_value)
@@ -256,6 +246,6 @@ def _folded_convolution(f: _Fold, constants: dict, names: set[str]) -> ExternOp:
     return conv.replace(inputs=inputs, outputs=(out,), args=args, reason=reason)
 
 
-def _constant_value(name: str, t: torch.Tensor, device: str) -> Value:
+def _new_constant(name: str, t: torch.Tensor, device: str) -> Value:
     strides = tuple(t.stride())
     return Value(name, TensorType(tuple(t.shape), T.from_torch(t.dtype), device, strides))

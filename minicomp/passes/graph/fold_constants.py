@@ -15,7 +15,7 @@ from minicomp.ir.compute import Reduce, TensorElement, TensorInput
 from minicomp.ir.contraction import product_sides
 from minicomp.ir.expr import Cast, Const, Expr, Var
 from minicomp.ir.functor import collect
-from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Value
 
 # Bigger results stay computed at run time when they are bigger than what they read: a
 # folded broadcast would only fill memory. A result no bigger than its inputs (a weight's
@@ -72,6 +72,17 @@ def folded_value(n: ComputeOp, constants: Mapping[str, Any]) -> Any:
     if _numel(shape) > max(MAX_FOLDED_ELEMENTS, read):
         return None
     return _evaluated(n, constants)
+
+
+def constant_value(v: Value, constants: Mapping[str, Any], producers: Mapping) -> Any:
+    """The tensor `v` holds when it is a constant or computed by a compute op (`producers`
+    maps values to the ops defining them) from constants alone; else None."""
+    if v.name in constants:
+        return constants[v.name]
+    producer = producers.get(v)
+    if isinstance(producer, ComputeOp):
+        return folded_value(producer, constants)
+    return None
 
 
 def _evaluated(n: ComputeOp, constants: Mapping[str, Any]) -> Any:

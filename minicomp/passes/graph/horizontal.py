@@ -35,7 +35,7 @@ import torch
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorInput, compute
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
-from minicomp.passes.graph.fold_constants import folded_value
+from minicomp.passes.graph.fold_constants import constant_value
 from minicomp.passes.graph.layout import contiguous_strides
 from minicomp.passes.graph.rewrite import fresh_name, value_names
 
@@ -127,27 +127,17 @@ def _group_key(c: _Call, producers: dict) -> tuple:
 
 def _product(c: _Call, constants: Mapping[str, Any], producers: dict) -> _Product | None:
     """`c` with its weight and bias by value, or None when they are not constants."""
-    weight = _constant(c.b, constants, producers)
+    weight = constant_value(c.b, constants, producers)
     if weight is None or weight.device.type != c.a.type.device:
         return None
     if c.bias is None:
         return _Product(c.op, c.a, weight, None)
-    bias = _constant(c.bias, constants, producers)
+    bias = constant_value(c.bias, constants, producers)
     if bias is None or tuple(bias.shape) != (weight.shape[1],) or bias.dtype != weight.dtype:
         return None
     if bias.device != weight.device:
         return None
     return _Product(c.op, c.a, weight, bias)
-
-
-def _constant(v: Value, constants: Mapping[str, Any], producers: dict) -> torch.Tensor | None:
-    """The tensor value `v` holds when it is a constant or computed from constants alone."""
-    if v.name in constants:
-        return constants[v.name]
-    producer = producers.get(v)
-    if isinstance(producer, ComputeOp):
-        return folded_value(producer, constants)
-    return None
 
 
 def _fuse(group: list[_Product], constants: dict, names: set[str]) -> list[Op]:
