@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 
 from minicomp import config
 from minicomp.backends import cache as build_cache
@@ -89,25 +90,32 @@ class _Build:
 
 
 def _scan(root: str, paths: Sequence[str] | None = None) -> dict[str, object]:
-    """Libraries, cubins, compiled graphs and bytes of every file under the build folders (or
-    `paths`)."""
-    libraries = cubins = graphs = total = 0
+    """Libraries, cubins, compiled graphs, precompiled headers and bytes of every file under
+    the build folders (or `paths`), with the bytes of each build folder."""
+    libraries = cubins = graphs = headers = total = 0
     kinds = [os.path.join(root, kind) for kind in _BUILD_KINDS]
+    sizes = {}
     for path in kinds if paths is None else paths:
+        size = 0
         for folder, _dirs, files in os.walk(path):
             for file in files:
                 try:
-                    total += os.path.getsize(os.path.join(folder, file))
+                    size += os.path.getsize(os.path.join(folder, file))
                 except OSError:
                     continue  # removed by a concurrent clean-up
                 libraries += file.endswith(".so")
                 cubins += file.endswith(".cubin")
                 graphs += file == graph_cache.PRODUCT
+                headers += file.endswith(".gch")
+        sizes[os.path.basename(path)] = size
+        total += size
     return {
         "paths": kinds,
         "libraries": libraries,
         "cubins": cubins,
         "graphs": graphs,
+        "precompiled_headers": headers,
+        "bytes_by_folder": sizes,
         "bytes": total,
     }
 
@@ -244,13 +252,25 @@ def _cmd_cache_stats(args: argparse.Namespace) -> int:
     kernels = _scan(root)
     if not args.json:
         # The kernel part first: it is still worth seeing when the database is unreadable.
-        print(f"kernel cache: {kernels['paths'][0]}")
-        print(f"  libraries: {kernels['libraries']}")
-        print(f"cubin cache: {kernels['paths'][1]}")
-        print(f"  cubins: {kernels['cubins']}")
-        print(f"graph cache: {kernels['paths'][3]}")
-        print(f"  compiled graphs: {kernels['graphs']}")
-        print(f"  size of all builds: {_human(kernels['bytes'])} ({kernels['bytes']} bytes)")
+        sizes = kernels["bytes_by_folder"]
+
+        def folder(title: str, index: int, count: str) -> None:
+            path = kernels["paths"][index]
+            print(f"{title}: {path}")
+            print(f"  {count} ({_human(sizes.get(os.path.basename(path), 0))})")
+
+        folder("kernel cache", 0, f"libraries: {kernels['libraries']}")
+        folder("cubin cache", 1, f"cubins: {kernels['cubins']}")
+        folder("graph cache", 3, f"compiled graphs: {kernels['graphs']}")
+        # Each is the cuda-emu runtime prelude precompiled by GCC (tens of MiB): one per
+        # compiler, flags and prelude version, rebuilt in seconds when pruned.
+        folder(
+            "precompiled headers",
+            2,
+            f"cuda-emu runtime preludes precompiled by GCC (prelude.h.gch): "
+            f"{kernels['precompiled_headers']}",
+        )
+        print(f"size of all builds: {_human(kernels['bytes'])} ({kernels['bytes']} bytes)")
     tuning = _database(args).stats()
     if args.json:
         _print_json({"cache_dir": root, "kernels": kernels, "tuning": tuning})
@@ -719,6 +739,7 @@ The script's tensors must be on the CPU.
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minicomp", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     explain = commands.add_parser("explain", help="show what minicomp does to a script's models")
@@ -747,9 +768,36 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """minicomp's version and the PyTorch it runs with, without importing torch (slow)."""
+
+    def installed(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    python = sys.version.split()[0]
+    return f"minicomp {installed('minicomp')} (torch {installed('torch')}, Python {python})"
+
+
+def _usage_of_subcommands(parser: argparse.ArgumentParser) -> None:
+    """Make every subcommand's parser record itself, so an error names its usage."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for sub in action.choices.values():
+            sub.set_defaults(_parser=sub)
+            _usage_of_subcommands(sub)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `minicomp` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    _usage_of_subcommands(parser)
+    # argparse reports an unknown option of a subcommand with the top level's usage; the
+    # subcommand that received it reports it here instead, with its own usage.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (CliError, database.TuningDatabaseError) as err:

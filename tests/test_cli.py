@@ -381,3 +381,47 @@ def test_cache_graphs_lists_the_compiled_graphs_and_clear_removes_them(tmp_path)
     _compile_a_graph(tmp_path)
     assert "removed 1 compiled graphs" in _ok(_cache(tmp_path, "clear", "--tuning"))
     assert json.loads(_ok(_cache(tmp_path, "graphs", "--json"))) == []
+
+
+def test_version_names_minicomp_and_torch(tmp_path):
+    from importlib import metadata
+
+    proc = _minicomp("--version", cache_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"minicomp {metadata.version('minicomp')} ")
+    assert f"torch {metadata.version('torch')}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, usage",
+    [
+        (("cache", "prune", "--bogus"), "usage: minicomp cache prune"),
+        (("config", "--bogus"), "usage: minicomp config"),
+        (("cache", "stats", "--older-than", "1d"), "usage: minicomp cache stats"),
+    ],
+)
+def test_a_subcommand_error_prints_the_subcommand_usage(tmp_path, args, usage):
+    proc = _minicomp(*args, cache_dir=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(usage), proc.stderr
+    assert "unrecognized arguments" in proc.stderr
+
+
+def test_cache_stats_names_the_precompiled_headers_and_their_size(tmp_path):
+    header = compiler.precompiled_header(
+        "static inline int twice(int x) { return 2 * x; }\n",
+        cc="cc",
+        cflags="-O1",
+        cache_dir=str(tmp_path),
+    )
+    size = sum(
+        os.path.getsize(os.path.join(root, f))
+        for root, _, files in os.walk(tmp_path / "headers")
+        for f in files
+    )
+    stats = json.loads(_ok(_cache(tmp_path, "stats", "--json")))["kernels"]
+    assert stats["bytes_by_folder"]["headers"] == size
+    assert stats["precompiled_headers"] == int(os.path.exists(header + ".gch"))
+    text = _ok(_cache(tmp_path, "stats"))
+    assert f"precompiled headers: {tmp_path / 'headers'}" in text
+    assert "prelude.h.gch" in text
