@@ -2,8 +2,10 @@
 
 On a GPU: float16, tensor cores and the full search space (`search_space: 2`), checked against
 eager with the post's tolerance, then timed against eager. Without a GPU the same model runs
-in float32 on the CPU (matmuls and convolutions stay ATen calls there; minicomp fuses what is
-around them), and the script says so.
+in float32 on the CPU, with frozen weights (convolutions become oneDNN calls over prepacked
+weights with batch norm folded in; minicomp fuses what is around them), on pinned threads,
+and the script says so. Eager and minicomp are timed interleaved, round by round, after
+warm-up; the speed-up is the median of the per-round ratios.
 
 The weights are random (nothing is downloaded): torchvision's ResNet-50 when torchvision is
 importable, else the same architecture from `transformers` (ResNetConfig's defaults are
@@ -11,16 +13,19 @@ ResNet-50's).
 
     python examples/resnet50.py                 # batch 1, 224 x 224
     python examples/resnet50.py --image-size 64 --search-space 0
+    python examples/resnet50.py --explain       # and what minicomp did to the graph
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
+from timing import interleaved, pin_threads
+
+import minicomp
 
 
 def resnet50() -> torch.nn.Module:
@@ -47,26 +52,6 @@ def resnet50() -> torch.nn.Module:
     return Logits()
 
 
-def median_ms(fn, x: torch.Tensor, repeat: int) -> float:
-    """The median time of `fn(x)` in milliseconds (CUDA events on the GPU)."""
-    for _ in range(3):
-        fn(x)
-    times = []
-    for _ in range(repeat):
-        if x.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(x)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start_s = time.perf_counter()
-            fn(x)
-            times.append((time.perf_counter() - start_s) * 1e3)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
@@ -74,7 +59,9 @@ def main() -> None:
     parser.add_argument(
         "--search-space", type=int, default=None, help="default: 2 on a GPU, 0 on the CPU"
     )
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=20, help="timed rounds (default 20)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    parser.add_argument("--explain", action="store_true", help="print what minicomp did")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -86,11 +73,15 @@ def main() -> None:
     else:
         device, dtype = "cpu", torch.float32
         level = 0 if args.search_space is None else args.search_space
-        print("no GPU: ResNet-50 in float32 on the CPU (the cpu target, not CUDA)")
+        threads = pin_threads(args.threads)
+        print(
+            f"no GPU: ResNet-50 in float32 on the CPU (the cpu target, not CUDA), "
+            f"{threads} thread(s), frozen weights"
+        )
 
     model = resnet50().to(device=device, dtype=dtype).eval()
     x = torch.randn(args.batch, 3, args.image_size, args.image_size, device=device, dtype=dtype)
-    options = {"search_space": level, "tensor_cores": True}
+    options = {"search_space": level, "tensor_cores": True, "freeze": not gpu}
     model_opt = torch.compile(model, backend="minicomp", options=options)
 
     with torch.no_grad():
@@ -103,10 +94,15 @@ def main() -> None:
         print(f"matches eager (rtol=1e-2, atol=1e-2); max abs error {error:.3g}")
         print(f"compile: {compile_s:.1f} s at search space {level}")
 
-        eager_ms = median_ms(model, x, args.repeat)
-        minicomp_ms = median_ms(model_opt, x, args.repeat)
-        print(f"eager    {eager_ms:8.3f} ms")
-        print(f"minicomp {minicomp_ms:8.3f} ms  ({eager_ms / minicomp_ms:.2f}x eager)")
+        times = interleaved({"eager": model, "minicomp": model_opt}, x, args.rounds)
+        speedup, low, high = times.speedup("eager", "minicomp")
+        print(f"eager    {times.median('eager'):8.3f} ms")
+        print(
+            f"minicomp {times.median('minicomp'):8.3f} ms  ({speedup:.2f}x eager; "
+            f"{args.rounds} interleaved rounds from {low:.2f}x to {high:.2f}x)"
+        )
+        if args.explain:
+            print(minicomp.explain(model, x, options=options))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minicomp import config
+from minicomp.ir.graph import FusedOp
 from minicomp.lens.session import recording
 from minicomp.record import report
 
@@ -26,6 +27,18 @@ class Explanation:
     def aten_op_count(self) -> int:
         """ATen operators in the imported graphs."""
         return sum(r.aten_op_count for r in self.records)
+
+    @property
+    def fused_groups(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each generated kernel's name with the kinds of ATen operator it fused (each named
+        once, in graph order), over every graph."""
+        return [
+            (n.name, tuple(dict.fromkeys(m.split(".")[0] for m in n.members)))
+            for r in self.records
+            if r.graph is not None
+            for n in r.graph.nodes
+            if isinstance(n, FusedOp)
+        ]
 
     @property
     def fallbacks(self) -> dict[str, str]:

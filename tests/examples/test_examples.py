@@ -129,10 +129,33 @@ def test_resnet50_example_matches_eager_on_the_cpu():
         pytest.skip("with a GPU the example runs float16 at search space 2: benchmarks do that")
     result = subprocess.run(
         [sys.executable, os.path.join(EXAMPLES, "resnet50.py"), "--image-size", "32",
-         "--repeat", "2"],
+         "--rounds", "2"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "no GPU: ResNet-50 in float32 on the CPU" in result.stdout
     assert "matches eager" in result.stdout
-    assert re.search(r"minicomp +[0-9.]+ ms", result.stdout), result.stdout
+    assert re.search(r"minicomp +[0-9.]+ ms +\([0-9.]+x eager", result.stdout), result.stdout
+    assert "Warning" not in result.stderr, result.stderr
+
+
+def test_quickstart_checks_times_and_names_what_it_fused():
+    """examples/quickstart.py (`make demo`): matches eager, times eager and minicomp
+    interleaved, and lists the kernels with the operators each fused; --explain adds the
+    stages."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "quickstart.py"), "--shape", "2", "8", "64",
+         "--rounds", "2", "--explain"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Warning" not in result.stderr, result.stderr
+    out = result.stdout
+    assert "minicomp matches eager on a [2, 8, 64] input" in out
+    assert re.search(r"minicomp +[0-9.]+ ms +[0-9.]+x eager", out), out
+    assert "0 ops run by ATen" in out
+    # The two reductions (RMSNorm's mean, LayerNorm's) bound the two kernels.
+    kernels = re.findall(r"^  (k\d\w*): (.*)$", out, re.MULTILINE)
+    assert len(kernels) == 2, out
+    assert "mean" in kernels[0][1] and "native_layer_norm" in kernels[1][1], kernels
+    assert "fused groups" in out  # the stage-by-stage report, asked for
