@@ -86,7 +86,7 @@ def test_explain_runs_a_script_and_reports_every_graph_it_compiles(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "result torch.Size([4, 8])" in proc.stdout
     for title in (
-        "forward graph: ATen",
+        "inference graph: ATen",
         "graph IR after fuse",
         "fused groups (1)",
         "kernel IR:",
@@ -371,7 +371,7 @@ def test_cache_graphs_lists_the_compiled_graphs_and_clear_removes_them(tmp_path)
     assert "no compiled graphs" in _ok(_cache(tmp_path, "graphs"))
     _compile_a_graph(tmp_path)
     (entry,) = json.loads(_ok(_cache(tmp_path, "graphs", "--json")))
-    assert (entry["kind"], entry["target"], entry["kernels"]) == ("forward", "cpu", 1)
+    assert (entry["kind"], entry["target"], entry["kernels"]) == ("inference", "cpu", 1)
     text = _ok(_cache(tmp_path, "graphs"))
     assert entry["key"][:16] in text and "1 compiled graph" in text
     assert "compiled graphs: 1" in _ok(_cache(tmp_path, "stats"))

@@ -27,7 +27,7 @@ def mlp_explanation():
 
 def test_report_has_every_stage(mlp_explanation):
     text = str(mlp_explanation)
-    assert "==== forward graph: ATen (" in text
+    assert "==== inference graph: ATen (" in text
     assert "torch.ops.aten." in text  # the ATen graph itself
     for name in (
         "eliminate_dead_code",
@@ -44,7 +44,7 @@ def test_report_has_every_stage(mlp_explanation):
     assert "==== compile time ====" in text
     # The sections come in pipeline order.
     order = [
-        "forward graph: ATen",
+        "inference graph: ATen",
         "graph IR after fuse",
         "fused groups",
         "kernel IR: ",
@@ -188,7 +188,7 @@ def test_verbose_logs_one_line_per_graph_with_its_aten_calls():
     finally:
         logging.getLogger("minicomp").removeHandler(handler)
     torch._dynamo.reset()
-    (line,) = [m for m in handler.lines if "forward graph" in m]
+    (line,) = [m for m in handler.lines if "inference graph" in m]
     externs = line.splitlines()[1:]
     assert f"{len(externs)} ATen calls" in line.splitlines()[0]
     assert "  extern linalg_inv_ex.default: no lowering" in externs
