@@ -2,7 +2,6 @@
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -664,14 +663,33 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     # Imported lazily: explaining pulls in torch and the whole compiler.
-    explain_file = getattr(importlib.import_module("minicomp"), "explain_file", None)
-    if explain_file is None:
-        raise NotImplementedError(
-            "`minicomp explain` is not available yet: minicomp.explain_file is missing"
-        )
-    report = explain_file(args.script, list(args.script_args))
-    if report is not None:
-        print(report)
+    from minicomp.explain import ScriptError, explain_file
+
+    if not os.path.isfile(args.script):
+        raise CliError(f"no such script: {args.script}")
+    try:
+        explanation = explain_file(args.script, list(args.script_args))
+    except ScriptError as err:
+        print(f"minicomp: error: {err}\n{err.tail}", file=sys.stderr)
+        return 1
+    print(explanation)
+    if args.ir:
+        print("\n" + explanation.ir())
+    if args.source:
+        print("\n" + explanation.source())
+    if args.pass_name is not None:
+        try:
+            text = explanation.after_pass(args.pass_name)
+        except ValueError as err:
+            raise CliError(str(err)) from None
+        print("\n" + text)
+    if args.out is not None:
+        written = explanation.write(args.out)
+        top = list(dict.fromkeys(os.path.relpath(p, args.out).split(os.sep)[0] for p in written))
+        folders = [t + "/" for t in top if not os.path.isfile(os.path.join(args.out, t))]
+        files = [t for t in top if os.path.isfile(os.path.join(args.out, t))]
+        where = f", a folder per graph ({folders[0]} ... {folders[-1]})" if folders else ""
+        print(f"\nwrote {len(written)} files under {args.out}: {', '.join(files)}{where}")
     return 0
 
 
@@ -727,6 +745,16 @@ and a PNG chart of speedups. docs/bench.md explains every column.
 """
 
 
+_EXPLAIN_DESCRIPTION = """\
+Run a Python script and summarise every graph minicomp compiles in it: the frame Dynamo found
+it in, the ATen ops in it, the kernels out, the calls it makes to ATen grouped by why (by
+design, views, unsupported...), the graph cache and the compile time of each stage; then
+Dynamo's graph breaks (source line and reason), its recompiles (the guard failures) and the
+total compile time. The options ask for more; they come before SCRIPT.py, whose own
+arguments follow it.
+"""
+
+
 _PROFILE_DESCRIPTION = """\
 Run a Python script with every model minicomp compiles built for cuda-emu with the performance
 lens: each kernel launch runs in the emulator and counts, for a sample of its blocks, the
@@ -742,7 +770,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    explain = commands.add_parser("explain", help="show what minicomp does to a script's models")
+    explain = commands.add_parser(
+        "explain",
+        help="show what minicomp does to a script's models",
+        description=_EXPLAIN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument(
+        "--ir", action="store_true", help="also print each graph's final IR and kernel IR"
+    )
+    explain.add_argument(
+        "--source", action="store_true", help="also print the generated source of each graph"
+    )
+    explain.add_argument(
+        "--pass", dest="pass_name", metavar="NAME", help="also print the graph IR after pass NAME"
+    )
+    explain.add_argument(
+        "--out", metavar="DIR", help="write every stage of every graph as files under DIR"
+    )
     explain.add_argument("script", metavar="SCRIPT.py")
     explain.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
     explain.set_defaults(func=_cmd_explain)

@@ -153,10 +153,13 @@ def link(
         k.name: [p.name for p in k.params if isinstance(p.type, T.DataType)]
         for k in lowered.kernels
     }
+    t0 = time.perf_counter()
     builder = PlanBuilder(graph, layouts_for(graph), fns, symbols)
     plan = builder.build()
     # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
-    return target.finish(plan, options, static_inputs, replayable=not builder.late)
+    plan = target.finish(plan, options, static_inputs, replayable=not builder.late)
+    record.times["plan"] = time.perf_counter() - t0
+    return plan
 
 
 def _build(lowered: Lowered, record: CompileRecord, device_index: int | None) -> dict:

@@ -19,9 +19,11 @@ from minicomp.ir.printer import function_str
 class CompileRecord:
     """What happened while compiling one graph; `report` prints it."""
 
-    kind: str = "forward"
+    kind: str = "forward"  # AOTAutograd's compiler: forward, backward or inference
+    compile_id: str = ""  # Dynamo's id of the frame compile it came from ("3/1"), if any
     aten_graph: str = ""
     aten_op_count: int = 0
+    aten_ops: dict[str, int] = field(default_factory=dict)  # ATen op -> its nodes in the graph
     passes: list = field(default_factory=list)  # (name, seconds, graph text)
     graph: Graph | None = None
     kernels: list[Function] = field(default_factory=list)

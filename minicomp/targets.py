@@ -34,6 +34,7 @@ from minicomp.passes.graph.aten_contraction import tune_contractions
 from minicomp.passes.graph.attention import lower_attention, tune_attention
 from minicomp.passes.graph.fold_constants import constant_operand_layouts
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
+from minicomp.passes.graph.library_calls import name_library_calls
 from minicomp.passes.graph.onednn_convolution import onednn_convolutions
 from minicomp.passes.graph.onednn_linear import onednn_linears
 from minicomp.passes.graph.split_k import split_k
@@ -150,8 +151,15 @@ class CpuTarget(Target):
     # Convolutions become oneDNN calls on channels-last values last, when every view and
     # alias is decided: a value an ATen call or an alias reads keeps eager's layout. Products
     # over constant weights become oneDNN's prepacked linear (after the default passes fold
-    # the weights' transposes into constants).
-    passes = (*FIRST_PASSES, *DEFAULT_PASSES, onednn_convolutions, onednn_linears)
+    # the weights' transposes into constants). Products and convolutions stay ATen calls by
+    # design: their reasons say so first, before passes that build on them.
+    passes = (
+        name_library_calls,
+        *FIRST_PASSES,
+        *DEFAULT_PASSES,
+        onednn_convolutions,
+        onednn_linears,
+    )
 
     def schedule(self, op, layouts, choose, options):
         return schedule_cpu(op, layouts)

@@ -63,17 +63,22 @@ def test_cache_stats_and_clear(tmp_path):
     assert "libraries: 0" in _minicomp("cache", "stats", cache_dir=tmp_path).stdout
 
 
-def test_explain_without_implementation_fails_clearly(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text("print('hi')\n")
-    proc = _minicomp("explain", str(script), cache_dir=tmp_path)
-    # Until minicomp.explain_file exists the command must say so, not crash with a traceback.
-    assert proc.returncode in (0, 2), proc.stderr
-    if proc.returncode == 2:
-        assert "explain_file" in proc.stderr and "Traceback" not in proc.stderr
+def test_explain_of_a_missing_script_is_one_line(tmp_path):
+    proc = _minicomp("explain", str(tmp_path / "absent.py"), cache_dir=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr == f"minicomp: error: no such script: {tmp_path / 'absent.py'}\n"
 
 
-def test_explain_runs_a_script_and_reports_every_graph_it_compiles(tmp_path):
+def test_explain_of_a_script_that_raises_shows_its_traceback_tail(tmp_path, capsys):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\n\ndef main():\n    raise ValueError(sys.argv[1])\n\nmain()\n")
+    assert cli.main(["explain", str(script), "bad input"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"minicomp: error: {script} raised ValueError: bad input\n")
+    assert 'fails.py", line 4, in main' in err and "runpy" not in err
+
+
+def test_explain_runs_a_script_and_summarises_every_graph_it_compiles(tmp_path):
     script = tmp_path / "model.py"
     script.write_text(
         "import sys\n"
@@ -85,15 +90,81 @@ def test_explain_runs_a_script_and_reports_every_graph_it_compiles(tmp_path):
     proc = _minicomp("explain", str(script), "8", cache_dir=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr
     assert "result torch.Size([4, 8])" in proc.stdout
-    for title in (
-        "forward graph: ATen",
-        "graph IR after fuse",
-        "fused groups (1)",
-        "kernel IR:",
-        "generated source",
-    ):
-        assert title in proc.stdout
-    assert "3 ATen ops -> 1 kernels" in proc.stdout
+    assert "3 ATen ops in -> 1 kernels out" in proc.stdout
+    assert f"graph 1 of 1: inference, from <lambda> at {script}:3" in proc.stdout
+    for field in ("ops in the graph", "kernels out", "calls made to ATen", "compile time"):
+        assert f"  {field} " in proc.stdout
+    assert "graph breaks: 0" in proc.stdout and "recompiles: 0" in proc.stdout
+    assert "graph IR after" not in proc.stdout and "#pragma" not in proc.stdout  # on request
+
+
+# A script whose function breaks the graph at a print (line 5) and is compiled again for
+# another rank: two graphs, then two more.
+BREAKING = """\
+import torch
+
+def f(x):
+    y = x.sin() * 2
+    print("graph break")
+    return torch.cumsum(y, 0) + 1
+
+g = torch.compile(f, backend="minicomp")
+with torch.no_grad():
+    g(torch.randn(4))
+    g(torch.randn(4, 3))
+"""
+
+
+@pytest.fixture(scope="module")
+def breaking_script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("explain") / "breaks.py"
+    path.write_text(BREAKING)
+    return path
+
+
+def test_explain_names_the_graph_break_and_counts_recompiles(breaking_script, capsys):
+    assert cli.main(["explain", str(breaking_script)]) == 0
+    out = capsys.readouterr().out
+    assert f'graph breaks: 1\n  {breaking_script}:5 in f\n      print("graph break")\n' in out
+    assert "print" in out.split(f"{breaking_script}:5 in f")[1].splitlines()[2]
+    assert "recompiles: 2" in out and "rank" in out
+    assert "from f (resumed after line 5) at" in out
+    assert "unsupported (no lowering): cumsum" in out
+
+
+def test_explain_pass_prints_that_pass_or_names_the_valid_ones(breaking_script, capsys):
+    assert cli.main(["explain", "--pass", "fuse", str(breaking_script)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("): graph IR after fuse (") == 4
+    assert cli.main(["explain", "--pass", "fusion", str(breaking_script)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("minicomp: error: no pass named 'fusion' ran; the passes that ran: ")
+    assert "eliminate_dead_code" in err and ", fuse," in err and "Traceback" not in err
+
+
+def test_explain_source_and_ir_never_repeat_the_runtime_header(breaking_script, capsys):
+    from minicomp.backends.cpu.codegen import runtime_header
+
+    assert cli.main(["explain", "--source", "--ir", str(breaking_script)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("): generated source ====") == 4 and "kernel IR: " in out
+    marker = max(runtime_header().splitlines(), key=len)
+    assert out.count(marker) <= 1
+
+
+def test_explain_out_writes_every_stage_as_files(breaking_script, tmp_path, capsys):
+    out_dir = tmp_path / "explained"
+    assert cli.main(["explain", "--out", str(out_dir), str(breaking_script)]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("wrote ") and f"files under {out_dir}: summary.txt, runtime.h" in last
+    graphs = sorted(p.name for p in out_dir.iterdir() if p.is_dir())
+    assert graphs == [f"graph-{k}-inference" for k in range(1, 5)]
+    for name in graphs:
+        folder = out_dir / name
+        assert (folder / "aten.txt").is_file() and (folder / "graph.txt").is_file()
+        assert any((folder / "passes").glob("*-fuse.txt"))
+        assert '#include "../runtime.h"' in (folder / "source.c").read_text()
+    assert "graph breaks: 1" in (out_dir / "summary.txt").read_text()
 
 
 # -- `minicomp cache`: the kernel builds and the tuning database ----------------------------
@@ -371,7 +442,7 @@ def test_cache_graphs_lists_the_compiled_graphs_and_clear_removes_them(tmp_path)
     assert "no compiled graphs" in _ok(_cache(tmp_path, "graphs"))
     _compile_a_graph(tmp_path)
     (entry,) = json.loads(_ok(_cache(tmp_path, "graphs", "--json")))
-    assert (entry["kind"], entry["target"], entry["kernels"]) == ("forward", "cpu", 1)
+    assert (entry["kind"], entry["target"], entry["kernels"]) == ("inference", "cpu", 1)
     text = _ok(_cache(tmp_path, "graphs"))
     assert entry["key"][:16] in text and "1 compiled graph" in text
     assert "compiled graphs: 1" in _ok(_cache(tmp_path, "stats"))

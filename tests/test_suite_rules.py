@@ -55,5 +55,5 @@ def test_fallbacks_fail_unless_expected_and_the_cache_is_private(tmp_path):
     )  # fmt: skip
     assert "1 failed, 2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "FAILED" in proc.stdout and "test_a_silent_fallback" in proc.stdout
-    assert "FallbackWarning: minicomp could not compile a forward graph" in proc.stdout
+    assert "FallbackWarning: minicomp could not compile an inference graph" in proc.stdout
     assert not os.path.exists(tmp_path / "users-cache")

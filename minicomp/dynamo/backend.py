@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -75,11 +76,12 @@ def compile_aten_graph(
 ) -> Callable:
     """A callable running an ATen-level graph through minicomp (or eagerly, on failure).
 
-    `freeze` maps positions of the graph's inputs to the tensors they hold (parameters and
-    buffers, see freeze_candidates): those the graph neither mutates nor returns an alias of
-    become constants of the graph (see FrozenRunner).
+    `kind` is the AOTAutograd compiler's: "forward" (of a graph with a backward), "backward"
+    or "inference" (a forward with no backward). `freeze` maps positions of the graph's inputs
+    to the tensors they hold (parameters and buffers, see freeze_candidates): those the graph
+    neither mutates nor returns an alias of become constants of the graph (see FrozenRunner).
     """
-    static = _static_inputs() if kind == "forward" else ()
+    static = _static_inputs() if kind != "backward" else ()
     frozen = _frozen_inputs(gm, freeze) if freeze is not None else {}
     plan = _compile(gm, options, kind, records, frozen, static)
     if plan is None:
@@ -114,12 +116,15 @@ def _compile(
     """The plan of `gm` with the inputs at `frozen`'s positions as constants; None when it
     cannot be compiled and options.fallback allows running it eagerly."""
     record = CompileRecord(kind=kind, trace=bool(_pass_tracers or options.verbose > 1))
+    record.compile_id = _compile_id()
     record.aten_graph = gm.print_readable(print_output=False)
-    record.aten_op_count = sum(
-        1
+    ops = [
+        str(n.target).removeprefix("aten.")
         for n in gm.graph.nodes
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-    )
+    ]
+    record.aten_ops = dict(collections.Counter(ops))
+    record.aten_op_count = len(ops)
     if records is not None:
         records.append(record)
     for extra in _recorders:
@@ -136,7 +141,8 @@ def _compile(
         if options.fallback == "error":
             raise
         warnings.warn(
-            f"minicomp could not compile a {kind} graph and runs it eagerly: {record.error}",
+            f"minicomp could not compile {'an' if kind == 'inference' else 'a'} {kind} graph "
+            f"and runs it eagerly: {record.error}",
             FallbackWarning,
             stacklevel=3,
         )
@@ -232,7 +238,9 @@ def _lower_with_fallbacks(
     externs: dict[str, str] = {}
     attempts = 1
     while True:
+        t0 = time.perf_counter()
         graph = import_graph(gm, frozen, externs)
+        record.times["import"] = record.times.get("import", 0.0) + time.perf_counter() - t0
         record.passes.clear()
         try:
             return lower(graph, options, record, device_index=device_index)
@@ -446,6 +454,13 @@ def _static_inputs() -> tuple[int, ...]:
     return tuple(getattr(_fw_metadata(), "static_input_indices", None) or ())
 
 
+def _compile_id() -> str:
+    """The id Dynamo gave the frame whose graph is compiling ("3/1": frame 3, its second
+    compile), also while a backward graph compiles at the first backward(); "" outside."""
+    cid = torch._guards.CompileContext.current_compile_id()
+    return "" if cid is None else str(cid)
+
+
 def _boxed(gm: torch.fx.GraphModule) -> Callable:
     def run(args: list) -> Any:
         return gm(*args)
@@ -495,7 +510,7 @@ def make_backend(options: config.Options, records: list | None = None) -> Callab
 
         def inference(aten_gm, aten_inputs):
             freeze = candidates if options.freeze else None
-            return compile_aten_graph(aten_gm, options, "forward", records, freeze)
+            return compile_aten_graph(aten_gm, options, "inference", records, freeze)
 
         def bw(aten_gm, aten_inputs):
             return compile_aten_graph(aten_gm, options, "backward", records)

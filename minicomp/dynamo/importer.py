@@ -17,7 +17,7 @@ from minicomp.ir.compute import Compute, TensorElement, TensorInput, TensorNode,
 from minicomp.ir.expr import Expr, Var
 from minicomp.ir.functor import Mutator, collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
-from minicomp.ops.registry import LoweringContext, NotLowerable, lowering_for
+from minicomp.ops.registry import NO_LOWERING, LoweringContext, NotLowerable, lowering_for
 from minicomp.script.custom_op import registered_op
 
 
@@ -287,7 +287,7 @@ class Importer:
     def lower(self, n: torch.fx.Node, outs: list) -> None:
         fn = lowering_for(n.target)
         if fn is None:
-            raise NotLowerable("no lowering")
+            raise NotLowerable(NO_LOWERING)
         ctx = LoweringContext(
             name=n.name,
             out_shapes=tuple(shape_of(t.shape) for _, t in outs),

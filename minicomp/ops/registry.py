@@ -14,6 +14,10 @@ class NotLowerable(Exception):
     """Raised by a lowering that cannot handle these arguments; the op runs as an ATen call."""
 
 
+# The reason an ATen call carries when no lowering is registered for its op.
+NO_LOWERING = "no lowering"
+
+
 @dataclass(frozen=True)
 class LoweringContext:
     """What a lowering may know beyond its arguments: the output types PyTorch computed."""

@@ -244,7 +244,7 @@ def test_explain_shows_a_template_partial_and_a_reduction(small_thresholds, dtyp
     assert report.kernel_count == 2
     assert partial.attrs.template.startswith(template)
     assert final.attrs.template is None
-    assert "mm_splitk" in str(report)
+    assert "mm_splitk" in report.report()
 
 
 def test_nvrtc_compiles_the_partial_kernels(small_thresholds, tmp_path):

@@ -347,7 +347,7 @@ def test_transformer_attention_block_explain():
     # Q, K and V are read in place from the projection: no copy feeds the launch.
     producers = record.graph.producers()
     assert all(isinstance(producers.get(v), ExternOp) for v in kernels[0].inputs)
-    text = str(report)
+    text = report.report()
     assert "attention[" in text and "_scaled_dot_product_flash_attention_for_cpu" in text
 
 

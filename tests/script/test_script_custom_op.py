@@ -287,7 +287,7 @@ def test_compiled_natively_between_fused_ops(script_target):
 def test_explain_shows_the_launch():
     x, s = torch.randn(3, 8), torch.randn(3)
     report = minicomp.explain(_surrounded, x, s, options={"target": "cuda-emu"})
-    text = str(report)
+    text = report.report()
     assert f"kernel IR: {scale_rows_op.prefix}" in text
     assert "mctest_customop.scale_rows.default(%" in text
     assert not any("scale_rows" in name for name in report.fallbacks)

@@ -37,7 +37,7 @@ def test_search_space_1_on_cuda_emu_ranks_by_the_lens(tuned):
     assert template == "matmul_tc" and choice.how == "estimated"
     assert choice.model == "the lens's estimate on H100 SXM" and choice.candidates >= 2
     assert choice.rejected == 0  # small enough to check: every candidate matched
-    text = str(e)
+    text = e.report()
     assert "ranked by the lens's estimate on H100 SXM" in text
     assert "estimated, not measured" in text
     # The estimate is stored under the lens's own key, never mistaken for a measurement.
@@ -95,4 +95,4 @@ def test_explain_with_the_lens_shows_each_kernels_estimate(tmp_path):
     (name,) = [k.name for k in e.records[0].kernels]
     estimate = e.records[0].estimates[name]
     assert "us on A100" in estimate and "of roofline" in estimate
-    assert f"kernel IR: {name} (estimated {estimate})" in str(e)
+    assert f"kernel IR: {name} (estimated {estimate})" in e.ir()
