@@ -7,7 +7,7 @@ operators reads and writes the whole activation tensor; minicomp fuses them into
 backends interleaved after warm-up:
 
     python examples/quickstart.py              # what `make demo` runs
-    python examples/quickstart.py --explain    # and what minicomp did, stage by stage
+    python examples/quickstart.py --explain    # and minicomp's summary of each graph
 """
 
 from __future__ import annotations
@@ -72,13 +72,11 @@ def main() -> None:
             print(line)
 
         explanation = minicomp.explain(model, x)
-    print(explanation.summary())
-    for name, members in explanation.fused_groups:
-        print(f"  {name}: {', '.join(members)}")
-    if args.explain:
-        print(explanation)
-    else:
-        print("(--explain prints what minicomp did to the graph, stage by stage)")
+    print(explanation if args.explain else explanation.headline())
+    for name, operators in explanation.fused_groups:
+        print(f"  {name}: {', '.join(operators)}")
+    if not args.explain:
+        print("(--explain: where each graph came from, ATen calls and why, compile times)")
 
 
 if __name__ == "__main__":
