@@ -14,6 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
+from minicomp.dynamo import diagnostics
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.eager_strides import restride_like_eager
 from minicomp.dynamo.importer import import_graph
@@ -25,9 +26,9 @@ from minicomp.dynamo.output_aliases import (
 )
 from minicomp.dynamo.overlap import find_overlapping_write
 from minicomp.passes.graph.group_fallback import KernelsFailed
-from minicomp.record import CompileRecord, report
+from minicomp.record import CompileRecord
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 
 class FallbackWarning(UserWarning):
@@ -113,7 +114,9 @@ def _compile(
 ) -> Callable | None:
     """The plan of `gm` with the inputs at `frozen`'s positions as constants; None when it
     cannot be compiled and options.fallback allows running it eagerly."""
-    record = CompileRecord(kind=kind, trace=bool(_pass_tracers or options.verbose > 1))
+    record = CompileRecord(
+        kind=kind, trace=bool(_pass_tracers) or diagnostics.wants_passes(options)
+    )
     record.aten_graph = gm.print_readable(print_output=False)
     record.aten_op_count = sum(
         1
@@ -133,6 +136,7 @@ def _compile(
             plan = record.plan = _import_and_compile(gm, options, record, frozen, static)
     except Exception as e:
         record.error = f"{type(e).__name__}: {e}"
+        diagnostics.report_graph(record, options)
         if options.fallback == "error":
             raise
         warnings.warn(
@@ -141,18 +145,7 @@ def _compile(
             stacklevel=3,
         )
         return None
-    if options.verbose > 1:
-        print(report(record))
-    elif options.verbose:
-        log.warning(
-            "minicomp: %s graph: %d ATen ops -> %d kernels, %d ATen calls%s%s",
-            kind,
-            record.aten_op_count,
-            len(record.kernels),
-            len(record.fallbacks),
-            " (from the graph cache)" if record.cache.startswith("hit") else "",
-            "".join(f"\n  extern {k}: {v}" for k, v in record.fallbacks.items()),
-        )
+    diagnostics.report_graph(record, options)
     return plan
 
 
@@ -183,7 +176,8 @@ def _import_and_compile(
             key = graph_cache.graph_key(gm, options, record.kind, static, device_index)
         except graph_cache.Uncacheable as e:
             record.cache = f"not kept: {e}"
-        # A graph compiled for explain or verbose=2 runs every pass again, to show them.
+        # A graph traced for explain or diagnostics (diagnostics.wants_passes) runs every pass
+        # again, to show them.
         kept = graph_cache.load(options, key) if key and not record.trace else None
         if kept is not None:
             record.times["graph cache"] = time.perf_counter() - t0
