@@ -1,4 +1,4 @@
-"""minicomp's names in PyTorch's logging: TORCH_LOGS="+minicomp" and its artifacts.
+"""minicomp's names in PyTorch's logging (TORCH_LOGS), and warnings that point at user code.
 
 `TORCH_LOGS="+minicomp"` sets the `minicomp` logger (every module logs to a child of it) to
 DEBUG, `TORCH_LOGS=minicomp` to INFO, and each name of ARTIFACTS turns on one artifact, as
@@ -17,7 +17,10 @@ too, for a checkout that was never installed: then
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import sysconfig
+import warnings
 from collections.abc import Callable
 
 import torch._logging._internal as torch_logs
@@ -88,3 +91,24 @@ def _handle(logger: logging.Logger, name: str, level: int, message: str) -> None
         name, level, caller.f_code.co_filename, caller.f_lineno, "%s", (message,), None
     )
     logger.handle(record)  # handlers only: no level check
+
+
+def _is_internal(path: str) -> bool:
+    """Whether a frame's file belongs to torch, minicomp or Python's standard library."""
+    paths = sysconfig.get_paths()
+    torch_dir = os.path.dirname(os.path.dirname(torch_logs.__file__))
+    minicomp_dir = os.path.dirname(os.path.abspath(__file__))
+    if path.startswith((torch_dir + os.sep, minicomp_dir + os.sep, "<frozen ")):
+        return True
+    in_site = path.startswith((paths["purelib"] + os.sep, paths["platlib"] + os.sep))
+    return path.startswith(paths["stdlib"] + os.sep) and not in_site
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """`warnings.warn` at the user's line: the first frame outside torch, minicomp and the
+    standard library (the caller's, when there is none, as in a backward pass run on
+    autograd's own thread)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and _is_internal(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)

@@ -2,6 +2,8 @@
 never imports minicomp (the `torch.backends` entry point), and warnings name the user's line."""
 
 import logging
+import sys
+import warnings
 
 import torch
 import torch._logging._internal as torch_logs
@@ -48,3 +50,12 @@ def test_set_logs_turns_an_artifact_on():
     finally:
         torch._logging.set_logs()
     assert not logs.artifact_on("minicomp_fusion")
+
+
+def test_warn_user_called_from_user_code_names_its_line():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logs.warn_user("here", UserWarning)
+        line = sys._getframe().f_lineno - 1
+    (w,) = caught
+    assert (w.filename, w.lineno) == (__file__, line)

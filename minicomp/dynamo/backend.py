@@ -6,7 +6,6 @@ import contextlib
 import functools
 import logging
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ from minicomp.dynamo.output_aliases import (
     view_inputs,
 )
 from minicomp.dynamo.overlap import find_overlapping_write
+from minicomp.logs import warn_user
 from minicomp.passes.graph.group_fallback import KernelsFailed
 from minicomp.record import CompileRecord
 
@@ -139,10 +139,9 @@ def _compile(
         diagnostics.report_graph(record, options)
         if options.fallback == "error":
             raise
-        warnings.warn(
+        warn_user(
             f"minicomp could not compile a {kind} graph and runs it eagerly: {record.error}",
             FallbackWarning,
-            stacklevel=3,
         )
         return None
     diagnostics.report_graph(record, options)
@@ -187,7 +186,7 @@ def _import_and_compile(
                 log.info("minicomp: a cached graph does not link (%s); compiling it", e)
             else:
                 for message in kept.warnings:
-                    warnings.warn(message, KernelFallbackWarning, stacklevel=4)
+                    warn_user(message, KernelFallbackWarning)
                 record.cache = f"hit ({key[:16]})"
                 return plan
     messages: list[str] = []
@@ -236,7 +235,7 @@ def _lower_with_fallbacks(
                 raise e.cause from e
             reason = next(iter(new.values()))
             messages.append(f"minicomp runs {', '.join(sorted(new))} as ATen calls: {reason}")
-            warnings.warn(messages[-1], KernelFallbackWarning, stacklevel=2)
+            warn_user(messages[-1], KernelFallbackWarning)
             externs.update(new)
             attempts += 1
 
@@ -394,7 +393,7 @@ class FrozenRunner:
         if self.fallback == "error":
             raise RuntimeError(message + "; call torch._dynamo.reset() to recompile")
         if not self.warned:
-            warnings.warn(message + ": it runs eagerly", FallbackWarning, stacklevel=2)
+            warn_user(message + ": it runs eagerly", FallbackWarning)
             self.warned = True
         return None
 
@@ -478,13 +477,13 @@ def make_backend(options: config.Options, records: list | None = None) -> Callab
                 )
                 if options.fallback == "error":
                     raise RuntimeError(message)
-                warnings.warn(message, FallbackWarning, stacklevel=2)
+                warn_user(message, FallbackWarning)
             return gm
         candidates = freeze_candidates(gm, example_inputs) if options.freeze else {}
 
         def fw(aten_gm, aten_inputs):
             if candidates or options.freeze and _lifted_parameters():
-                warnings.warn(FREEZE_NEEDS_GRAD, stacklevel=2)
+                warn_user(FREEZE_NEEDS_GRAD, UserWarning)
             return compile_aten_graph(aten_gm, options, "forward", records)
 
         def inference(aten_gm, aten_inputs):

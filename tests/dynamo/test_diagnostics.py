@@ -1,10 +1,11 @@
 """What a compiled graph tells the user: the verbose line and its counts, TORCH_LOGS artifacts,
-TORCH_TRACE events and the debug directory."""
+TORCH_TRACE events, the debug directory, and fallback warnings at the user's line."""
 
 import json
 import logging
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from helpers_python import run_python
 
 from minicomp import compiler, config
 from minicomp.dynamo import diagnostics
-from minicomp.dynamo.backend import FallbackWarning, recording
+from minicomp.dynamo.backend import FallbackWarning, KernelFallbackWarning, recording
 
 
 def matmul_then_pointwise(x, w):
@@ -176,6 +177,43 @@ def test_the_debug_dir_of_a_graph_that_runs_eagerly(tmp_path, monkeypatch):
     (folder,) = [p for p in tmp_path.rglob("*-forward-*")]
     assert "simulated failure" in (folder / "error.txt").read_text()
     assert json.loads((folder / "summary.json").read_text())["error"]
+
+
+def test_fallback_warnings_name_the_users_line(monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(compiler, "lower", fails)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x + 1, backend="minicomp")
+    with pytest.warns(FallbackWarning) as caught:
+        compiled(torch.randn(3))
+        line = sys._getframe().f_lineno - 1
+    torch._dynamo.reset()
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+
+
+def test_kernel_fallback_warnings_name_the_users_line(monkeypatch, tmp_path):
+    schedule = compiler.schedule_group
+
+    def failing_schedule(op, *args, **kwargs):
+        if any("sin" in member for member in op.members):
+            raise RuntimeError("simulated scheduler failure")
+        return schedule(op, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "schedule_group", failing_schedule)
+    for _ in range(2):  # compiled, then from the graph cache (the warning repeats)
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            lambda x: x.sin() * 2,
+            backend="minicomp",
+            options={"graph_cache": True, "cache_dir": str(tmp_path)},  # patched: its own
+        )
+        with pytest.warns(KernelFallbackWarning) as caught:
+            compiled(torch.randn(8))
+            line = sys._getframe().f_lineno - 1
+        assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+    torch._dynamo.reset()
 
 
 def test_wants_passes():
