@@ -30,7 +30,7 @@ class CompileRecord:
     error: str = ""
     target: str = ""  # the name of the target the graph was compiled for
     plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
-    trace: bool = False  # keep the graph text after every pass (explain, verbose)
+    trace: bool = False  # keep the graph text after every pass (explain, diagnostics)
     options: Options | None = None  # what the graph was compiled with
     tuning: list = field(default_factory=list)  # (group, template, tune.tuner.Choice)
     estimates: dict[str, str] = field(default_factory=dict)  # kernel -> the lens's estimate

@@ -60,7 +60,7 @@ def report_graph(record: CompileRecord, options: config.Options) -> None:
         if log.isEnabledFor(logging.DEBUG):
             times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in record.times.items())
             log.debug(
-                "minicomp: %s graph %s: graph cache %s; %s",
+                "minicomp: %s graph %s: graph cache %s; times: %s",
                 record.kind,
                 cid,
                 record.cache or "unused",
