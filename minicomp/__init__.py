@@ -1,12 +1,15 @@
 """minicomp: a deep-learning compiler for torch.compile.
 
 `torch.compile(model, backend="minicomp")` finds the backend through the
-`torch_dynamo_backends` entry point; importing minicomp is only needed for its API.
+`torch_dynamo_backends` entry point, and `TORCH_LOGS=minicomp_source` (minicomp/logs.py) through
+a `torch.backends` one; importing minicomp is only needed for its API.
 """
 
-from minicomp import config, script
+from minicomp import config, logs, script
 from minicomp.dynamo.backend import FallbackWarning, KernelFallbackWarning
 from minicomp.explain import Explanation, explain, explain_file
+
+logs.register()  # where no entry point did while torch was imported (minicomp/logs.py)
 
 __all__ = [
     "config",

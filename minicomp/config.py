@@ -87,8 +87,10 @@ class Options:
     )
     verbose: int = _option(
         0,
-        "Logging. 0: warnings only; 1: one line per graph (ATen ops, kernels, ATen calls and "
-        "why); 2: print the IRs.",
+        "Logging, a shortcut for TORCH_LOGS. 0: warnings only; 1: one line per graph (ATen ops, "
+        "kernels, ATen calls and why), as TORCH_LOGS=minicomp; 2: also every minicomp_* "
+        "artifact (the IR after each pass, fused groups, ATen calls, tuning, kernel IR, "
+        "source).",
         choices=(0, 1, 2),
     )
     freeze: bool = _option(
@@ -116,6 +118,15 @@ class Options:
     )
     debug: bool = _option(
         False, "Build C kernels with -g and keep their source next to the shared library."
+    )
+    debug_dir: str | None = _option(
+        None,
+        "A folder where each compiled graph writes what compiling it did, as "
+        "TORCH_COMPILE_DEBUG does for Inductor: the ATen graph, the graph IR after each pass, "
+        "the fused groups, the ATen calls and why, the kernel IR, the source (.c or .cu) and a "
+        "summary, in <debug_dir>/run-<time>-pid<pid>/<n>-<kind>-<compile id>/. Graphs are "
+        "compiled in full (never linked from the graph cache) to show every pass; ~ is "
+        "expanded.",
     )
     emu_checks: bool = _option(
         False,
@@ -247,7 +258,7 @@ def _check(spec: _Spec, value: Any, origin: str) -> Any:
         raise _bad(spec, value, origin)
     if spec.minimum is not None and value < spec.minimum:
         raise _bad(spec, value, origin)
-    if spec.name == "cache_dir":
+    if spec.name in ("cache_dir", "debug_dir"):
         value = os.path.expanduser(value)
     return value
 

@@ -32,7 +32,7 @@ class CompileRecord:
     error: str = ""
     target: str = ""  # the name of the target the graph was compiled for
     plan: Any = None  # what runs the graph: a Plan, or a GraphedPlan on cuda
-    trace: bool = False  # keep the graph text after every pass (explain, verbose)
+    trace: bool = False  # keep the graph text after every pass (explain, diagnostics)
     options: Options | None = None  # what the graph was compiled with
     tuning: list = field(default_factory=list)  # (group, template, tune.tuner.Choice)
     estimates: dict[str, str] = field(default_factory=dict)  # kernel -> the lens's estimate
@@ -46,6 +46,25 @@ class CompileRecord:
         return {n.name: n.reason for n in self.graph.nodes if isinstance(n, ExternOp)}
 
 
+def fused_groups(r: CompileRecord) -> str:
+    """One line per fused group of the compiled graph: its kernel's name, the ops it computes."""
+    groups = [n for n in r.graph.nodes if isinstance(n, FusedOp)] if r.graph else []
+    return "\n".join(f"{g.name}: {', '.join(g.members)}" for g in groups) or "(none)"
+
+
+def aten_calls(r: CompileRecord) -> str:
+    """One line per op of the compiled graph run as an ATen call, and why."""
+    return "\n".join(f"{name}: {reason}" for name, reason in r.fallbacks.items()) or "(none)"
+
+
+def tuning(r: CompileRecord) -> str:
+    """The template config of each tuned group, and how it was chosen."""
+    lines = [
+        f"{group}: {template} {c.config}\n    {c.describe()}" for group, template, c in r.tuning
+    ]
+    return "\n".join(lines) or "(none)"
+
+
 def _section(title: str, body: str) -> str:
     return f"==== {title} ====\n{body.rstrip()}\n"
 
@@ -56,17 +75,11 @@ def report(r: CompileRecord) -> str:
     for name, seconds, text in r.passes:
         parts.append(_section(f"graph IR after {name} ({seconds * 1e3:.1f} ms)", text))
     if r.graph is not None:
-        groups = [n for n in r.graph.nodes if isinstance(n, FusedOp)]
-        lines = [f"{g.name}: {', '.join(g.members)}" for g in groups]
-        parts.append(_section(f"fused groups ({len(groups)})", "\n".join(lines) or "(none)"))
-        externs = [n for n in r.graph.nodes if isinstance(n, ExternOp)]
-        lines = [f"{n.name}: {n.reason}" for n in externs]
-        parts.append(_section(f"ops run by ATen ({len(externs)})", "\n".join(lines) or "(none)"))
+        count = sum(isinstance(n, FusedOp) for n in r.graph.nodes)
+        parts.append(_section(f"fused groups ({count})", fused_groups(r)))
+        parts.append(_section(f"ops run by ATen ({len(r.fallbacks)})", aten_calls(r)))
     if r.tuning:
-        lines = [
-            f"{group}: {template} {c.config}\n    {c.describe()}" for group, template, c in r.tuning
-        ]
-        parts.append(_section(f"template configs ({len(r.tuning)})", "\n".join(lines)))
+        parts.append(_section(f"template configs ({len(r.tuning)})", tuning(r)))
     if r.estimates:
         lines = [f"{name}: {text}" for name, text in r.estimates.items()]
         parts.append(_section("estimated time per launch (the lens)", "\n".join(lines)))

@@ -17,6 +17,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minicomp"
 # (layer, part): a part is a module prefix; the longest prefix matching a module wins.
 LAYERS = {
     "minicomp.ir": 0,
+    # minicomp's names in torch._logging; loaded alone while torch is imported, so it imports
+    # nothing of minicomp.
+    "minicomp.logs": 0,
     "minicomp.ops": 1,
     # The script DSL's language (what templates are written in); building and launching
     # script kernels and the PyTorch custom-op glue sit higher up.

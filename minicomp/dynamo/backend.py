@@ -7,7 +7,6 @@ import contextlib
 import functools
 import logging
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
+from minicomp.dynamo import diagnostics
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.eager_strides import restride_like_eager
 from minicomp.dynamo.importer import import_graph
@@ -25,10 +25,11 @@ from minicomp.dynamo.output_aliases import (
     view_inputs,
 )
 from minicomp.dynamo.overlap import find_overlapping_write
+from minicomp.logs import warn_user
 from minicomp.passes.graph.group_fallback import KernelsFailed
-from minicomp.record import CompileRecord, report
+from minicomp.record import CompileRecord
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 
 class FallbackWarning(UserWarning):
@@ -115,8 +116,10 @@ def _compile(
 ) -> Callable | None:
     """The plan of `gm` with the inputs at `frozen`'s positions as constants; None when it
     cannot be compiled and options.fallback allows running it eagerly."""
-    record = CompileRecord(kind=kind, trace=bool(_pass_tracers or options.verbose > 1))
-    record.compile_id = _compile_id()
+    record = CompileRecord(
+        kind=kind, trace=bool(_pass_tracers) or diagnostics.wants_passes(options)
+    )
+    record.compile_id = diagnostics.compile_id()
     record.aten_graph = gm.print_readable(print_output=False)
     ops = [
         str(n.target).removeprefix("aten.")
@@ -138,27 +141,16 @@ def _compile(
             plan = record.plan = _import_and_compile(gm, options, record, frozen, static)
     except Exception as e:
         record.error = f"{type(e).__name__}: {e}"
+        diagnostics.report_graph(record, options)
         if options.fallback == "error":
             raise
-        warnings.warn(
+        warn_user(
             f"minicomp could not compile {'an' if kind == 'inference' else 'a'} {kind} graph "
             f"and runs it eagerly: {record.error}",
             FallbackWarning,
-            stacklevel=3,
         )
         return None
-    if options.verbose > 1:
-        print(report(record))
-    elif options.verbose:
-        log.warning(
-            "minicomp: %s graph: %d ATen ops -> %d kernels, %d ATen calls%s%s",
-            kind,
-            record.aten_op_count,
-            len(record.kernels),
-            len(record.fallbacks),
-            " (from the graph cache)" if record.cache.startswith("hit") else "",
-            "".join(f"\n  extern {k}: {v}" for k, v in record.fallbacks.items()),
-        )
+    diagnostics.report_graph(record, options)
     return plan
 
 
@@ -189,7 +181,8 @@ def _import_and_compile(
             key = graph_cache.graph_key(gm, options, record.kind, static, device_index)
         except graph_cache.Uncacheable as e:
             record.cache = f"not kept: {e}"
-        # A graph compiled for explain or verbose=2 runs every pass again, to show them.
+        # A graph traced for explain or diagnostics (diagnostics.wants_passes) runs every pass
+        # again, to show them.
         kept = graph_cache.load(options, key) if key and not record.trace else None
         if kept is not None:
             record.times["graph cache"] = time.perf_counter() - t0
@@ -199,7 +192,7 @@ def _import_and_compile(
                 log.info("minicomp: a cached graph does not link (%s); compiling it", e)
             else:
                 for message in kept.warnings:
-                    warnings.warn(message, KernelFallbackWarning, stacklevel=4)
+                    warn_user(message, KernelFallbackWarning)
                 record.cache = f"hit ({key[:16]})"
                 return plan
     messages: list[str] = []
@@ -250,7 +243,7 @@ def _lower_with_fallbacks(
                 raise e.cause from e
             reason = next(iter(new.values()))
             messages.append(f"minicomp runs {', '.join(sorted(new))} as ATen calls: {reason}")
-            warnings.warn(messages[-1], KernelFallbackWarning, stacklevel=2)
+            warn_user(messages[-1], KernelFallbackWarning)
             externs.update(new)
             attempts += 1
 
@@ -408,7 +401,7 @@ class FrozenRunner:
         if self.fallback == "error":
             raise RuntimeError(message + "; call torch._dynamo.reset() to recompile")
         if not self.warned:
-            warnings.warn(message + ": it runs eagerly", FallbackWarning, stacklevel=2)
+            warn_user(message + ": it runs eagerly", FallbackWarning)
             self.warned = True
         return None
 
@@ -454,13 +447,6 @@ def _static_inputs() -> tuple[int, ...]:
     return tuple(getattr(_fw_metadata(), "static_input_indices", None) or ())
 
 
-def _compile_id() -> str:
-    """The id Dynamo gave the frame whose graph is compiling ("3/1": frame 3, its second
-    compile), also while a backward graph compiles at the first backward(); "" outside."""
-    cid = torch._guards.CompileContext.current_compile_id()
-    return "" if cid is None else str(cid)
-
-
 def _boxed(gm: torch.fx.GraphModule) -> Callable:
     def run(args: list) -> Any:
         return gm(*args)
@@ -499,13 +485,13 @@ def make_backend(options: config.Options, records: list | None = None) -> Callab
                 )
                 if options.fallback == "error":
                     raise RuntimeError(message)
-                warnings.warn(message, FallbackWarning, stacklevel=2)
+                warn_user(message, FallbackWarning)
             return gm
         candidates = freeze_candidates(gm, example_inputs) if options.freeze else {}
 
         def fw(aten_gm, aten_inputs):
             if candidates or options.freeze and _lifted_parameters():
-                warnings.warn(FREEZE_NEEDS_GRAD, stacklevel=2)
+                warn_user(FREEZE_NEEDS_GRAD, UserWarning)
             return compile_aten_graph(aten_gm, options, "forward", records)
 
         def inference(aten_gm, aten_inputs):

@@ -42,7 +42,7 @@ from minicomp.ir.graph import KernelOp
 if TYPE_CHECKING:
     from minicomp.compiler import Lowered
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 KIND = "graphs"
 """The cache root's folder of compiled graphs."""
@@ -54,7 +54,9 @@ than compiling again."""
 FORMAT_VERSION = "1"
 
 # Options that change what is printed or where things go, never the compiled graph.
-_IRRELEVANT_OPTIONS = frozenset({"verbose", "cache_dir", "parallel_compile", "graph_cache"})
+_IRRELEVANT_OPTIONS = frozenset(
+    {"verbose", "cache_dir", "parallel_compile", "graph_cache", "debug_dir"}
+)
 
 
 @dataclasses.dataclass(frozen=True)

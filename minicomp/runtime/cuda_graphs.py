@@ -42,7 +42,7 @@ from minicomp.runtime.plan import (
 
 MAX_CAPTURES = 8
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 # ATen ops whose CUDA implementations wait for the device or read results on the host.
 SYNCING_OPS = frozenset(

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 BUDGET_SPENT = "not compiled: the tuning budget was spent"
 _HEADER = struct.Struct("<Q")

@@ -40,7 +40,7 @@ from minicomp.config import Options
 from minicomp.ir.func import Function
 from minicomp.tune.compile_pool import compile_parallel
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = {1: 30.0, 2: 300.0}
 """Seconds one tune() call may spend per search space when the tune_budget option is unset."""

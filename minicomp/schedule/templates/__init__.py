@@ -27,7 +27,7 @@ from minicomp.schedule.templates.base import sm_count_of
 from minicomp.schedule.templates.problem import MatmulProblem, matmul_problem
 from minicomp.script.errors import ScriptError
 
-log = logging.getLogger("minicomp")
+log = logging.getLogger(__name__)
 
 TEMPLATES = {t.name: t for t in (matmul_tc.TEMPLATE, matmul_simt.TEMPLATE)}
 
