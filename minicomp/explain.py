@@ -29,7 +29,7 @@ from minicomp.ir.graph import ExternOp, FusedOp
 from minicomp.ir.printer import function_str
 from minicomp.lens.session import recording
 from minicomp.passes.graph.library_calls import BY_DESIGN
-from minicomp.record import CompileRecord, report
+from minicomp.record import HEADER_MARK, CompileRecord, header_elided, report, split_header
 
 BY_DESIGN_GROUP = "by design"
 VIEWS = "zero-copy views"
@@ -172,10 +172,8 @@ class Explanation:
         parts = []
         for k, r in enumerate(self.records, 1):
             if r.source:
-                name, _, body = split_header(r.source)
-                parts.append(
-                    _section(f"graph {k} ({r.kind}): generated source", _elided(body, name))
-                )
+                title = f"graph {k} ({r.kind}): generated source"
+                parts.append(_section(title, header_elided(r.source)))
         return "\n".join(parts) or "(no generated source: minicomp generated no kernel)"
 
     def after_pass(self, name: str) -> str:
@@ -201,8 +199,7 @@ class Explanation:
         the summary."""
         parts = []
         for r in self.records:
-            name, _, body = split_header(r.source)
-            parts.append(report(dataclasses.replace(r, source=_elided(body, name))))
+            parts.append(report(dataclasses.replace(r, source=header_elided(r.source))))
         return "\n".join([*parts, self.summary()])
 
     def write(self, directory: str) -> list[str]:
@@ -349,34 +346,6 @@ def explain_file(script: str, args: list[str]) -> Explanation:
     return Explanation(records, run)
 
 
-def split_header(source: str) -> tuple[str, str, str]:
-    """(the header's file name, its text, `source` without it) for a generated source that
-    carries a runtime header (the cpu target's runtime.h, the CUDA targets' device.h), else
-    ("", "", source)."""
-    if not source:
-        return "", "", source
-    # Imported here: the backends load with the first compile, not with `import minicomp`.
-    from minicomp.backends.cpu.codegen import runtime_header
-    from minicomp.backends.cuda.codegen import device_header
-
-    for name, text in (("runtime.h", runtime_header()), ("device.h", device_header())):
-        header = text.strip("\n")
-        if header and header in source:
-            return name, header, source.replace(header, _HEADER_MARK, 1)
-    return "", "", source
-
-
-_HEADER_MARK = "\0minicomp header\0"
-
-
-def _elided(body: str, name: str) -> str:
-    note = (
-        f"/* {name}, minicomp's runtime header (the same in every graph), left out: "
-        f"`minicomp explain --out DIR` writes it once as DIR/{name} */"
-    )
-    return body.replace(_HEADER_MARK, note)
-
-
 def _write(e: Explanation, directory: str) -> list[str]:
     written: list[str] = []
 
@@ -403,7 +372,7 @@ def _write(e: Explanation, directory: str) -> list[str]:
             name, header, body = split_header(r.source)
             if name:
                 headers[name] = header
-                body = body.replace(_HEADER_MARK, f'#include "../{name}"')
+                body = body.replace(HEADER_MARK, f'#include "../{name}"')
             put(f"{folder}/source.{'cu' if name == 'device.h' else 'c'}", body)
         if r.error:
             put(f"{folder}/error.txt", r.error)

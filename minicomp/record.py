@@ -101,3 +101,39 @@ def report(r: CompileRecord) -> str:
     if r.error:
         parts.append(_section("fell back to eager", r.error))
     return "\n".join(parts)
+
+
+def split_header(source: str) -> tuple[str, str, str]:
+    """(the header's file name, its text, `source` without it) for a generated source that
+    carries a runtime header (the cpu target's runtime.h, the CUDA targets' device.h), else
+    ("", "", source)."""
+    if not source:
+        return "", "", source
+    # Imported here: the backends load with the first compile, not with `import minicomp`.
+    from minicomp.backends.cpu.codegen import runtime_header
+    from minicomp.backends.cuda.codegen import device_header
+
+    for name, text in (("runtime.h", runtime_header()), ("device.h", device_header())):
+        header = text.strip("\n")
+        if header and header in source:
+            return name, header, source.replace(header, HEADER_MARK, 1)
+    return "", "", source
+
+
+# Where split_header took the header out, for the caller to put a note or an #include.
+HEADER_MARK = "\0minicomp header\0"
+
+
+def elided(body: str, name: str) -> str:
+    """`body` (split_header's third part) with a one-line note where the header was."""
+    note = (
+        f"/* {name}, minicomp's runtime header (the same in every graph), left out: "
+        f"`minicomp explain --out DIR` writes it once as DIR/{name} */"
+    )
+    return body.replace(HEADER_MARK, note)
+
+
+def header_elided(source: str) -> str:
+    """`source` with its runtime header replaced by a one-line note."""
+    name, _, body = split_header(source)
+    return elided(body, name)

@@ -23,6 +23,9 @@ def test_torch_logs_prints_the_source_without_importing_minicomp(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[__minicomp_source]" in proc.stderr
     assert "void k0_sin_add_relu(" in proc.stderr
+    # The runtime header, the same in every graph, is named instead of printed.
+    assert "runtime.h, minicomp's runtime header" in proc.stderr
+    assert proc.stderr.count("#include") < 5, "the runtime header was printed"
     assert "[__minicomp_fusion]" not in proc.stderr, "only the artifacts named"
 
 

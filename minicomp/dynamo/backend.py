@@ -63,9 +63,10 @@ def recording(records: list, *, passes: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
-        _recorders.remove(records)
-        if passes:
-            _pass_tracers.remove(records)
+        # By identity: list.remove compares by value, and nested recordings' lists are often
+        # equal (both empty, or holding the same records).
+        for stack in (_recorders, _pass_tracers) if passes else (_recorders,):
+            del stack[next(k for k in reversed(range(len(stack))) if stack[k] is records)]
 
 
 def compile_aten_graph(

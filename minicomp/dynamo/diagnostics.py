@@ -29,7 +29,14 @@ import torch
 from minicomp import config
 from minicomp.ir.printer import function_str
 from minicomp.logs import artifact_on, log_artifact, log_forced
-from minicomp.record import CompileRecord, aten_calls, fused_groups, report, tuning
+from minicomp.record import (
+    CompileRecord,
+    aten_calls,
+    fused_groups,
+    header_elided,
+    report,
+    tuning,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +110,9 @@ def _log_artifacts(record: CompileRecord, options: config.Options, headline: str
     if record.kernels:
         log_artifact("minicomp_kernels", lambda: titled(_kernel_ir(record)), force=force)
     if record.source:
-        log_artifact("minicomp_source", lambda: titled(record.source), force=force)
+        # The runtime header is the same in every graph: the debug directory's source has it.
+        source = record.source
+        log_artifact("minicomp_source", lambda: titled(header_elided(source)), force=force)
 
 
 def _passes(record: CompileRecord) -> str:

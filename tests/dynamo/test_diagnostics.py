@@ -225,3 +225,14 @@ def test_wants_passes():
         assert diagnostics.wants_passes(config.resolve())
     finally:
         torch._logging.set_logs()
+
+
+def test_nested_recordings_each_get_their_own_records():
+    outer: list = []
+    with recording(outer):
+        inner: list = []
+        with recording(inner):  # equal to outer (both empty) when it starts
+            _run()
+        _run(fn=lambda x, w: (x @ w).cos())
+    assert len(inner) == 1 and len(outer) == 2
+    assert outer[0] is inner[0]
