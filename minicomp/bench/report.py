@@ -114,20 +114,21 @@ def table(rows: list[dict], max_spread: float = NOISY_SPREAD) -> str:
 
 
 def _noise_notes(rows: list[dict], max_spread: float) -> list[str]:
-    noisy = [
-        f"{config_label(r)} {r['backend']}"
-        for r in rows
-        if r.get("speedup_vs_eager_noisy") or r.get("speedup_vs_inductor_noisy")
-    ]
+    noisy: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("speedup_vs_eager_noisy") or r.get("speedup_vs_inductor_noisy"):
+            noisy.setdefault(config_label(r), []).append(r["backend"])
     out = []
     if noisy:
         note = (
             f"{NOISY_MARK} noisy: the middle half of the cell's per-round ratios spans more than "
             f"{max_spread:.0%} of their median (--max-spread). The median is still the best "
             "estimate, but measure it again, with more --repeats or on a quieter machine, "
-            f"before quoting it. Noisy: {', '.join(noisy)}."
+            "before quoting it. Noisy: "
+            + "; ".join(f"{label} ({', '.join(names)})" for label, names in noisy.items())
+            + "."
         )
-        out += ["", *textwrap.wrap(note, WIDTH, subsequent_indent="  ")]
+        out += ["", *_wrap(note)]
     rounds = [r["repeats"] for r in rows if r.get("repeats")]
     if rounds and min(rounds) < 3:
         out += ["", f"With {min(rounds)} round(s) the spread says little: use --repeats 3 or more."]
@@ -154,7 +155,13 @@ def preamble(meta: dict) -> list[str]:
         f"peak MiB: {MEMORY_METHODS.get(meta['memory_method'], meta['memory_method'])}",
         *meta.get("warnings", []),
     ]
-    return [line for item in items for line in textwrap.wrap(item, WIDTH, subsequent_indent="  ")]
+    return [line for item in items for line in _wrap(item)]
+
+
+def _wrap(text: str) -> list[str]:
+    """Prose around the table, wrapped at WIDTH, continuation lines indented (option names
+    such as --max-spread are not broken at their hyphens)."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 MEMORY_METHODS = {

@@ -77,7 +77,7 @@ def test_a_planted_noisy_cell_is_flagged_with_the_median_of_per_round_ratios():
     (ind_line,) = [x for x in lines if x.startswith("gpt2") and " inductor " in x]
     assert "!" not in ind_line and "2.00x" in ind_line
     note = " ".join(text[text.index("! noisy:") :].split())  # wrapped at 100 columns
-    assert "more than 25% of their median" in note and "gpt2 float32 b1 minicomp-ss0" in note
+    assert "more than 25% of their median" in note and "gpt2 float32 b1 (minicomp-ss0)" in note
 
 
 def test_the_threshold_decides_what_is_noisy():
