@@ -177,9 +177,13 @@ def _prepare_and_time(built, expected, backends, settings, progress, label) -> l
     """The rows of every backend on one built model: each prepared in turn (measure.prepared),
     then all timed in interleaved rounds."""
 
-    def starting(what: str) -> None:
+    started: list[str] = []
+
+    def starting(what: str) -> None:  # the step before this one is done
+        if started:
+            progress.step()
+        started.append(what)
         progress.show(f"{label}: {what}")
-        progress.step()
 
     runnable = [measure.BACKENDS[n] for n in backends if not measure.BACKENDS[n].missing()]
     model = measure.Model(built.model, built.inputs, expected)
@@ -194,6 +198,8 @@ def _prepare_and_time(built, expected, backends, settings, progress, label) -> l
             options=settings.options, warm=settings.warm, on_backend=starting,
         ) as cells,
     ):  # fmt: skip
+        if started:
+            progress.step()
         fns = {name: cell.fn for name, cell in cells.items() if cell.fn is not None}
         progress.show(f"{label}: {settings.repeats} rounds of {', '.join(fns)}")
         with torch.no_grad():

@@ -62,7 +62,7 @@ def test_bench_prints_the_table_and_writes_json_and_png(tmp_path):
         for backend in BACKENDS:
             row = [line.split() for line in lines if line.startswith(f"{model} ")]
             assert [model, "float32", "1", backend, "ok"] in [r[:5] for r in row]
-    assert "bench" not in proc.stderr  # no progress bar: stderr is not a terminal
+    assert "bench:" not in proc.stderr  # no progress bar: stderr is not a terminal
     assert not os.path.exists(tmp_path / "user-cache")
 
     document = json.loads(out_json.read_text())
