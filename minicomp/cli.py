@@ -739,9 +739,12 @@ def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
 _BENCH_DESCRIPTION = """\
 Build the model suite (ResNet-50, BERT-base, GPT-2, a 1B LLaMA, ViT-B/16, a T5 encoder, with
 random weights from installed packages) and, for each model, dtype and batch size, run every
-backend on the same inputs: check it against eager, time it (median after warm-up), weigh its
-peak memory and compile time (cold and with a warm cache). Prints a table, writes a JSON file
-and a PNG chart of speedups. docs/bench.md explains every column.
+backend on the same inputs: check it against eager, weigh its peak memory and compile time
+(cold and with a warm cache), and time all backends together in rounds, each round calling
+every one once. A speed-up is the median of the per-round ratios, printed with its
+interquartile range and marked ! when the rounds spread too widely. Prints a table, writes a
+JSON file and, with matplotlib (pip install 'minicomp[bench]'), a PNG chart of speed-ups.
+docs/bench.md explains every column.
 """
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from minicomp.bench.stats import NOISY_SPREAD
+
 BACKEND_NAMES = (
     "eager",
     "inductor",
@@ -53,6 +55,8 @@ class Settings:
     jsonl: str | None = None  # rows appended here as each is measured
     warm: bool = True  # also time a second compile from the warm on-disk cache
     options: dict = field(default_factory=dict)  # extra minicomp options (a target)
+    threads: int | None = None  # CPU threads to time with; None: leave PyTorch's setting
+    max_spread: float = NOISY_SPREAD  # flag a speed-up whose rounds spread wider (stats.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="full",
         help="full: the standard configs (default); small: 2 layers, narrow, for smoke runs",
     )
-    parser.add_argument("--repeats", type=int, help="timed calls per cell (cpu 10, cuda 50)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="timing rounds, each calling every backend once (cpu 10, cuda 50)",
+    )
     parser.add_argument("--warmup", type=int, help="untimed calls first (cpu 2, cuda 5)")
     parser.add_argument(
         "--json", metavar="PATH", help="results file (minicomp-bench-DEVICE.json; '': none)"
@@ -91,7 +99,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-warm", action="store_true", help="skip the warm compile (from the on-disk cache)"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="cpu: threads to time with (torch.set_num_threads, OMP_NUM_THREADS; default: the "
+        "cores this process may use); cuda: left alone unless given",
+    )
+    parser.add_argument(
+        "--max-spread",
+        type=float,
+        default=NOISY_SPREAD,
+        metavar="F",
+        help="flag a speed-up as noisy when the interquartile range of its per-round ratios "
+        f"exceeds F times their median (default {NOISY_SPREAD})",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (shown on a terminal only)"
+    )
 
 
 def names(text: str, known, what: str) -> list[str]:

@@ -1,25 +1,21 @@
-"""What a bench run shows: the terminal table, the JSON file and the PNG chart of speedups."""
+"""What a bench run shows: the terminal table with its header and footnotes, the JSON file.
+
+The chart is chart.py's."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+import textwrap
 
-from minicomp.bench import png
+from minicomp.bench.stats import NOISY_SPREAD, significant
 
-SCHEMA = "minicomp-bench/1"
-# The bars' colors, one per backend, in the order backends are listed.
-PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (148, 103, 189),
-    (140, 86, 75),
-    (23, 190, 207),
-]
-FAIL_COLOR = (214, 39, 40)
+# 2: speed-ups are medians of per-round ratios, with their quartiles, extremes and a noisy
+# flag; peak memory on the CPU counts tensors (cpu-tensors), no longer the resident set.
+SCHEMA = "minicomp-bench/2"
 MIB = 1024 * 1024
+NOISY_MARK = "!"
+WIDTH = 100  # the prose around the table wraps here
 
 
 def config_label(row: dict) -> str:
@@ -29,6 +25,35 @@ def config_label(row: dict) -> str:
 
 def _num(value, fmt: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _sig(value, suffix: str = "") -> str:
+    return "-" if value is None else significant(value) + suffix
+
+
+def _speedup(base: str):
+    """The cell text of a speed-up: the median of the per-round ratios, marked when noisy."""
+
+    def text(row: dict) -> str:
+        value = row.get(f"speedup_vs_{base}")
+        if value is None:
+            return "-"
+        noisy = row.get(f"speedup_vs_{base}_noisy")
+        return significant(value) + "x" + (f" {NOISY_MARK}" if noisy else "")
+
+    return text
+
+
+def _iqr(base: str):
+    """The cell text of a speed-up's interquartile range (none against itself)."""
+
+    def text(row: dict) -> str:
+        q1, q3 = row.get(f"speedup_vs_{base}_q1"), row.get(f"speedup_vs_{base}_q3")
+        if q1 is None or q3 is None or row["backend"] == base:
+            return "-"
+        return f"{significant(q1)}-{significant(q3)}"
+
+    return text
 
 
 def _status(row: dict) -> str:
@@ -43,12 +68,14 @@ _COLUMNS = (
     ("backend", "<", lambda r: r["backend"]),
     ("check", "<", _status),
     ("rel.err", ">", lambda r: _num(r["max_rel_err"], ".1e")),
-    ("ms", ">", lambda r: _num(r["latency_ms"], ".3f")),
-    ("vs eager", ">", lambda r: _num(r["speedup_vs_eager"], ".2f", "x")),
-    ("vs inductor", ">", lambda r: _num(r["speedup_vs_inductor"], ".2f", "x")),
+    ("ms", ">", lambda r: _sig(r["latency_ms"])),
+    ("vs eager", ">", _speedup("eager")),
+    ("IQR", ">", _iqr("eager")),
+    ("vs inductor", ">", _speedup("inductor")),
+    ("IQR", ">", _iqr("inductor")),
     ("compile s", ">", lambda r: _num(r["compile_s_cold"], ".1f")),
     ("warm s", ">", lambda r: _num(r["compile_s_warm"], ".1f")),
-    ("peak MiB", ">", lambda r: _num(_mib(r["peak_mem_bytes"]), ".1f")),
+    ("peak MiB", ">", lambda r: _sig(_mib(r["peak_mem_bytes"]))),
     ("kernels", ">", lambda r: _num(r["kernel_count"], "d")),
     ("ATen ops", ">", lambda r: _num(_count(r["fallback_ops"]), "d")),
 )
@@ -62,9 +89,10 @@ def _count(ops: dict | None) -> int | None:
     return None if ops is None else len(ops)
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], max_spread: float = NOISY_SPREAD) -> str:
     """The results as an aligned text table, a blank line between model configurations,
-    followed by each failure's error and minicomp's fallback ops per configuration."""
+    followed by footnotes: what a noisy mark means (`max_spread`: the threshold the rows
+    were flagged with), each failure's error and minicomp's fallback ops per configuration."""
     cells = [[text(r) for _, _, text in _COLUMNS] for r in rows]
     header = [title for title, _, _ in _COLUMNS]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
@@ -80,8 +108,68 @@ def table(rows: list[dict]) -> str:
             out.append("")
         previous = config_label(row)
         out.append(line(values))
+    out.extend(_noise_notes(rows, max_spread))
     out.extend(_notes(rows))
     return "\n".join(out)
+
+
+def _noise_notes(rows: list[dict], max_spread: float) -> list[str]:
+    noisy: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("speedup_vs_eager_noisy") or r.get("speedup_vs_inductor_noisy"):
+            noisy.setdefault(config_label(r), []).append(r["backend"])
+    out = []
+    if noisy:
+        note = (
+            f"{NOISY_MARK} noisy: the middle half of the cell's per-round ratios spans more than "
+            f"{max_spread:.0%} of their median (--max-spread). The median is still the best "
+            "estimate, but measure it again, with more --repeats or on a quieter machine, "
+            "before quoting it. Noisy: "
+            + "; ".join(f"{label} ({', '.join(names)})" for label, names in noisy.items())
+            + "."
+        )
+        out += ["", *_wrap(note)]
+    rounds = [r["repeats"] for r in rows if r.get("repeats")]
+    if rounds and min(rounds) < 3:
+        out += ["", f"With {min(rounds)} round(s) the spread says little: use --repeats 3 or more."]
+    return out
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 thread`, `2 threads`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def preamble(meta: dict) -> list[str]:
+    """The lines above the table: what was run on what, how each column was measured, and
+    the warnings that bear on every number (a loaded machine)."""
+    settings = meta["settings"]
+    threads = f", {plural(meta['threads'], 'thread')}" if settings["device"] == "cpu" else ""
+    items = [
+        f"minicomp bench on {settings['device']} ({meta['device_name']}){threads}, "
+        f"{meta['cores']} usable cores; {settings['size']} models",
+        f"timing: {settings['repeats']} rounds after {settings['warmup']} warm-up calls; each "
+        "round runs every backend once, in rotating order",
+        "ms: the median over the rounds; vs eager, vs inductor: the median of the per-round "
+        "ratios; IQR: their interquartile range",
+        f"peak MiB: {MEMORY_METHODS.get(meta['memory_method'], meta['memory_method'])}",
+        *meta.get("warnings", []),
+    ]
+    return [line for item in items for line in _wrap(item)]
+
+
+def _wrap(text: str) -> list[str]:
+    """Prose around the table, wrapped at WIDTH, continuation lines indented (option names
+    such as --max-spread are not broken at their hyphens)."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
+MEMORY_METHODS = {
+    "cpu-tensors": "tensors the backend keeps between calls, plus one call's peak of tensor "
+    "allocations (torch.profiler), weights and inputs excluded",
+    "cuda-max-allocated": "torch.cuda.max_memory_allocated over the warm-up calls, minus what "
+    "was allocated before the compile (weights, inputs)",
+}
 
 
 def _notes(rows: list[dict]) -> list[str]:
@@ -114,130 +202,3 @@ def write_json(path: str, document: dict) -> None:
     with open(path, "w") as f:
         json.dump(document, f, indent=1, sort_keys=False)
         f.write("\n")
-
-
-# -- the chart -----------------------------------------------------------------------------
-
-
-def _bars(rows: list[dict], backends: list[str]) -> list[tuple[str, list[tuple[str, dict]]]]:
-    """(configuration, [(backend, row)]) for every configuration, eager left out: its
-    speedup is 1 by definition, drawn as the reference line instead."""
-    groups: dict[str, list[tuple[str, dict]]] = {}
-    for r in rows:
-        if r["backend"] != "eager":
-            groups.setdefault(config_label(r), []).append((r["backend"], r))
-    order = {b: i for i, b in enumerate(backends)}
-    return [(k, sorted(v, key=lambda br: order.get(br[0], 99))) for k, v in groups.items()]
-
-
-def _colors(backends: Iterable[str]) -> dict[str, tuple[int, int, int]]:
-    names = [b for b in backends if b != "eager"]
-    return {b: PALETTE[i % len(PALETTE)] for i, b in enumerate(names)}
-
-
-def write_chart(path: str, rows: list[dict], backends: list[str], title: str) -> str:
-    """A PNG bar chart of each backend's speedup over eager per configuration at `path`;
-    matplotlib draws it when importable, else the built-in writer. Returns which one did."""
-    try:
-        import matplotlib  # noqa: F401 - optional
-    except ImportError:
-        draw_builtin_chart(path, rows, backends, title)
-        return "builtin"
-    draw_matplotlib_chart(path, rows, backends, title)
-    return "matplotlib"
-
-
-def _speedup_text(row: dict) -> str:
-    if row["status"] != "pass":
-        return "FAIL" if row["status"] == "mismatch" else "ERROR"
-    speedup = row["speedup_vs_eager"]
-    return "no eager time" if speedup is None else f"{speedup:.2f}x"
-
-
-def draw_matplotlib_chart(path: str, rows: list[dict], backends: list[str], title: str) -> None:
-    """The chart drawn with matplotlib's object API (no pyplot: no global state touched)."""
-    # matplotlib is optional (write_chart checks it is there) and slow to import.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    groups, colors = _bars(rows, backends), _colors(backends)
-    count = sum(len(bars) for _, bars in groups)
-    fig = Figure(figsize=(10, 1.5 + 0.28 * (count + len(groups))))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    y, ticks, labels = 0, [], []
-    for label, bars in groups:
-        for backend, row in bars:
-            speedup = row["speedup_vs_eager"] if row["status"] == "pass" else None
-            ax.barh(y, speedup or 0, color=[c / 255 for c in colors[backend]], height=0.8)
-            ax.text(speedup or 0, y, " " + _speedup_text(row), va="center", fontsize=7)
-            ticks.append(y)
-            labels.append(f"{label}  {backend}")
-            y -= 1
-        y -= 1
-    ax.axvline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax.set_yticks(ticks, labels, fontsize=7)
-    ax.set_xlabel("speedup over eager (higher is better)")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def draw_builtin_chart(path: str, rows: list[dict], backends: list[str], title: str) -> None:
-    """The chart drawn with the built-in PNG writer: one horizontal bar per backend, grouped
-    by configuration, a dashed line at 1x."""
-    groups, colors = _bars(rows, backends), _colors(backends)
-    bar_h, gap, margin = 16, 5, 16
-    label_w = max(
-        [png.text_width(b) for b in colors] + [png.text_width(g) for g, _ in groups] + [0]
-    )
-    left = margin + label_w + 12
-    plot_w = 520
-    top_y = margin + 56
-    bottom_y = top_y + sum((len(b) + 1) * (bar_h + gap) + 6 for _, b in groups)
-    canvas = png.Canvas(left + plot_w + 110, bottom_y + 40 + margin)
-    speedups = [r["speedup_vs_eager"] for _, bars in groups for _, r in bars if _drawable(r)]
-    top = max([1.0, *speedups]) * 1.1
-    scale = plot_w / top
-    canvas.text(margin, margin, title[:90])
-    x = margin
-    for backend, color in colors.items():  # the legend
-        canvas.rect(x, margin + 24, x + 14, margin + 38, color)
-        x = canvas.text(x + 20, margin + 25, backend) + 16
-    one = left + round(scale)
-    for dash in range(top_y, bottom_y, 8):  # the eager line, dashed, under everything else
-        canvas.rect(one, dash, one + 2, dash + 4, (128, 128, 128))
-    y = top_y
-    for label, bars in groups:
-        canvas.text(margin, y, label, (60, 60, 60))
-        y += bar_h + gap
-        for backend, row in bars:
-            canvas.text(margin + 12, y + 1, backend, (90, 90, 90))
-            end = left
-            if _drawable(row):
-                end = left + max(1, round(row["speedup_vs_eager"] * scale))
-                canvas.rect(left, y, end, y + bar_h, colors[backend])
-            text = _speedup_text(row)
-            canvas.rect(end + 3, y, end + 9 + png.text_width(text), y + bar_h, (255, 255, 255))
-            text_color = (0, 0, 0) if row["status"] == "pass" else FAIL_COLOR
-            canvas.text(end + 6, y + 1, text, text_color)
-            y += bar_h + gap
-        y += 6
-    canvas.rect(left, y, left + plot_w, y + 2, (0, 0, 0))
-    for tick in _ticks(top):
-        tx = left + round(tick * scale)
-        canvas.rect(tx, y, tx + 2, y + 6, (0, 0, 0))
-        canvas.text(tx - png.text_width(f"{tick:g}x") // 2, y + 10, f"{tick:g}x")
-    canvas.save(path)
-
-
-def _drawable(row: dict) -> bool:
-    return row["status"] == "pass" and row["speedup_vs_eager"] is not None
-
-
-def _ticks(top: float) -> list[float]:
-    """Round tick values from 0 to `top`, at most about six."""
-    for step in (0.25, 0.5, 1, 2, 5, 10, 20, 50, 100):
-        if top / step <= 6:
-            break
-    return [i * step for i in range(int(top / step) + 1)]

@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tqdm import tqdm
+
 from minicomp.config import Options
 from minicomp.ir.func import Function
 from minicomp.tune.compile_pool import compile_parallel
@@ -573,13 +575,14 @@ def cuda_event_timer(
 
 
 class ProgressBar:
-    """One line on stderr: the kernel, candidates done of all, the best time, time left.
+    """Tuning's progress on stderr: the kernel, candidates done of all, the best time, the
+    time left (the estimate, capped by the budget).
 
-    On a terminal the line is redrawn in place; elsewhere (when enabled, for verbose logs)
-    it is printed at most once a second.
+    On a terminal it is a tqdm bar, redrawn in place and cleared by the summary line; elsewhere
+    (when enabled, for verbose logs) a plain line at most once a second.
     """
 
-    WIDTH = 20
+    FORMAT = "{desc} |{bar}| {n_fmt}/{total_fmt}{postfix}"  # postfix: ", measured, ..."
 
     def __init__(self, name, total, deadline, clock, *, enabled: bool, stream=None):
         self.name = name if len(name) <= 60 else name[:57] + "..."
@@ -591,37 +594,51 @@ class ProgressBar:
         self.start = clock()
         self.last = -math.inf
         self.shown = False
+        self._bar = None
 
     def _out(self):
         return self.stream if self.stream is not None else sys.stderr
+
+    def _status(self, done: int, best_us: float, what: str, now: float) -> str:
+        elapsed = now - self.start
+        estimate = elapsed / done * (self.total - done) if done else math.inf
+        left = max(0.0, min(estimate, self.deadline - now))
+        left_text = "?" if math.isinf(left) else f"{left:.0f}s"
+        best = "" if math.isnan(best_us) else f", best {best_us:.1f} us"
+        return f"{what}{best}, ~{left_text} left"
 
     def update(self, done: int, best_us: float, what: str = "measured") -> None:
         """Show `done` of the candidates `what` (measured, compiled) and the best time."""
         if not self.enabled:
             return
         now = self.clock()
-        tty = _isatty(self._out())
-        if not tty and now - self.last < 1.0 and done < self.total:
+        status = self._status(done, best_us, what, now)
+        self.shown = True
+        if _isatty(self._out()):
+            if self._bar is None:
+                self._bar = tqdm(
+                    total=self.total, desc=f"tuning {self.name}", file=self._out(),
+                    bar_format=self.FORMAT, leave=False, dynamic_ncols=True,
+                )  # fmt: skip
+            self._bar.n = done
+            self._bar.set_postfix_str(status)  # redraws
+            return
+        if now - self.last < 1.0 and done < self.total:
             return
         self.last = now
-        filled = round(self.WIDTH * done / max(self.total, 1))
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        elapsed = now - self.start
-        estimate = elapsed / done * (self.total - done) if done else math.inf
-        left = max(0.0, min(estimate, self.deadline - now))
-        left_text = "?" if math.isinf(left) else f"{left:.0f}s"
-        best = "" if math.isnan(best_us) else f", best {best_us:.1f} us"
-        line = f"tuning {self.name} [{bar}] {done}/{self.total} {what}{best}, ~{left_text} left"
-        self._out().write(("\r\x1b[2K" if tty else "") + line + ("" if tty else "\n"))
+        filled = round(20 * done / max(self.total, 1))
+        bar = "#" * filled + "." * (20 - filled)
+        self._out().write(f"tuning {self.name} [{bar}] {done}/{self.total} {status}\n")
         self._out().flush()
-        self.shown = True
 
     def close(self, summary: str) -> None:
-        """End the line with a summary of the outcome."""
+        """End with a line summing up the outcome (the bar, if any, cleared)."""
         if not self.enabled:
             return
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         elapsed = self.clock() - self.start
         line = f"tuned {self.name}: {summary} ({self.total} candidates, {elapsed:.1f}s)"
-        tty = _isatty(self._out())
-        self._out().write(("\r\x1b[2K" if tty else "") + line + "\n")
+        self._out().write(line + "\n")
         self._out().flush()

@@ -1,7 +1,6 @@
 """One bench cell: the error measure, failures kept per cell, timing and memory meters."""
 
 import math
-import mmap
 import time
 
 import pytest
@@ -63,7 +62,9 @@ def test_eager_cell_has_every_measurement():
     assert row["status"] == "pass" and row["passed"] and row["error"] is None
     assert row["max_rel_err"] == 0.0 and row["repeats"] == 3
     assert 0 < row["latency_ms_min"] <= row["latency_ms"] <= row["latency_ms_max"]
-    assert row["memory_method"] == "rss-sampled" and row["peak_mem_bytes"] >= 0
+    # A (2, 8) input: the linear's output, relu's, the product, softmax's: 4 tensors of
+    # 2x4 floats, at most all live at once.
+    assert row["memory_method"] == "cpu-tensors" and 32 <= row["peak_mem_bytes"] <= 4 * 32
     assert row["compile_s_cold"] is None and row["kernel_count"] is None
 
 
@@ -103,22 +104,39 @@ def test_minicomp_cell_compiles_cold_then_warm_in_a_private_cache(tmp_path, monk
     assert not (tmp_path / "user-cache").exists()
 
 
-def test_cpu_memory_meter_sees_a_large_allocation():
-    meter = measure.MemoryMeter("cpu")
-    with meter:
-        # 64 MiB of fresh pages from the system: an anonymous mapping, touched. (A tensor of
-        # that size may reuse pages a long-lived test process freed but still holds.)
-        block = mmap.mmap(-1, 64 * 1024 * 1024)
-        block.write(b"\1" * len(block))
-        time.sleep(0.05)
-        block.close()
-    assert meter.method == "rss-sampled"
-    assert meter.peak_bytes >= 48 * 1024 * 1024
+def test_cpu_memory_counts_what_a_backend_keeps_and_what_a_call_allocates():
+    mib = 1024 * 1024
+
+    def keeper(model, cache_dir, options):
+        kept = torch.zeros(2 * mib // 4)  # like a compiled plan's workspace, kept between calls
+
+        def run(x):
+            scratch = torch.ones(4 * mib // 4)  # freed before the call returns
+            return model(x) + kept[0] * scratch[0]
+
+        return run
+
+    row = _cell(measure.Backend("keeper", keeper, "none"))
+    assert row["memory_method"] == "cpu-tensors"
+    assert 6 * mib <= row["peak_mem_bytes"] < 6 * mib + 1024
 
 
-def test_time_calls_measures_each_call():
-    samples = measure.time_calls(lambda: time.sleep(0.01), (), 3, "cpu")
-    assert len(samples) == 3 and all(9.0 <= s < 1000 for s in samples)
+def test_call_peak_bytes_follows_allocations_and_frees():
+    def call(n):
+        a = torch.ones(n)  # n floats
+        b = torch.ones(n)
+        del a
+        c = torch.ones(2 * n)
+        return b.sum() + c.sum()
+
+    peak = measure.call_peak_bytes(call, (1024 * 1024,))
+    # b and c at once (a was freed first), and the two sums' scalars
+    assert 3 * 4 * 1024 * 1024 <= peak <= 3 * 4 * 1024 * 1024 + 64
+
+
+def test_time_call_measures_one_call():
+    ms = measure.time_call(lambda: time.sleep(0.01), (), "cpu")
+    assert 9.0 <= ms < 1000
 
 
 def test_minicomp_options_reach_the_compile_and_warm_false_compiles_once(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from minicomp.bench import report, runner, suite
+from minicomp.bench import chart, report, runner, suite
 from minicomp.bench.options import Settings
 from minicomp.bench.stages.stage import Stage
 
@@ -40,7 +40,6 @@ def run(stage: Stage, models=None, batches=None, backends=None) -> None:
         warm=False,
         options={"target": stage.target},
     )
-    progress = runner.Progress(0, False)
     rows, spent = [], []
     configs = [(b, name) for b in settings.batch for name in settings.models]
     for i, (batch, name) in enumerate(configs):
@@ -58,11 +57,14 @@ def run(stage: Stage, models=None, batches=None, backends=None) -> None:
         def emit(row: dict) -> None:
             stage.rows.write({"kind": "model", **row})
 
-        rows += runner.measure_config(spec, settings, "float16", batch, progress, emit)
+        rows += runner.measure_config(spec, settings, "float16", batch, on_row=emit)
         spent.append(time.monotonic() - start)
         print(f"{name} b{batch}: {spent[-1]:.0f} s", flush=True)
     if rows:
         print(report.table(rows), flush=True)
-        title = f"minicomp models, {stage.tag}: speedup over eager (float16)"
-        drawer = report.write_chart(stage.path(".png"), rows, settings.backends, title)
-        print(f"chart: {stage.path('.png')} ({drawer})", flush=True)
+        if chart.missing():
+            print(chart.missing(), flush=True)
+        else:
+            title = f"minicomp models, {stage.tag}: speed-up over eager (float16)"
+            chart.write(stage.path(".png"), rows, settings.backends, title)
+            print(f"chart: {stage.path('.png')}", flush=True)
