@@ -149,8 +149,8 @@ class CpuTarget(Target):
     name = "cpu"
     # Convolutions become oneDNN calls on channels-last values last, when every view and
     # alias is decided: a value an ATen call or an alias reads keeps eager's layout. Products
-    # over constant weights become oneDNN's prepacked linear (after the default passes fold
-    # the weights' transposes into constants).
+    # become oneDNN's linear, prepacked over constant weights (after the default passes fold
+    # the weights' transposes into constants), else over weights whose layouts are final.
     passes = (*FIRST_PASSES, *DEFAULT_PASSES, onednn_convolutions, onednn_linears)
 
     def schedule(self, op, layouts, choose, options):
