@@ -150,9 +150,10 @@ class CpuTarget(Target):
     name = "cpu"
     # Convolutions become oneDNN calls on channels-last values last, when every view and
     # alias is decided: a value an ATen call or an alias reads keeps eager's layout. Products
-    # over constant weights become oneDNN's prepacked linear (after the default passes fold
-    # the weights' transposes into constants). Products and convolutions stay ATen calls by
-    # design: their reasons say so first, before passes that build on them.
+    # become oneDNN's linear, prepacked over constant weights (after the default passes fold
+    # the weights' transposes into constants), else over weights whose layouts are final.
+    # Products and convolutions left to ATen say so by design first, before passes that
+    # build on them.
     passes = (
         name_library_calls,
         *FIRST_PASSES,

@@ -49,8 +49,9 @@ def _run(fn=matmul_then_pointwise, args=INPUTS, **options):
     return out
 
 
-def test_verbose_1_logs_one_info_line_with_the_aten_calls_counted(minicomp_log):
-    with config.patch(graph_cache=True):
+def test_verbose_1_logs_one_info_line_with_the_aten_calls_counted(minicomp_log, tmp_path):
+    # A cache of its own: another test may have kept this graph in the session's cache.
+    with config.patch(graph_cache=True, cache_dir=str(tmp_path)):
         _run(verbose=1)
         _run(verbose=1)  # the second time from the graph cache: the same counts
     lines = [r for r in minicomp_log if "inference graph" in r.getMessage()]

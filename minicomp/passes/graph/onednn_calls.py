@@ -1,6 +1,8 @@
-"""The oneDNN convolution calls of the cpu target: their parameters, the elementwise ops after
-a convolution that oneDNN runs as post-ops, and the ATen call (or prepacked callable) computing
-one. passes/graph/onednn_convolution.py decides where they go and in which layouts."""
+"""The oneDNN calls of the cpu target. For convolutions: their parameters, the elementwise ops
+after a convolution that oneDNN runs as post-ops, and the ATen call (or prepacked callable)
+computing one; passes/graph/onednn_convolution.py decides where they go and in which layouts.
+For matrix products: oneDNN's linear over a prepacked or an unpacked weight
+(passes/graph/onednn_linear.py decides which products)."""
 
 from __future__ import annotations
 
@@ -185,7 +187,26 @@ class PackedLinear:
         # oneDNN reads the activation row-major; a strided one is copied (as ATen's mm would
         # pack it).
         x = x if x.is_contiguous() else x.contiguous()
-        return mkldnn._linear_pointwise.default(x, self.weight, bias, "none", [], "")
+        return mkldnn._linear_pointwise.default(x, self.weight, _dense(bias), "none", [], "")
 
     def __repr__(self) -> str:
         return f"PackedLinear(weight {list(self.shape)})"
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ w (+ bias) by oneDNN's linear over the weight as it is: w [K, N] is the transpose
+    of the [N, K] weight oneDNN reads, a free view when w is either row-major or column-major
+    (an nn.Linear's weight read transposed, GPT-2's Conv1D weight as it is). oneDNN reorders
+    a weight of any other layout on every call, measured a thousand times slower than MKL
+    (768 -> 3072 at 128 rows: 6.5 s against 6.8 ms), so such a weight goes to ATen's product;
+    onednn_linears passes only the two layouts, so that path is a guard."""
+    wt = w.t()
+    if not (wt.is_contiguous() or w.is_contiguous()):
+        return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+    return mkldnn._linear_pointwise.default(x, wt, _dense(bias), "none", [], "")
+
+
+def _dense(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bias as oneDNN's linear needs it: it reads a strided bias as if it were dense (a
+    wrong result, not an error)."""
+    return bias if bias is None or bias.is_contiguous() else bias.contiguous()

@@ -1,61 +1,98 @@
-"""CPU matrix products with a constant weight as oneDNN's prepacked linear.
+"""CPU matrix products as oneDNN's linear: over a prepacked constant weight, or over the
+weight the graph holds.
 
-With frozen weights (options.freeze) a linear layer is an ATen `addmm(bias, x, W)` or
-`mm(x, W)` whose W [K, N] is a constant (a view of the parameter, transposed, or the
-concatenated weights of fused projections, horizontal.py). Here each becomes
-`mkldnn._linear_pointwise` over W reordered once by `mkldnn._reorder_linear_weight` for the
-product's row count (PackedLinear, onednn_calls.py).
+A linear layer is an ATen `addmm(bias, x, W)` or `mm(x, W)`, W [K, N] the parameter read
+transposed (nn.Linear's [N, K] weight), the parameter as it is (GPT-2's Conv1D) or, with
+frozen weights, the concatenated weights of fused projections (horizontal.py). Here each
+becomes `mkldnn._linear_pointwise`:
+
+- With a constant W (options.freeze), over W reordered once by
+  `mkldnn._reorder_linear_weight` for the product's row count (PackedLinear, onednn_calls.py).
+- With W a graph value (a parameter passed as an input, a training backward's saved
+  activation; or a constant, when the row count is symbolic), over W.t() as it is
+  (onednn_calls.linear), when W is row-major or column-major, so that W.t() is a free view
+  (oneDNN reorders any other layout on every call, a thousand times slower than MKL), and
+  the product is large enough to pay for the call: rows x K x N at least MIN_UNPACKED_WORK
+  (with a symbolic row count, K x N alone). This holds in every graph, training ones too.
 
 Why oneDNN and not MKL: measured on this machine's AMD EPYC (one thread, process time,
 GPT-2's shapes, M = 128 and 1024 rows), ATen's `addmm` (MKL's sgemm) and Inductor's
 `mkl._mkl_linear` over an MKL-packed weight take the same time, while oneDNN's f32 linear
 takes 0.45 of it (768 -> 3072 at M = 128: 6.27 ms, MKL-packed 6.21, oneDNN 2.76), at float32
 accuracy (largest error 9e-7 of the largest output, MKL's 3e-7). MKL's packing gives
-nothing; oneDNN's kernel is the win.
+nothing; oneDNN's kernel is the win. Unpacked, oneDNN reorders the weight on each call and
+still takes 0.42 to 0.54 of MKL's time at the shapes of GPT-2, BERT, ViT and TinyLlama (128
+to 1576 rows), either weight layout, and 0.46 to 0.56 at a training backward's products
+(the gradient of the input, and of the weight with the activation read transposed). Its
+fixed cost (about 10 us) loses on small products: 16 x 256 x 256 takes 1.14 of MKL's time,
+4 x 768 x 768 0.92, and one row of 768 x 3072 0.83.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from minicomp.ir import types as T
 from minicomp.ir.graph import ArgRef, ExternOp, Graph, Op, Value
-from minicomp.passes.graph.onednn_calls import PackedLinear
+from minicomp.passes.graph.layout import is_row_major, layouts_for
+from minicomp.passes.graph.onednn_calls import PackedLinear, linear
 
 aten = torch.ops.aten
 mkldnn = torch.ops.mkldnn
 
+MIN_UNPACKED_WORK = 1 << 21
+"""Multiply-adds (rows x K x N) from which oneDNN's unpacked linear beats MKL's sgemm on one
+thread (measured crossover: about 1M to 2M)."""
+
+
+class Product(NamedTuple):
+    """An ATen `mm`/`addmm` that oneDNN's linear computes: x [M, K] @ w [K, N] (+ bias)."""
+
+    op: ExternOp
+    x: Value
+    w: Value
+    bias: Value | None
+
 
 def onednn_linears(graph: Graph) -> Graph:
-    """`graph` with each `mm` or `addmm` (1-D bias, alpha = beta = 1) of a static row count
-    over a constant float32 weight a call of oneDNN's prepacked linear."""
+    """`graph` with each float32 `mm` or `addmm` (1-D bias, alpha = beta = 1) a call of oneDNN's
+    linear: prepacked over a constant weight (with a static row count), unpacked over a
+    weight value laid out row- or column-major when the product is large enough."""
     if not torch.backends.mkldnn.is_available():
         return graph
-    nodes = []
+    products = [p for n in graph.nodes if (p := _product(n)) is not None]
+    if not products:
+        return graph
+    layouts = layouts_for(graph)
+    calls: dict[Op, ExternOp] = {}
     packed: dict[tuple, PackedLinear] = {}  # a weight products share is packed once
-    for n in graph.nodes:
-        w = _constant_weight(n, graph.constants)
-        if w is None:
-            nodes.append(n)
-            continue
-        a = n.inputs[n.args[1 if n.target is aten.addmm.default else 0].index]
-        key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.stride(), a.shape[0])
-        if key not in packed:
-            rows = a.shape[0]
-            packed[key] = PackedLinear(mkldnn._reorder_linear_weight(w.t().contiguous(), rows))
-        nodes.append(_linear_call(n, a, packed[key]))
-    return graph.replace(nodes=tuple(nodes)) if packed else graph
+    for p in products:
+        w = graph.constants.get(p.w.name)
+        rows = p.x.shape[0]
+        if w is not None and isinstance(rows, int) and w.dtype == torch.float32:
+            key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.stride(), rows)
+            if key not in packed:
+                weight = mkldnn._reorder_linear_weight(w.t().contiguous(), rows)
+                packed[key] = PackedLinear(weight)
+            calls[p.op] = _packed_call(p, packed[key])
+        elif _unpacked_pays(p, layouts[p.w.name]):
+            calls[p.op] = _unpacked_call(p)
+    if not calls:
+        return graph
+    return graph.replace(nodes=tuple(calls.get(n, n) for n in graph.nodes))
 
 
-def _constant_weight(n: Op, constants) -> torch.Tensor | None:
-    """The constant W [K, N] that product `n` multiplies by, when `n` qualifies; else None."""
+def _product(n: Op) -> Product | None:
+    """`n` as a Product when it is one oneDNN's linear computes; else None."""
     if not isinstance(n, ExternOp) or len(n.outputs) != 1:
         return None
+    refs = n.args
     if n.target is aten.mm.default:
-        refs, bias_ok = n.args, not n.kwargs
+        bias_ok = not n.kwargs
     elif n.target is aten.addmm.default:
         extra = dict(n.kwargs)
-        refs = n.args
         bias_ok = len(refs) == 3 and extra.get("beta", 1) == 1 and extra.get("alpha", 1) == 1
         bias_ok = (
             bias_ok and isinstance(refs[0], ArgRef) and len(n.inputs[refs[0].index].shape) == 1
@@ -65,21 +102,41 @@ def _constant_weight(n: Op, constants) -> torch.Tensor | None:
         return None
     if not bias_ok or len(refs) != 2 or not all(isinstance(r, ArgRef) for r in refs):
         return None
-    a, b = (n.inputs[r.index] for r in refs)
-    w = constants.get(b.name)
-    if w is None or a.type.device != "cpu" or len(a.shape) != 2 or w.dim() != 2:
+    x, w = (n.inputs[r.index] for r in refs)
+    if x.type.device != "cpu" or len(x.shape) != 2 or len(w.shape) != 2:
         return None
-    if not all(isinstance(d, int) for d in a.shape):
+    if {v.dtype for v in (*n.inputs, *n.outputs)} != {T.f32}:
         return None
-    if {v.dtype for v in (*n.inputs, *n.outputs)} != {T.f32} or w.dtype != torch.float32:
-        return None
-    return w
+    bias = n.inputs[n.args[0].index] if n.target is aten.addmm.default else None
+    return Product(n, x, w, bias)
 
 
-def _linear_call(n: ExternOp, a: Value, target: PackedLinear) -> ExternOp:
-    """The prepacked oneDNN call computing product `n` of activation `a`."""
-    with_bias = n.target is aten.addmm.default
-    inputs = (a, n.inputs[n.args[0].index]) if with_bias else (a,)
-    args = (ArgRef(0), ArgRef(1) if with_bias else None)
+def _unpacked_pays(p: Product, w_strides: tuple) -> bool:
+    """Whether oneDNN's linear over `p`'s weight as it is beats ATen's product: the weight is
+    row-major [K, N] or the transpose of a row-major [N, K], and the product is large enough
+    (see the module's docstring)."""
+    k, n = p.w.shape
+    if not isinstance(k, int) or not isinstance(n, int):
+        return False
+    transposed = is_row_major((n, k), tuple(reversed(w_strides)))
+    if not (transposed or is_row_major((k, n), w_strides)):
+        return False
+    rows = p.x.shape[0]
+    work = k * n * (rows if isinstance(rows, int) else 1)
+    return work >= MIN_UNPACKED_WORK
+
+
+def _packed_call(p: Product, target: PackedLinear) -> ExternOp:
+    """The prepacked oneDNN call computing product `p`."""
+    inputs = (p.x,) if p.bias is None else (p.x, p.bias)
+    args = (ArgRef(0), None if p.bias is None else ArgRef(1))
     reason = "oneDNN linear, weight prepacked"
-    return ExternOp(n.name, inputs, n.outputs, target, args, (), ((),), reason)
+    return ExternOp(p.op.name, inputs, p.op.outputs, target, args, (), ((),), reason)
+
+
+def _unpacked_call(p: Product) -> ExternOp:
+    """The oneDNN call computing product `p` over its weight as it is."""
+    inputs = (p.x, p.w) if p.bias is None else (p.x, p.w, p.bias)
+    args = (ArgRef(0), ArgRef(1), None if p.bias is None else ArgRef(2))
+    reason = "oneDNN linear"
+    return ExternOp(p.op.name, inputs, p.op.outputs, linear, args, (), ((),), reason)
