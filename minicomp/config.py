@@ -374,7 +374,7 @@ def _default_text(spec: _Spec) -> str:
 def describe(markdown: bool = False, width: int = 100) -> str:
     """Render a table of every option: name, type, environment variable, default and doc.
 
-    ``markdown=True`` gives a Markdown table for the README; otherwise plain text, with each
+    ``markdown=True`` gives a Markdown table (docs/options.md); otherwise plain text, with each
     option's doc wrapped to ``width`` columns on the lines under its row.
     """
     header = ("option", "type", "environment variable", "default")
