@@ -32,7 +32,7 @@ from minicomp.ir.graph import FusedOp, Graph, KernelOp, Value
 from minicomp.passes.graph.fusion import fuse
 from minicomp.passes.graph.group_fallback import failed, failing_subset
 from minicomp.passes.graph.layout import layouts_for
-from minicomp.passes.graph.reinplace import reinplace_scatters
+from minicomp.passes.graph.reinplace import reinplace_convolutions, reinplace_scatters
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.passes.pipeline import run_passes
 from minicomp.record import CompileRecord
@@ -107,7 +107,8 @@ def lower(
         layouts = layouts_for(graph)
 
     # Last: which values are memory of the plan's own is known once groups are final.
-    graph = record.graph = run_passes(graph, [reinplace_scatters], trace=trace)
+    in_place = [reinplace_scatters, reinplace_convolutions]
+    graph = record.graph = run_passes(graph, in_place, trace=trace)
     groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
     kernels = _schedule(graph, target, layouts, choose, options, unfused)
     record.tuning = getattr(choose, "decisions", list)()  # a test's chooser may not keep them

@@ -106,19 +106,24 @@ class ExternOp(Op):
 
     @property
     def mutates(self) -> bool:
-        """Whether the call writes into one of its inputs (its schema says so)."""
+        """Whether the call writes into one of its inputs (its schema says so; a callable that
+        is no ATen op, by a true `writes_first_input` attribute)."""
         schema = getattr(self.target, "_schema", None)
-        return schema is not None and schema.is_mutable
+        if schema is None:
+            return bool(getattr(self.target, "writes_first_input", False))
+        return schema.is_mutable
 
     @property
     def returns_views(self) -> bool:
-        """Whether the call's results may share memory with its inputs (a view op)."""
+        """Whether the call's results may share memory with its inputs (a view op, or one
+        returning the input it wrote into)."""
         schema = getattr(self.target, "_schema", None)
-        return bool(
-            getattr(self.target, "is_view", False)
-            or schema is not None
-            and any(r.alias_info is not None for r in schema.returns)
-        )
+        if schema is None:
+            return bool(
+                getattr(self.target, "is_view", False)
+                or getattr(self.target, "writes_first_input", False)
+            )
+        return any(r.alias_info is not None for r in schema.returns)
 
 
 def declared_effectful(fn: Any) -> bool:

@@ -17,6 +17,7 @@ from minicomp.passes.graph.onednn_convolution import channels_last_strides, oned
 aten = torch.ops.aten
 ONEDNN = torch.ops.mkldnn._convolution_pointwise.default
 ONEDNN_BINARY = torch.ops.mkldnn._convolution_pointwise.binary
+ONEDNN_BINARY_IN_PLACE = torch.ops.mkldnn._convolution_pointwise_.binary
 X = (2, 3, 8, 8)
 Y = (2, 4, 8, 8)
 CL_X, CL_Y = channels_last_strides(X), channels_last_strides(Y)
@@ -184,7 +185,10 @@ def onednn_calls(graph: Graph) -> list:
         n.target
         for n in graph.nodes
         if isinstance(n, ExternOp)
-        and (n.target in (ONEDNN, ONEDNN_BINARY) or isinstance(n.target, PackedConvolution))
+        and (
+            n.target in (ONEDNN, ONEDNN_BINARY, ONEDNN_BINARY_IN_PLACE)
+            or isinstance(n.target, PackedConvolution)
+        )
     ]
 
 
@@ -203,20 +207,26 @@ def test_compiled_block_matches_eager(freeze, channels_last):
     options = {"target": "cpu", "fallback": "error", "freeze": freeze}
     with torch.no_grad(), recording(records):
         compiled = torch.compile(model, backend="minicomp", options=options)
-        assert_same(compiled(clone_inputs([x])[0]), model(x), rtol=1e-4, atol=1e-4)
+        first = compiled(clone_inputs([x])[0])
+        assert_same(first, model(x), rtol=1e-4, atol=1e-4)
         fresh = torch.randn_like(x)
         assert_same(compiled(fresh), model(fresh), rtol=1e-4, atol=1e-4)
+        # The result (written into its addend, returned as it is channels-last) is memory of
+        # its own, not the workspace the second call reused.
+        assert_same(first, model(x), rtol=1e-4, atol=1e-4)
     (record,) = records
     calls = onednn_calls(record.graph)
     assert len(calls) == 3
     # Unfrozen, the batch norms stay kernels: the shortcut's call adds conv2's normalised
     # result and applies the relu. Frozen: every weight prepacked, the batch norms folded,
-    # conv1's relu and conv2's residual addition and relu in their calls.
-    assert (ONEDNN_BINARY in calls) == (not freeze)
+    # conv1's relu and conv2's residual addition and relu in their calls. Either way the
+    # addition writes into its addend, which nothing reads after (reinplace.py).
+    assert (ONEDNN_BINARY_IN_PLACE in calls) == (not freeze)
     packed = [c for c in calls if isinstance(c, PackedConvolution)]
     assert len(packed) == (3 if freeze else 0)
-    posts = sorted((c.binary, c.relu) for c in packed)
-    assert posts == ([(False, False), (False, True), (True, True)] if freeze else [])
+    posts = sorted((c.binary, c.relu, c.writes_first_input) for c in packed)
+    expected = [(False, False, False), (False, True, False), (True, True, True)]
+    assert posts == (expected if freeze else [])
     # What kernels are left copy the image in and the result out of channels-last (a
     # channels-last model needs neither), and compute the batch norms when not frozen.
     kernels = [m for n in record.graph.nodes if isinstance(n, FusedOp) for m in n.members]

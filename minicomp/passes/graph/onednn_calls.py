@@ -6,6 +6,7 @@ For matrix products: oneDNN's linear over a prepacked or an unpacked weight
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,9 @@ class PackedConvolution:
     layout_constraint = "exact"
     __name__ = "mkldnn._convolution_pointwise (prepacked)"
 
+    # The in-place form (in_place()) writes its result into the addend, its first argument.
+    writes_first_input = False
+
     def __init__(self, weight: torch.Tensor, conv: Convolution, post: PostOp | None):
         self.weight = weight
         self.shape = tuple(weight.shape)
@@ -64,14 +68,28 @@ class PackedConvolution:
         self.binary = post is not None and post.other is not None
         self.relu = post is not None and post.relu
 
-    def __call__(self, x: torch.Tensor, *rest: torch.Tensor | None) -> torch.Tensor:
+    def in_place(self) -> PackedConvolution:
+        """This call, with a binary post-op, as one that adds into its addend's memory and
+        returns it: called (other, x, bias) instead of (x, other, bias)."""
+        assert self.binary, "only a residual addition has an addend to write into"
+        call = copy.copy(self)
+        call.writes_first_input = True
+        return call
+
+    def __call__(self, *operands: torch.Tensor | None) -> torch.Tensor:
+        if self.writes_first_input:
+            other, x, bias = operands
+            unary = "relu" if self.relu else None
+            return mkldnn._convolution_pointwise_.binary(
+                other, x, self.weight, bias, *self.params, "add", None, unary, [], ""
+            )
         if self.binary:
-            other, bias = rest
+            x, other, bias = operands
             unary = "relu" if self.relu else None
             return mkldnn._convolution_pointwise.binary(
                 x, other, self.weight, bias, *self.params, "add", None, unary, [], ""
             )
-        (bias,) = rest
+        x, bias = operands
         unary = "relu" if self.relu else "none"
         return mkldnn._convolution_pointwise.default(
             x, self.weight, bias, *self.params, unary, [], ""
@@ -79,7 +97,8 @@ class PackedConvolution:
 
     def __repr__(self) -> str:
         post = ("add, " if self.binary else "") + ("relu" if self.relu else "none")
-        return f"PackedConvolution(weight {list(self.shape)}, {post})"
+        where = ", in place" if self.writes_first_input else ""
+        return f"PackedConvolution(weight {list(self.shape)}, {post}{where})"
 
 
 def post_op(reader: Op, y: Value, then: Op | None = None) -> PostOp | None:

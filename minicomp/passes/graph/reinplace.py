@@ -1,20 +1,33 @@
-"""Scatters into memory nothing reads afterwards write into it: the in-place ATen variant.
+"""Calls whose result may overwrite an input nothing reads afterwards write into it: the
+in-place variant.
 
 A functional `index_put(x, ...)`, `scatter(x, ...)` or `index_add(x, ...)` copies all of `x`
 to change a few of its elements. When `x` is the plan's own (an ATen call's fresh result or
 a kernel's output, not an input, a constant or memory a view shares) and no later operator
 reads it, the call runs as `index_put_(x, ...)` instead and its result is `x`'s memory. The
 plan builder then keeps such an `x` out of the workspace when the result escapes the call.
+
+A oneDNN convolution with a residual addition (onednn_calls.py) reads its addend and writes
+a new tensor; on the same conditions its in-place form (`_convolution_pointwise_.binary`, or
+PackedConvolution.in_place) adds into the addend's memory instead, as oneDNN's "sum" post-op.
+Measured on ResNet-50's last convolution of each bottleneck (one thread, batch 8,
+channels-last, prepacked): 7.31 -> 5.67 ms at 64 -> 256 channels on 56x56, 5.01 -> 4.56,
+4.42 -> 3.92 and 3.90 -> 3.68 ms in the later stages: the fresh output is neither allocated
+nor read into cache before it is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp
+from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Op
+from minicomp.passes.graph.onednn_calls import PackedConvolution
+
+mkldnn = torch.ops.mkldnn
 
 # The functional ops that copy their whole first argument to change part of it.
 SCATTERS = frozenset(
@@ -34,6 +47,19 @@ SCATTERS = frozenset(
 
 def reinplace_scatters(graph: Graph) -> Graph:
     """Run functional scatters as their in-place variants where their input is dead after."""
+    return _reinplace(graph, _scatter_in_place)
+
+
+def reinplace_convolutions(graph: Graph) -> Graph:
+    """Run oneDNN convolutions with a residual addition in place, adding into the addend,
+    where the addend is dead after."""
+    return _reinplace(graph, _convolution_in_place)
+
+
+def _reinplace(graph: Graph, in_place: Callable[[Op], ExternOp | None]) -> Graph:
+    """`graph` with each op that `in_place` gives an in-place form of (an ExternOp writing
+    into the input its first argument refers to) replaced by that form, where the plan owns
+    that input, nothing reads it afterwards and no view shows it."""
     position = {}
     for k, n in enumerate(graph.nodes):
         for v in n.inputs:
@@ -45,10 +71,10 @@ def reinplace_scatters(graph: Graph) -> Graph:
     nodes = list(graph.nodes)
     changed = False
     for k, n in enumerate(nodes):
-        in_place = _in_place_variant(n)
-        if in_place is None:
+        new = in_place(n)
+        if new is None:
             continue
-        target = n.inputs[0]
+        target = n.inputs[new.args[0].index]
         if (
             target in owned
             and target not in outputs
@@ -57,7 +83,7 @@ def reinplace_scatters(graph: Graph) -> Graph:
             and n.inputs.count(target) == 1
             and target.dtype == n.outputs[0].dtype
         ):
-            nodes[k] = dataclasses.replace(n, name=f"{n.name} (in place)", target=in_place)
+            nodes[k] = dataclasses.replace(new, name=f"{n.name} (in place)")
             changed = True
     return graph.replace(nodes=tuple(nodes)) if changed else graph
 
@@ -72,9 +98,9 @@ def _owned_memory(graph: Graph) -> set:
     return owned
 
 
-def _in_place_variant(n: Any) -> Any:
-    """The in-place overload of a functional scatter ExternOp whose first argument is its
-    first input, or None."""
+def _scatter_in_place(n: Op) -> ExternOp | None:
+    """The functional scatter `n` (an ExternOp whose first argument is its first input)
+    calling its in-place overload, or None."""
     if not isinstance(n, ExternOp) or len(n.outputs) != 1 or not n.args:
         return None
     target = n.target
@@ -93,4 +119,25 @@ def _in_place_variant(n: Any) -> Any:
     functional = [(a.name, str(a.type)) for a in target._schema.arguments]
     if [(a.name, str(a.type)) for a in variant._schema.arguments] != functional:
         return None
-    return variant
+    return dataclasses.replace(n, target=variant)
+
+
+def _convolution_in_place(n: Op) -> ExternOp | None:
+    """The oneDNN convolution `n` with a residual addition (x, other, ...) as the call adding
+    into `other` (other, x, ...), when `other` is laid out as the result is; else None."""
+    if not isinstance(n, ExternOp) or len(n.outputs) != 1:
+        return None
+    if n.target is mkldnn._convolution_pointwise.binary:
+        target: Any = mkldnn._convolution_pointwise_.binary
+    elif isinstance(n.target, PackedConvolution) and n.target.binary:
+        if n.target.writes_first_input:
+            return None
+        target = n.target.in_place()
+    else:
+        return None
+    x, other, *rest = n.args
+    out = n.outputs[0]
+    addend = n.inputs[other.index]
+    if (addend.shape, addend.type.strides) != (out.shape, out.type.strides):
+        return None
+    return dataclasses.replace(n, target=target, args=(other, x, *rest))
