@@ -14,6 +14,7 @@ from minicomp.ir import expr as E
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.attention import lower_attention
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
+from minicomp.passes.graph.library_calls import name_library_calls
 from minicomp.passes.graph.onednn_convolution import onednn_convolutions
 from minicomp.passes.graph.onednn_linear import onednn_linears
 from minicomp.passes.graph.split_k import split_k
@@ -61,8 +62,15 @@ def test_a_target_that_cannot_run_the_graph_is_refused(requested, devices, messa
 
 def test_pass_lists():
     cpu, emu, cuda = (get_target(n) for n in ("cpu", "cuda-emu", "cuda"))
-    # The cpu target's convolutions and constant-weight products become oneDNN calls last.
-    assert list(cpu.passes) == FIRST_PASSES + DEFAULT_PASSES + [onednn_convolutions, onednn_linears]
+    # The cpu target names its library calls first (ATen by design), and its convolutions
+    # and products become oneDNN calls last.
+    assert list(cpu.passes) == [
+        name_library_calls,
+        *FIRST_PASSES,
+        *DEFAULT_PASSES,
+        onednn_convolutions,
+        onednn_linears,
+    ]
     assert emu.passes == cuda.passes
     # Anchors are lowered before the default passes see them; attention launches come last.
     assert emu.passes.index(lower_anchors) < emu.passes.index(DEFAULT_PASSES[0])
