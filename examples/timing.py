@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minicomp.bench.stats import Spread, round_ratios
+
 
 def pin_threads(count: int | None) -> int:
     """Run PyTorch's CPU work on `count` threads (default: the cores this process may use)."""
@@ -36,9 +38,9 @@ class Timings:
 
     def speedup(self, baseline: str, name: str) -> tuple[float, float, float]:
         """How many times faster `name` ran than `baseline`: the median of the per-round
-        ratios, and their lowest and highest."""
-        ratios = [b / t for b, t in zip(self.ms[baseline], self.ms[name])]
-        return statistics.median(ratios), min(ratios), max(ratios)
+        ratios, and their lowest and highest (as `minicomp bench` takes them)."""
+        spread = Spread.of(round_ratios(self.ms[baseline], self.ms[name]))
+        return spread.median, spread.low, spread.high
 
 
 def _now_ms(cuda: bool) -> float:

@@ -242,6 +242,28 @@ class ExternStep(Step):
                     )
             slots[k] = t
 
+    def fixed(self, env: Env) -> Callable[[list], None]:
+        """`run` for a plan whose sizes are all known (FixedCall): the outputs' expected
+        strides computed once, not per call."""
+        if self.binds:  # data-dependent sizes: the general path
+            return lambda slots: self.run(slots, env)
+        build, target = self.build_args, self.target
+        outputs = [
+            (k, path, None if want is None else want(env))
+            for k, path, want in zip(self.outputs, self.paths, self.expected_strides)
+        ]
+
+        def run(slots: list) -> None:
+            args, kwargs = build(slots, env)
+            result = target(*args, **kwargs)
+            for k, path, strides in outputs:
+                t = result
+                for p in path:
+                    t = t[p]
+                slots[k] = t if strides is None else _restrided(t, strides)
+
+        return run
+
 
 @dataclass
 class Plan:
@@ -526,7 +548,7 @@ class FixedCall:
         self.steps = [
             (
                 self._kernel_call(step, addresses, env),
-                step,
+                self._runner(step, env),
                 [(k, *self._layout(plan.slots[k], env)) for k in fresh],
                 dead,
             )
@@ -547,6 +569,13 @@ class FixedCall:
         return step._call, buffers, [env[s] for s in step.symbols]
 
     @staticmethod
+    def _runner(step: Step, env: Env) -> Callable[[list], None]:
+        """What runs `step` on the slots when it is not a call of a kernel's address form."""
+        if type(step) is ExternStep:
+            return step.fixed(env)
+        return lambda slots: step.run(slots, env)
+
+    @staticmethod
     def _layout(info: SlotInfo, env: Env) -> tuple:
         return info.shape(env), info.strides(env), info.dtype, torch.device(info.device)
 
@@ -558,11 +587,11 @@ class FixedCall:
             slots[k] = _restrided(slots[k], strides)
         self.workspace.place(slots)
         env = self.env
-        for kernel, step, fresh, dead in self.steps:
+        for kernel, run, fresh, dead in self.steps:
             for k, shape, strides, dtype, device in fresh:
                 slots[k] = torch.empty_strided(shape, strides, dtype=dtype, device=device)
             if kernel is None:
-                step.run(slots, env)
+                run(slots)
             else:
                 call, buffers, sizes = kernel
                 call(*[slots[k] if bare else slots[k].data_ptr() for k, bare in buffers], *sizes)

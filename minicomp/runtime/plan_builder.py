@@ -210,6 +210,10 @@ def _scalars_builder(scalars: list[tuple[Var, Expr]]) -> Callable[[dict], list]:
 
 
 def _args_builder(n: ExternOp, reads: list[int]) -> Callable:
+    """A function of the slots and the size binding giving the call's (args, kwargs)."""
+    if all(isinstance(a, ArgRef) or not _varies(a) for a in (*n.args, *dict(n.kwargs).values())):
+        return _static_args_builder(n, reads)
+
     def conv(a: Any, slots: list, env: dict) -> Any:
         if isinstance(a, ArgRef):
             return slots[reads[a.index]]
@@ -223,5 +227,40 @@ def _args_builder(n: ExternOp, reads: list[int]) -> Callable:
         args = tuple(conv(a, slots, env) for a in n.args)
         kwargs = {k: conv(v, slots, env) for k, v in n.kwargs}
         return args, kwargs
+
+    return build
+
+
+def _varies(a: Any) -> bool:
+    """Whether an ExternOp argument depends on the slots or the size binding."""
+    if isinstance(a, ArgRef | Expr):
+        return True
+    return isinstance(a, tuple) and any(_varies(x) for x in a)
+
+
+def _constant(a: Any) -> Any:
+    """A constant argument as the call takes it (sequences as lists, as `conv` makes them)."""
+    return [_constant(x) for x in a] if isinstance(a, tuple) else a
+
+
+def _static_args_builder(n: ExternOp, reads: list[int]) -> Callable:
+    """The builder of a call whose arguments are values or constants, none of them a size
+    expression (static shapes: views, library calls): a template filled with the values.
+    It runs on every call of every ATen step, so it does no more than that."""
+    args = [None if isinstance(a, ArgRef) else _constant(a) for a in n.args]
+    filled = [(k, reads[a.index]) for k, a in enumerate(n.args) if isinstance(a, ArgRef)]
+    kwargs = {k: None if isinstance(v, ArgRef) else _constant(v) for k, v in n.kwargs}
+    filled_kw = [(k, reads[v.index]) for k, v in n.kwargs if isinstance(v, ArgRef)]
+
+    def build(slots: list, env: dict) -> tuple:
+        call = args.copy()
+        for k, slot in filled:
+            call[k] = slots[slot]
+        if not filled_kw:
+            return call, kwargs  # `target(*args, **kwargs)` copies it: sharing is safe
+        named = dict(kwargs)
+        for k, slot in filled_kw:
+            named[k] = slots[slot]
+        return call, named
 
     return build
