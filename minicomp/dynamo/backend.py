@@ -95,6 +95,8 @@ def compile_aten_graph(
 
     entry = getattr(plan, "entry", None)
     call = entry() if entry is not None else lambda args: plan(*args)
+    if not shared and not views:
+        return _freeing(call)
 
     def run(args: list) -> Any:
         env = plan.bind(args) if shared or views else None
@@ -446,6 +448,18 @@ def _static_inputs() -> tuple[int, ...]:
     """Positions of the forward graph's inputs with stable addresses (parameters, buffers),
     as AOTAutograd recorded them."""
     return tuple(getattr(_fw_metadata(), "static_input_indices", None) or ())
+
+
+def _freeing(call: Callable[[list], Any]) -> Callable:
+    """`call` in AOTAutograd's boxed convention: it may free its argument list."""
+
+    def run(args: list) -> Any:
+        out = call(args)
+        args.clear()
+        return out
+
+    run._boxed_call = True
+    return run
 
 
 def _boxed(gm: torch.fx.GraphModule) -> Callable:
