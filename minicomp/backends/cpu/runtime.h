@@ -81,16 +81,17 @@ MC_INLINE uint16_t mc_f32_to_f16(float f) {
 /* ---- exp: fast, branch-free and vectorisable, max error <= 2 ulp over all floats ---- */
 
 MC_INLINE float mc_exp_f32(float x) {
-    /* exp(x) is inf above ~88.72 and rounds to 0 below ~-103.97; clamping keeps k small
-       (comparisons are false for NaN, so NaN passes through). */
-    float xc = x > 89.0f ? 89.0f : x;
-    xc = xc < -104.0f ? -104.0f : xc;
-    /* k = rint(x / ln 2) by the 1.5 * 2^23 trick, read back from the bits as an integer. */
-    float shifted = xc * 1.44269504088896341f + 12582912.0f;
+    /* k = rint(x / ln 2) by the 1.5 * 2^23 trick, read back from the bits as an integer. Out
+       of [-104, 89] k is garbage, and the result is replaced at the end (exp(x) is inf above
+       ~88.72 and rounds to 0 below ~-103.97); NaN passes through the arithmetic. Clamping x
+       first gives the same values, but GCC then splits the function into three paths, one per
+       clamp, and vectorises them as masked operations and mask-register logic: 33
+       instructions per 16 floats against 30, and 15% slower. */
+    float shifted = x * 1.44269504088896341f + 12582912.0f;
     int32_t k = (int32_t)(mc_bits_f32(shifted) - mc_bits_f32(12582912.0f));
     float kf = shifted - 12582912.0f;
     /* Cody-Waite: ln2_hi has few bits, so kf * ln2_hi is exact for |k| <= 256. */
-    float r = xc - kf * 0.693359375f;
+    float r = x - kf * 0.693359375f;
     r = r - kf * -2.12194440e-4f;
     /* exp(r) = 1 + r + r^2 q(r) on |r| <= ln2/2; q a near-minimax quartic (error < 0.1 ulp). */
     float q = 1.381461276e-03f;
@@ -105,7 +106,9 @@ MC_INLINE float mc_exp_f32(float x) {
     int32_t k2 = k - k1;
     float s1 = mc_from_bits_f32((uint32_t)(k1 + 127) << 23);
     float s2 = mc_from_bits_f32((uint32_t)(k2 + 127) << 23);
-    return (p * s1) * s2;
+    float e = (p * s1) * s2;
+    e = x > 89.0f ? INFINITY : e;
+    return x < -104.0f ? 0.0f : e;
 }
 
 MC_INLINE double mc_exp_f64(double x) { return exp(x); }
