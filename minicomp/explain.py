@@ -29,7 +29,15 @@ from minicomp.ir.graph import ExternOp, FusedOp
 from minicomp.ir.printer import function_str
 from minicomp.lens.session import recording
 from minicomp.passes.graph.library_calls import BY_DESIGN
-from minicomp.record import HEADER_MARK, CompileRecord, header_elided, report, split_header
+from minicomp.record import (
+    HEADER_MARK,
+    CompileRecord,
+    graph_files,
+    header_elided,
+    report,
+    split_header,
+    write_files,
+)
 
 BY_DESIGN_GROUP = "by design"
 VIEWS = "zero-copy views"
@@ -347,38 +355,17 @@ def explain_file(script: str, args: list[str]) -> Explanation:
 
 
 def _write(e: Explanation, directory: str) -> list[str]:
-    written: list[str] = []
-
-    def put(relative: str, text: str) -> None:
-        path = os.path.join(directory, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
-        written.append(path)
-
-    put("summary.txt", e.summary())
+    written = write_files(directory, {"summary.txt": e.summary()})
     headers: dict[str, str] = {}
     for k, r in enumerate(e.records, 1):
-        folder = f"graph-{k}-{r.kind}"
-        put(f"{folder}/aten.txt", r.aten_graph)
-        width = len(str(len(r.passes)))
-        for n, (name, _, text) in enumerate(r.passes, 1):
-            put(f"{folder}/passes/{n:0{width}d}-{name}.txt", text)
-        if r.graph is not None:
-            put(f"{folder}/graph.txt", str(r.graph))
-        for f in r.kernels:
-            put(f"{folder}/kernels/{f.name}.txt", function_str(f))
-        if r.source:
-            name, header, body = split_header(r.source)
-            if name:
-                headers[name] = header
-                body = body.replace(HEADER_MARK, f'#include "../{name}"')
-            put(f"{folder}/source.{'cu' if name == 'device.h' else 'c'}", body)
-        if r.error:
-            put(f"{folder}/error.txt", r.error)
-    for name, header in headers.items():
-        put(name, header)
-    return written
+        files = graph_files(r)
+        name, header, body = split_header(r.source)
+        if name:  # each source includes the one copy of its runtime header
+            headers[name] = header
+            source = "source.c" if r.target == "cpu" else "source.cu"
+            files[source] = body.replace(HEADER_MARK, f'#include "../{name}"')
+        written += write_files(os.path.join(directory, f"graph-{k}-{r.kind}"), files)
+    return written + write_files(directory, headers)
 
 
 def _attach_estimates(records: list, session: Any, device: str) -> None:

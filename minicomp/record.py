@@ -6,6 +6,8 @@ its callers ask for, and `minicomp.explain` and the verbose log print them.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,46 @@ def tuning(r: CompileRecord) -> str:
         f"{group}: {template} {c.config}\n    {c.describe()}" for group, template, c in r.tuning
     ]
     return "\n".join(lines) or "(none)"
+
+
+def graph_files(r: CompileRecord) -> dict[str, str]:
+    """What compiling graph `r` did, as files (relative path -> text): aten_graph.py,
+    passes/<nn>-<pass>.txt, graph_ir.txt, fused_groups.txt, aten_calls.txt, tuning.txt,
+    kernels/<kernel>.txt, source.c (cpu) or source.cu, and error.txt, each where there is one.
+    The layout `minicomp explain --out` and the debug directory share."""
+    files = {"aten_graph.py": r.aten_graph}
+    for k, (name, seconds, text) in enumerate(r.passes):
+        files[f"passes/{k:02d}-{file_name(name)}.txt"] = f"# {seconds * 1e3:.1f} ms\n{text}"
+    if r.graph is not None:
+        files["graph_ir.txt"] = str(r.graph)
+        files["fused_groups.txt"] = fused_groups(r)
+        files["aten_calls.txt"] = aten_calls(r)
+    if r.tuning:
+        files["tuning.txt"] = tuning(r)
+    for k in r.kernels:
+        files[f"kernels/{file_name(k.name)}.txt"] = function_str(k)
+    if r.source:
+        files["source.c" if r.target == "cpu" else "source.cu"] = r.source
+    if r.error:
+        files["error.txt"] = r.error
+    return files
+
+
+def write_files(folder: str, files: dict[str, str]) -> list[str]:
+    """Write each text of `files` (relative path -> text) under `folder`; the paths written."""
+    written = []
+    for relative, text in files.items():
+        path = os.path.join(folder, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+        written.append(path)
+    return written
+
+
+def file_name(text: str) -> str:
+    """`text` made safe as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "_"
 
 
 def _section(title: str, body: str) -> str:

@@ -161,7 +161,7 @@ def test_explain_out_writes_every_stage_as_files(breaking_script, tmp_path, caps
     assert graphs == [f"graph-{k}-inference" for k in range(1, 5)]
     for name in graphs:
         folder = out_dir / name
-        assert (folder / "aten.txt").is_file() and (folder / "graph.txt").is_file()
+        assert (folder / "aten_graph.py").is_file() and (folder / "graph_ir.txt").is_file()
         assert any((folder / "passes").glob("*-fuse.txt"))
         assert '#include "../runtime.h"' in (folder / "source.c").read_text()
     assert "graph breaks: 1" in (out_dir / "summary.txt").read_text()

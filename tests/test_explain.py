@@ -304,9 +304,9 @@ def test_write_puts_every_stage_in_files(tmp_path, mlp_explanation):
     (record,) = e.records
     folder = tmp_path / "graph-1-inference"
     assert (tmp_path / "summary.txt").read_text().strip() == e.summary()
-    assert "torch.ops.aten." in (folder / "aten.txt").read_text()
+    assert "torch.ops.aten." in (folder / "aten_graph.py").read_text()
     passes = sorted(p.name for p in (folder / "passes").iterdir())
-    assert len(passes) == len(record.passes) and passes[0].startswith("01-")
+    assert len(passes) == len(record.passes) and passes[0].startswith("00-")
     assert {p.stem for p in (folder / "kernels").iterdir()} == {k.name for k in record.kernels}
     source = (folder / "source.c").read_text()
     assert '#include "../runtime.h"' in source and "#pragma omp" in source

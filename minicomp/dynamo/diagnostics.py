@@ -21,7 +21,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import threading
 
 import torch
@@ -32,10 +31,13 @@ from minicomp.logs import artifact_on, log_artifact, log_forced
 from minicomp.record import (
     CompileRecord,
     aten_calls,
+    file_name,
     fused_groups,
+    graph_files,
     header_elided,
     report,
     tuning,
+    write_files,
 )
 
 log = logging.getLogger(__name__)
@@ -189,36 +191,13 @@ def _run_dir(root: str) -> str:
 def write_debug_dir(record: CompileRecord, root: str, cid: str = "") -> str:
     """Write what compiling the record's graph did into a new folder under `root`; its path.
 
-    aten_graph.py, passes/<nn>-<pass>.txt, fused_groups.txt, aten_calls.txt, tuning.txt,
-    kernels/<kernel>.txt (kernel IR), source.c or source.cu, report.txt (explain's text of
-    the graph) and summary.json; error.txt when it runs eagerly.
+    record.graph_files, plus report.txt (explain's text of the graph) and summary.json.
     """
-    name = f"{next(_counter):03d}-{record.kind}" + (f"-{_file_name(cid)}" if cid else "")
+    name = f"{next(_counter):03d}-{record.kind}" + (f"-{file_name(cid)}" if cid else "")
     folder = os.path.join(_run_dir(root), name)
     os.makedirs(folder)
-    files = {"aten_graph.py": record.aten_graph, "report.txt": report(record)}
-    for k, (pass_name, seconds, text) in enumerate(record.passes):
-        files[f"passes/{k:02d}-{_file_name(pass_name)}.txt"] = f"# {seconds * 1e3:.1f} ms\n{text}"
-    if record.graph is not None:
-        files["fused_groups.txt"] = fused_groups(record)
-        files["aten_calls.txt"] = aten_calls(record)
-        files["graph_ir.txt"] = str(record.graph)
-    if record.tuning:
-        files["tuning.txt"] = tuning(record)
-    for k in record.kernels:
-        files[f"kernels/{_file_name(k.name)}.txt"] = function_str(k)
-    if record.source:
-        files["source.c" if record.target == "cpu" else "source.cu"] = record.source
-    if record.error:
-        files["error.txt"] = record.error
+    files = graph_files(record)
+    files["report.txt"] = report(record)
     files["summary.json"] = json.dumps(summary(record, cid), indent=2)
-    for path, text in files.items():
-        full = os.path.join(folder, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
+    write_files(folder, files)
     return folder
-
-
-def _file_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "_"
