@@ -184,3 +184,28 @@ def test_a_plan_of_fixed_sizes_prepares_its_calls_once_and_runs_the_same():
 def test_a_plan_with_size_symbols_prepares_each_call():
     plan = compile_graph(_workspace_graph(), config.resolve({"target": "cpu"}), CompileRecord())
     assert plan.entry() == plan.call
+
+
+def test_an_aten_step_builds_its_arguments_from_the_slots_it_reads():
+    from types import SimpleNamespace
+
+    from minicomp.ir import types as T
+    from minicomp.ir.graph import ArgRef
+    from minicomp.runtime.plan_builder import _args_builder
+
+    slots = [object() for _ in range(6)]
+    reads = [4, 1, 5]  # input k of the call sits in slot reads[k]
+    static = SimpleNamespace(
+        args=(ArgRef(2), (3, 4), ArgRef(0), 1.5),
+        kwargs=(("other", ArgRef(1)), ("dim", -1)),
+    )
+    build = _args_builder(static, reads)
+    for _ in range(2):  # a template filled anew on every call
+        args, kwargs = build(slots, {})
+        assert list(args) == [slots[5], [3, 4], slots[4], 1.5]
+        assert kwargs == {"other": slots[1], "dim": -1}
+    # A size the binding gives takes the general path.
+    n = E.Var("n", T.i64)
+    sized = SimpleNamespace(args=(ArgRef(1), (n, 2)), kwargs=())
+    args, kwargs = _args_builder(sized, reads)(slots, {"n": 7})
+    assert list(args) == [slots[1], [7, 2]] and kwargs == {}
