@@ -77,6 +77,11 @@ class ProductSides:
     a: Expr
     b: Expr
 
+    @property
+    def operand_dtypes(self) -> tuple[T.DataType, T.DataType]:
+        """The types `a` and `b` hold before any widening cast."""
+        return _narrow(self.a), _narrow(self.b)
+
 
 def product_sides(body: Expr, outer: Sequence[Axis], inner: Sequence[Var]) -> ProductSides | None:
     """The sides of `body`, the body of a sum over `inner` computed at every point of the

@@ -1,6 +1,8 @@
 """Split-K (CUDA targets): which matrix products split, into what, and that split graphs and
 compiled cuda-emu functions compute what unsplit ones and float64 PyTorch do."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,15 @@ from minicomp.ir.expr import Var, cast, const, minimum, select
 from minicomp.ir.func import Module
 from minicomp.ir.graph import ComputeOp, Graph
 from minicomp.passes.graph import split_k as split_k_module
-from minicomp.passes.graph.split_k import KSplit, plan_split, split_k
+from minicomp.passes.graph.split_k import (
+    KSplit,
+    Product,
+    estimated_time,
+    plan,
+    plan_balanced_split,
+    plan_split,
+    split_k,
+)
 from minicomp.passes.graph.split_reductions import split_reductions
 from minicomp.targets import get_target
 
@@ -31,6 +41,13 @@ def small_thresholds(monkeypatch):
     emulator runs it in seconds."""
     monkeypatch.setattr(split_k_module, "MIN_K", 1024)
     monkeypatch.setattr(split_k_module, "MIN_CHUNK", 256)
+
+
+@pytest.fixture
+def free_launch(monkeypatch):
+    """The second rule without the final kernel's launch price, so that a product small
+    enough for the emulator can gain from a split."""
+    monkeypatch.setattr(split_k_module, "LAUNCH_FLOPS", 0.0)
 
 
 # --- graphs --------------------------------------------------------------------------------
@@ -124,6 +141,95 @@ def test_which_products_split():
     gb.output(gb.compute("s", (64, 64), lambda i, j: reduce("sum", (16384,), lambda r: x[i, r])))
     g = gb.build()
     assert split_k(g) is g  # a sum, but of no product
+
+
+def _conv(n, c, k, size, taps=9, out_size=None):
+    """The product of a channels-last convolution: (n * size^2) x k over K = c x taps, reading
+    an f16 input and weight (what the pass sees of conv2d)."""
+    out = out_size or size
+    operands = 2 * (n * c * size**2 + k * c * taps)
+    return Product(1, n * out * out, k, (c, taps), operand_bytes=operands)
+
+
+def test_balanced_rule_splits_compute_bound_products_that_leave_sms_idle():
+    # ResNet-50's late 3x3 convolutions: 1568 x 512 over K = 512 x 9 is 52 tiles; whole, the
+    # template runs 104 half tiles (step cost 1.4), split in 2 it runs 104 full ones.
+    late_3x3 = _conv(32, 512, 512, 7)
+    assert plan_balanced_split(late_3x3) == KSplit(0, 2, 256, True)
+    assert plan(late_3x3) == KSplit(0, 2, 256, True)
+    assert estimated_time(late_3x3, 2) < estimated_time(late_3x3, 1)
+    # Four chunks cost twice the partial traffic for no fewer rounds of blocks.
+    assert estimated_time(late_3x3, 2) < estimated_time(late_3x3, 4)
+    # The strided one reads a larger input: the same product, the same split.
+    assert plan(_conv(32, 512, 512, 14, out_size=7)) == KSplit(0, 2, 256, True)
+
+
+def test_balanced_rule_keeps_what_a_split_would_not_speed_up():
+    # The 1 x 1 beside it (K = 2048) would save less than the round trip and the launch.
+    assert plan(_conv(32, 2048, 512, 7, taps=1)) is None
+    # 1024^3: 64 tiles, K = 1024; 128 half tiles fill the SMs well enough.
+    assert plan(Product(1, 1024, 1024, (1024,), operand_bytes=4 * 2**20)) is None
+    # Memory bound (32 MB of weights for 128 rows): the partials only add traffic.
+    weights = 2 * (128 * 4096 + 4096 * 4096)
+    assert plan(Product(1, 128, 4096, (4096,), operand_bytes=weights)) is None
+    late_3x3 = _conv(32, 512, 512, 7)
+    # As many tiles as SMs, f32 (SIMT) products, unknown operand sizes: not this rule's.
+    assert plan_balanced_split(late_3x3, sms=52) is None
+    assert plan_balanced_split(replace(late_3x3, tensor_cores=False)) is None
+    assert plan_balanced_split(replace(late_3x3, operand_bytes=None)) is None
+    # Only exact chunks that keep cp.async sources aligned: 7 channels do not halve.
+    assert plan_balanced_split(_conv(32, 7, 512, 7, taps=9 * 73)) is None
+
+
+def test_a_convolution_splits_with_its_partial_in_the_products_order():
+    # A 1 x 1 convolution over logical (n, c, h, w) at full scale: 1568 x 512 over K = 512 x 9
+    # taps stands in for the 3 x 3 (the taps as an inner K axis, as the pass sees them).
+    b = GraphBuilder()
+    x, w = b.input("x", (32, 512, 9, 7, 7), T.f16), b.input("w", (512, 512, 9), T.f16)
+
+    def conv(n, c, h, ww):
+        def term(ci, t):
+            return cast(x[n, ci, t, h, ww], T.f32) * cast(w[c, ci, t], T.f32)
+
+        return cast(reduce("sum", (512, 9), term), T.f16)
+
+    b.output(b.compute("y", (32, 512, 7, 7), conv))
+    g = b.build()
+
+    # 2 chunks of 256 channels; the partial's axes are (s, n, h, w, c), rows of M = (n, h, w)
+    # and c along them, and the final sum reads them back in that order.
+    e = PassGraphBuilder()
+    x, w = e.input("x", (32, 512, 9, 7, 7), T.f16), e.input("w", (512, 512, 9), T.f16)
+    i3, r1 = Var("i3", T.i64), Var("r1", T.i64)
+    ci = s * 256 + kk
+    term = cast(x[i0, ci, r1, i2, i3], T.f32) * cast(w[i1, ci, r1], T.f32)
+    partial = Compute(
+        "y_splitk",
+        (2, 32, 7, 7, 512),
+        (s, i0, i2, i3, i1),
+        Reduce("sum", (kk, r1), (256, 9), term),
+    )
+    partial = e.add(partial, op="y")
+    total = Reduce("sum", (j,), (2,), partial[j, i0, i2, i3, i1])
+    e.output(e.add(Compute("y", (32, 512, 7, 7), (i0, i1, i2, i3), cast(total, T.f16))))
+    assert_graph_equal(split_k(g), e.build())
+
+
+def test_interleaved_output_axes_store_partials_in_the_products_order(small_thresholds):
+    # out[l, j, i] = sum over r of a[i, l, r] * b[r, j]: M = (l, i) around N = j in the
+    # output. The partial holds (s, l, i, j): a row-major M x N matrix per chunk.
+    b = GraphBuilder()
+    a_in, b_in = b.input("a", (4, 3, 2048)), b.input("b", (2048, 8))
+    y = b.compute(
+        "y",
+        (3, 8, 4),
+        lambda l_, j_, i_: reduce("sum", (2048,), lambda r: a_in[i_, l_, r] * b_in[r, j_]),
+    )
+    b.output(y)
+    g = b.build()
+    (partial, _) = computes(assert_split_close(g))
+    assert partial.definition.shape == (8, 3, 4, 8)
+    assert [v.name for v in partial.definition.axes] == ["s", "i0", "i2", "i1"]
 
 
 def test_the_pass_runs_for_the_cuda_targets_before_split_reductions():
@@ -302,6 +408,18 @@ def test_k_the_chunk_does_not_divide(small_thresholds):
     # Chunks of 334: the last one holds 330 products and 4 guarded zeros.
     a, b = torch.randn(8, 2000, dtype=torch.float16), torch.randn(2000, 16, dtype=torch.float16)
     run(torch.mm, a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_a_convolution_the_balanced_rule_splits(free_launch):
+    # A channels-last 3 x 3 convolution, 128 x 64 over K = 128 x 9, sized for a GPU of 64
+    # SMs: whole, eight 32 x 32 blocks; in 2 chunks of 64 channels, 16. Partial (matmul_tc,
+    # its input gathered) and final sum against float64 eager.
+    h, cl = torch.float16, torch.channels_last
+    x = torch.randn(2, 128, 8, 8, dtype=h).to(memory_format=cl)
+    w = (torch.randn(64, 128, 3, 3, dtype=h) / 34).to(memory_format=cl)
+    with minicomp.config.patch(sm_count=64):
+        partial, final = run(lambda x, w: F.conv2d(x, w, padding=1), x, w, rtol=2e-2, atol=2e-2)
+    assert partial.startswith("matmul_tc[") and final is None
 
 
 def test_bmm(small_thresholds):

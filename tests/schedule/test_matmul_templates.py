@@ -400,3 +400,19 @@ def test_heuristic_rules():
     for problem in (p, q):
         problem.m = 20
     assert matmul_simt.heuristic(q).bm == 32 and matmul_tc.heuristic(p).bm == 32
+
+
+def test_tile_work_is_the_heuristics_busiest_sm():
+    """The work split-K weighs is the busiest SM's at the heuristic's tile, in multiply-adds
+    per element of K: ceil(blocks / SMs) * bm * bn * step_cost."""
+    p = copy.copy(_square_problem(torch.float16))
+    p.m, p.n = 1568, 512
+    # 104 half tiles (128 x 64, warps 64 x 32, step cost 1.40625) on 132 SMs.
+    assert str(matmul_tc.heuristic(p)) == "128x64x32_w64x32_s3"
+    assert matmul_tc.tile_work(1, 1568, 512, 132) == 128 * 64 * 1.40625
+    # Two such products (a split in 2) take 104 full tiles: step cost 1.
+    assert matmul_tc.level0_tile(matmul_tc.space(p, 1), 2, 1568, 512, 132)[0].bn == 128
+    assert matmul_tc.tile_work(2, 1568, 512, 132) == 128 * 128
+    # On 16 SMs every tiling runs in rounds: 26 blocks of 128 x 256 in 2.
+    cfg, work = matmul_tc.level0_tile(matmul_tc.space(p, 1), 1, 1568, 512, 16)
+    assert (cfg.bm, cfg.bn, work) == (128, 256, 2 * 128 * 256)

@@ -1,5 +1,5 @@
-"""Split-K for the CUDA targets: a matrix product with few output tiles and a long K becomes S
-partial products over chunks of K and their sum.
+"""Split-K for the CUDA targets: a matrix product whose few output tiles leave SMs idle becomes
+S partial products over chunks of K and their sum.
 
 A matmul template gives each BM x BN tile of C (per batch) one block, which walks all of K. A
 product such as (M=16, N=1024, K=16384) or (64 x 64 x 65536) has a handful of tiles, so a
@@ -8,12 +8,14 @@ compute op that is a contraction (one `sum` over K of a product `a * b`, classif
 batch, M and N axes by minicomp.ir.contraction.product_sides, exactly as the
 template will see the fused group) into two:
 
-- partial, shape (S, *out_shape): element (s, ...) is the same sum over the chunk
-  k = s * CHUNK + kk, kk < CHUNK, in the Reduce's own type (the accumulator: f32 for f16 and
-  bf16 operands, so precision is unchanged; only the order of the additions differs). S
-  comes first, so every partial slice is a contiguous matrix that the template stores
-  coalesced. The partial is itself a contraction in which s is read by both operands, a
-  batch axis, so a matmul template computes it with S times as many blocks;
+- partial, shape (S, *out_shape) with the output's axes in the product's order (batch axes,
+  then M's, then N's: a convolution's (n, c, h, w) becomes (n, h, w, c)): element (s, ...)
+  is the same sum over the chunk k = s * CHUNK + kk, kk < CHUNK, in the Reduce's own type
+  (the accumulator: f32 for f16 and bf16 operands, so precision is unchanged; only the order
+  of the additions differs). S comes first and N last, so every partial slice is a
+  contiguous matrix that the template stores coalesced, and the final sum reads it along
+  the rows. The partial is itself a contraction in which s is read by both operands, a batch
+  axis, so a matmul template computes it with S times as many blocks;
 - final, out_shape: the original definition with its Reduce replaced by the sum over s of
   partial[s, ...]. Whatever surrounded the Reduce (a cast back to f16, alpha) stays there, and
   the product's consumers (addmm's bias, an activation) fuse into this small reduction.
@@ -31,11 +33,13 @@ the chunk is chosen to divide the axis whenever that costs little parallelism.
 When to split (all sizes static; tiles = B * ceil(M / TILE) * ceil(N / TILE), the blocks the
 template's largest tiles launch; SMS is the SM count of the GPU the graph compiles for, the
 `sm_count` option the CUDA targets bind as `split_k(graph, sms=)`, 132 on an H100, the
-numbers in parentheses):
+numbers in parentheses). Two rules, the second tried where the first keeps the product whole.
+
+The first fills the GPU for a long K (`plan_split`):
 - tiles < max_tiles(SMS) (66, half of SMS): with more, the grid already keeps at least half
   the GPU busy and the partials' round trip through memory would cost more than it frees;
-- K >= MIN_K (8192): with a shorter K a tile's work is a few microseconds, no more than the
-  second kernel's launch and the partials' round trip;
+- K >= MIN_K (8192): the rule splits by the grid alone, which pays where each block's walk
+  over K is long against the partials' round trip; the second rule weighs shorter ones;
 - the chunk is at least MIN_CHUNK (512) long: a block then reads at least 512 * (BM + BN)
   operand elements for the BM * BN partials it writes (f32) and the final kernel reads back,
   so the extra traffic is at most half of a full 128 x 128 tile's operand reads (f16), and
@@ -52,6 +56,25 @@ numbers in parentheses):
   K step divides it, and chunk offsets keep 16-byte cp.async sources aligned), then the
   fewest chunks (the least partial traffic). (16 x 1024 x 16384: 8 tiles, S = 32 chunks of
   512; 64 x 64 x 65536: S = 128 of 512; 16 x 4096 x 11008: S = 8 of 1376.)
+
+The second weighs a split of a tensor-core product (16-bit operands summed in f32, what
+matmul_tc computes) with fewer tiles than SMs (`plan_balanced_split`). Such a grid leaves SMs
+idle, or the template fills them with half tiles (128 x 64) whose 64 x 32 warp tiles ask
+1.4 times the shared-memory bandwidth the tensor cores' rate allows (matmul_tc.step_cost); S
+chunks give S times the blocks, of the efficient 128 x 128 tiles, at the price of the
+partials' round trip and a second launch. `estimated_time` prices each choice in mma flops
+of one SM: the busiest SM's work at the tile matmul_tc's level-0 heuristic picks for the
+whole or the partial product (matmul_tc.tile_work: the same model picks the tile), or the
+bytes the product moves at DRAM speed where that is longer (then the partials' writes cost
+as much as their reads: a memory-bound product only loses), plus for a split the final sum's
+reads of the partials and writes of the output at DRAM speed (FLOPS_PER_BYTE) and its launch
+(LAUNCH_FLOPS). Of the exact chunkings (no guard) with chunks a multiple of ALIGN, at least
+MIN_CHUNK long and tiles * S <= target_blocks(SMS), the one with the least estimate splits
+the product if it beats the whole one. (A ResNet-50 3 x 3 convolution, 1568 x 512 over K =
+512 x 9: 52 tiles, the whole on 104 half tiles, S = 2 chunks of 256 channels on 104 full ones,
+about 13% less; its 1 x 1 neighbour over K = 2048 would save less than the round trip and
+the launch cost, and 1024 x 1024 x 1024 would take longer: both stay whole.) f32 products,
+on the SIMT template, split by the first rule only.
 
 The pass runs before split_reductions (the CUDA targets' pass list, minicomp/targets.py),
 which would otherwise take a long-K product with few outputs (16 x 16 x 2^15) for a row
@@ -72,18 +95,26 @@ from minicomp.ir.contraction import product_sides
 from minicomp.ir.expr import Cast, Expr, Var, const, minimum, prod, select
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
-from minicomp.ir.types import i64
+from minicomp.ir.types import f32, i64
 from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
+from minicomp.schedule.templates.matmul_tc import tile_work
+from minicomp.script.mma import MMA_TYPES
 
 # The largest tile edge of the matmul templates: a product launches about
 # B * ceil(M / TILE) * ceil(N / TILE) blocks.
 TILE = 128
-# Products over a shorter K stay whole.
+# The first rule leaves products over a shorter K to the second.
 MIN_K = 8192
 # The shortest chunk of K a partial product sums.
 MIN_CHUNK = 512
 # A chunk that is a multiple of this many elements is preferred.
 ALIGN = 64
+# The second rule's prices, in mma flops of one SM: FLOPS_PER_BYTE / SMS for each byte moved
+# at DRAM speed (the GPU's mma.sync rate over its DRAM bandwidth: an H100's 660 TFLOP/s over
+# 3.35 TB/s; an A100's 312 over 2.0 TB/s, 156), LAUNCH_FLOPS for the final sum's launch (an
+# H100 SM's 5 TFLOP/s for the microsecond a launch in a CUDA graph takes).
+FLOPS_PER_BYTE = 200
+LAUNCH_FLOPS = 5e6
 # A split may launch this fraction of the most blocks (up to SMS) any split launches, when
 # that buys an exact or aligned chunk, or fewer chunks.
 FILL_SLACK = 3 / 4
@@ -124,9 +155,33 @@ def split_k(graph: Graph, *, sms: int = H100_SMS) -> Graph:
     return graph.replace(nodes=tuple(nodes)) if changed else graph
 
 
-def product_tiles(d: Compute) -> tuple[int, Reduce] | None:
-    """(tiles, the sum) of a compute definition holding one sum that is a contraction with
-    static sizes: the blocks a template with TILE x TILE tiles launches for it; else None."""
+@dataclass(frozen=True)
+class Product:
+    """A matrix product with static sizes as the split weighs it: `batch` products of an
+    m x n matrix over K extents `k`; `order`, the positions of its compute's axes with the
+    batch axes first, then M's, then N's (unit axes, which no side claims, first of all); the
+    bytes of an output and of an accumulator (partial) element, of the tensors it reads (None
+    when a size is symbolic), and whether matmul_tc computes it (16-bit operands, f32 sums)."""
+
+    batch: int
+    m: int
+    n: int
+    k: tuple[int, ...]
+    order: tuple[int, ...] = ()
+    out_size: int = 2
+    acc_size: int = 4
+    operand_bytes: int | None = None
+    tensor_cores: bool = True
+
+    @property
+    def tiles(self) -> int:
+        """The blocks a template with TILE x TILE tiles launches for the product."""
+        return self.batch * -(-self.m // TILE) * -(-self.n // TILE)
+
+
+def find_product(d: Compute, reads: Sequence[Value] = ()) -> tuple[Product, Reduce] | None:
+    """The product a compute definition holding one sum that is a contraction with static
+    sizes computes, reading values `reads`, and its sum; else None."""
     found = collect(d.body, Reduce)
     if len(found) != 1 or found[0].kind != "sum":
         return None
@@ -138,9 +193,31 @@ def product_tiles(d: Compute) -> tuple[int, Reduce] | None:
     sides = product_sides(red.body, outer, red.axes)
     if sides is None:
         return None
+    side_of = {v: q for q, axes in enumerate((sides.batch, sides.m, sides.n)) for v, _ in axes}
+    order = sorted(range(len(d.axes)), key=lambda q: (side_of.get(d.axes[q], -1), q))
     batch = prod(x for _, x in sides.batch)
     m, n = prod(x for _, x in sides.m), prod(x for _, x in sides.n)
-    return batch * -(-m // TILE) * -(-n // TILE), red
+    read = [prod(v.type.shape) * v.type.dtype.nbytes for v in reads]
+    a, b = sides.operand_dtypes
+    tensor_cores = a == b and a in MMA_TYPES and red.dtype == f32
+    p = Product(
+        batch,
+        m,
+        n,
+        red.extents,
+        tuple(order),
+        d.dtype.nbytes,
+        red.dtype.nbytes,
+        sum(read) if all(isinstance(x, int) for x in read) else None,
+        tensor_cores,
+    )
+    return p, red
+
+
+def plan(p: Product, sms: int = H100_SMS) -> KSplit | None:
+    """How to chunk product `p` on a GPU of `sms` SMs, or None to keep it whole: the first
+    rule's split (`plan_split`), else the second's (`plan_balanced_split`)."""
+    return plan_split(p.tiles, p.k, sms) or plan_balanced_split(p, sms)
 
 
 def plan_split(tiles: int, k_extents: Sequence[int], sms: int = H100_SMS) -> KSplit | None:
@@ -171,20 +248,59 @@ def plan_split(tiles: int, k_extents: Sequence[int], sms: int = H100_SMS) -> KSp
     return max(fair, key=preference)
 
 
+def estimated_time(p: Product, chunks: int, sms: int = H100_SMS) -> float:
+    """What the second rule weighs for product `p` in `chunks` exact chunks (1: whole) on a
+    GPU of `sms` SMs, in mma flops of one SM (the time its tensor cores take for them): the
+    longer of the busiest SM's mma work at matmul_tc's level-0 tile (matmul_tc.tile_work)
+    and the product's bytes (operands, and the output or the partials) at DRAM speed; for a
+    split, plus the final sum's reads of the partials and writes of the output at DRAM speed
+    and its launch."""
+    per_byte = FLOPS_PER_BYTE / sms
+    k = prod(p.k)
+    compute = 2 * tile_work(chunks * p.batch, p.m, p.n, sms) * -(-k // chunks)
+    out = p.batch * p.m * p.n * p.out_size
+    if chunks == 1:
+        return max(compute, ((p.operand_bytes or 0) + out) * per_byte)
+    partials = chunks * p.batch * p.m * p.n * p.acc_size
+    main = max(compute, ((p.operand_bytes or 0) + partials) * per_byte)
+    return main + (partials + out) * per_byte + LAUNCH_FLOPS
+
+
+def plan_balanced_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
+    """The second rule's split of product `p` on a GPU of `sms` SMs (see the module
+    docstring): the exact, aligned chunking with the least `estimated_time`, if that is less
+    than the whole product's; else None."""
+    if not p.tensor_cores or p.operand_bytes is None or not 1 <= p.tiles < sms:
+        return None
+    k = prod(p.k)
+    axis = next(q for q, x in enumerate(p.k) if x != 1)
+    extent = p.k[axis]
+    inner = k // extent
+    best, least = None, estimated_time(p, 1, sms)
+    for s in range(2, target_blocks(sms) // p.tiles + 1):
+        length = extent // s
+        if extent % s or length * inner % ALIGN or length * inner < MIN_CHUNK:
+            continue
+        t = estimated_time(p, s, sms)
+        if t < least:
+            best, least = KSplit(axis, s, length, True), t
+    return best
+
+
 def _split_op(op: ComputeOp, names: set[str], sms: int) -> list[ComputeOp] | None:
     d = op.definition
-    found = product_tiles(d)
+    found = find_product(d, inputs_read(d, op.inputs))
     if found is None:
         return None
-    tiles, red = found
-    plan = plan_split(tiles, red.extents, sms)
-    if plan is None:
+    product, red = found
+    how = plan(product, sms)
+    if how is None:
         return None
     used = {v.name for v in collect(d, Var)}
     s, kk, j = (Var(fresh_name(base, used), i64) for base in ("s", "kk", "j"))
-    k_var, extent = red.axes[plan.axis], red.extents[plan.axis]
-    flat = s * plan.length + kk
-    if plan.exact:
+    k_var, extent = red.axes[how.axis], red.extents[how.axis]
+    flat = s * how.length + kk
+    if how.exact:
         body = substitute(red.body, {k_var: flat})
     else:
         # The last chunk runs past the axis: its loads are clamped into range and both
@@ -194,15 +310,19 @@ def _split_op(op: ComputeOp, names: set[str], sms: int) -> list[ComputeOp] | Non
         body = substitute(red.body, {k_var: minimum(flat, extent - 1)})
         inside = flat < extent
         body = body.replace(a=_guarded(body.a, inside), b=_guarded(body.b, inside))
-    axes = tuple(kk if q == plan.axis else v for q, v in enumerate(red.axes))
-    extents = tuple(plan.length if q == plan.axis else x for q, x in enumerate(red.extents))
+    axes = tuple(kk if q == how.axis else v for q, v in enumerate(red.axes))
+    extents = tuple(how.length if q == how.axis else x for q, x in enumerate(red.extents))
     value = op.outputs[0]
     pname = fresh_name(f"{value.name}_splitk", names)
-    shape = (plan.chunks, *d.shape)
-    partial = Compute(pname, shape, (s, *d.axes), Reduce("sum", axes, extents, body))
+    # The partial's axes in the product's order (batch, M, N): a row-major slice is then
+    # the template's C matrix, stored coalesced whatever order the output's axes have (a
+    # convolution's (n, c, h, w) is (n, h, w) x c).
+    p_axes = tuple(d.axes[q] for q in product.order)
+    shape = (how.chunks, *(d.shape[q] for q in product.order))
+    partial = Compute(pname, shape, (s, *p_axes), Reduce("sum", axes, extents, body))
     pvalue = Value(pname, TensorType(shape, partial.dtype, value.type.device))
     ptensor = TensorInput(pname, shape, partial.dtype)
-    total = Reduce("sum", (j,), (plan.chunks,), ptensor[(j, *d.axes)])
+    total = Reduce("sum", (j,), (how.chunks,), ptensor[(j, *p_axes)])
     final = d.replace(body=substitute(d.body, {red: total}))
     return [
         ComputeOp(op.name, inputs_read(partial, op.inputs), (pvalue,), partial),

@@ -157,11 +157,20 @@ def blocks(problem: MatmulProblem, bm: int, bn: int) -> int:
     return b * -(-m // bm) * -(-n // bn)
 
 
+def assumed_sizes(problem: MatmulProblem) -> tuple[int, int, int]:
+    """(batch, M, N) of `problem` for the heuristics' arithmetic (symbolic sizes as large)."""
+    return _assumed(problem.batch), _assumed(problem.m), _assumed(problem.n)
+
+
 def fitting_tiles(problem: MatmulProblem, tiles: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Those of (bm, bn) `tiles` that pad the matrix at most a third (256-row tiles on 128 rows
-    compute as much padding as product), or no more than the smallest tiles do (the smallest
-    if none)."""
-    m, n = _assumed(problem.m), _assumed(problem.n)
+    """Those of (bm, bn) `tiles` that fit `problem`'s matrix (`fitting_sizes`)."""
+    return fitting_sizes(_assumed(problem.m), _assumed(problem.n), tiles)
+
+
+def fitting_sizes(m: int, n: int, tiles: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Those of (bm, bn) `tiles` that pad an m x n matrix at most a third (256-row tiles on 128
+    rows compute as much padding as product), or no more than the smallest tiles do (the
+    smallest if none)."""
     least_m, least_n = min(t[0] for t in tiles), min(t[1] for t in tiles)
 
     def padded(size: int, tile: int) -> int:

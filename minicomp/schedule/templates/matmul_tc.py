@@ -47,6 +47,7 @@ cp.async or register copies), the warps' mma step (`_warp_mma`) and the epilogue
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minicomp.ir import types as T
@@ -60,7 +61,7 @@ from minicomp.schedule.templates.base import (
     finish,
     search_space,
 )
-from minicomp.schedule.templates.matmul_simt import blocks, fitting_tiles
+from minicomp.schedule.templates.matmul_simt import assumed_sizes, fitting_sizes
 from minicomp.schedule.templates.problem import (
     BlockTile,
     MatmulProblem,
@@ -191,19 +192,36 @@ def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
 
 
 def heuristic(problem: MatmulProblem) -> TcConfig:
-    """The config used without measuring: of the level-1 space's tiles that fit the matrix
-    (matmul_simt.fitting_tiles), the one whose busiest SM has the least work, its blocks'
-    flops weighted by `step_cost`; the largest tile of those as good. So large products get
-    256x128 or 128x256 blocks of eight 64x64 warps, and a grid just short of two waves of
-    small tiles gives way to one wave of large ones."""
-    by_tile = {(c.bm, c.bn): c for c in reversed(space(problem, 1))}
+    """The config used without measuring: `level0_tile` of the level-1 space. So large
+    products get 256x128 or 128x256 blocks of eight 64x64 warps, and a grid just short of two
+    waves of small tiles gives way to one wave of large ones."""
+    return level0_tile(space(problem, 1), *assumed_sizes(problem), problem.sms)[0]
+
+
+def level0_tile(
+    configs: Sequence[TcConfig], batch: int, m: int, n: int, sms: int
+) -> tuple[TcConfig, float]:
+    """Of `configs`, the one for `batch` m x n products on `sms` SMs: of the tiles that fit
+    the matrix (matmul_simt.fitting_sizes), the one whose busiest SM has the least work, its
+    blocks' flops weighted by `step_cost`; the largest tile of those as good. With that work,
+    in multiply-adds per element of K: ceil(blocks / sms) * bm * bn * step_cost."""
+    by_tile = {(c.bm, c.bn): c for c in reversed(configs)}
     tiles = sorted(by_tile, key=lambda t: -t[0] * t[1])
 
     def busiest_sm(tile: tuple[int, int]) -> float:
-        rounds = -(-blocks(problem, *tile) // problem.sms)
+        rounds = -(-batch * ceil_div(m, tile[0]) * ceil_div(n, tile[1]) // sms)
         return rounds * tile[0] * tile[1] * step_cost(by_tile[tile])
 
-    return by_tile[min(fitting_tiles(problem, tiles), key=busiest_sm)]
+    best = min(fitting_sizes(m, n, tiles), key=busiest_sm)
+    return by_tile[best], busiest_sm(best)
+
+
+def tile_work(batch: int, m: int, n: int, sms: int) -> float:
+    """`level0_tile`'s work for `batch` m x n products on `sms` SMs whose operands the kernel
+    copies with cp.async (plain or gathered: every level-1 tiling is valid for them): the
+    busiest SM's multiply-adds per element of K, which the split-K pass weighs
+    (passes/graph/split_k.py)."""
+    return level0_tile(_LEVEL1, batch, m, n, sms)[1]
 
 
 def step_cost(cfg: TcConfig) -> float:
