@@ -2,6 +2,8 @@
 fused graph's text (the pass names the loop variables: o0, r0, acc0), and that the fused graph
 (scheduled, built and run on the cpu target) computes what the unfused one does."""
 
+import logging
+
 import networkx as nx
 import numpy as np
 import torch
@@ -282,7 +284,8 @@ def test_a_slice_of_the_rows_is_not_stored_along_the_whole_loop():
     s = b.compute("s", (4, 1), lambda i, j: reduce("sum", (8,), lambda k: a[i, k]))
     p = b.compute("p", (4, 8), lambda i, j: a[i, j] / s[i, 0])
     head = b.compute("head", (2, 8), lambda i, j: p[i, j] * 3.0)
-    cls = b.compute("cls", (4, 1), lambda i, j: p[i, j] + 1.0)  # column 0 only
+    # column 0 only: a value of the row, computed in the softmax's nest from its sum
+    cls = b.compute("cls", (4, 1), lambda i, j: p[i, j] + 1.0)
     b.output(head, cls)
     g = b.build()
     f = fuse(g)
@@ -291,20 +294,39 @@ def test_a_slice_of_the_rows_is_not_stored_along_the_whole_loop():
         f,
         """
         graph(%x: f32[4, 8]):
-            %p: f32[4, 8] = k0_a_s_p(%x)  # fused: a, s, p
+            %p: f32[4, 8], %cls: f32[4, 1] = k0_a_s_p(%x)  # fused: a, s, p, cls
                 for o0<4:
                     acc0 = sum over r0<8: exp(x[o0, r0])
+                    %cls[o0, 0] = exp(x[o0, 0]) / acc0 + 1.0
                     for r0<8: %p[o0, r0] = exp(x[o0, r0]) / acc0
             %head: f32[2, 8] = k1_head(%p)  # fused: head
                 for o0<2, o1<8:
                     %head[o0, o1] = p[o0, o1] * 3.0
-            %cls: f32[4, 1] = k2_cls(%p)  # fused: cls
-                for o0<4, o1<1:
-                    %cls[o0, o1] = p[o0, o1] + 1.0
             return (%head, %cls)
         """,
     )
     assert_compiles_like_reference(g)
+
+
+def test_the_debug_log_says_why_ops_stay_apart():
+    # softmax(x)[:2]: the slice has 2 of the 4 rows the softmax's loop runs over.
+    b = GraphBuilder()
+    x = b.input("x", (4, 8))
+    s = b.compute("s", (4, 1), lambda i, j: reduce("sum", (8,), lambda k: x[i, k]))
+    p = b.compute("p", (4, 8), lambda i, j: x[i, j] / s[i, 0])
+    head = b.compute("head", (2, 8), lambda i, j: p[i, j] * 3.0)
+    b.output(head)
+    log, seen = logging.getLogger("minicomp.passes.graph.fusion"), []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    level, log.level = log.level, logging.DEBUG
+    log.addHandler(handler)
+    try:
+        fuse(b.build())
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert "not fused: p into head: head covers part of a loop's extent" in seen
 
 
 def test_sliced_rows_of_fused_normalisations_match_eager(target):

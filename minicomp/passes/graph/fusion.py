@@ -15,12 +15,16 @@ several reductions that are no contractions (softmax, layer norm) fuse as before
 
 from __future__ import annotations
 
+import logging
+
 from minicomp.ir.contraction import match_contraction
 from minicomp.ir.expr import Var
 from minicomp.ir.functor import collect
 from minicomp.ir.graph import ComputeOp, ExternOp, FusedOp, Graph, Op
 from minicomp.passes.graph.group_dag import GroupDag
 from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest, try_loop_nest
+
+log = logging.getLogger(__name__)
 
 
 class _Groups:
@@ -144,6 +148,8 @@ def fuse(graph: Graph) -> Graph:
     """Every compute op of `graph` inside a FusedOp, neighbours fused where legal."""
     groups = _Groups(graph)
     groups.run()
+    for (a, b), why in groups.rejected.items():  # TORCH_LOGS=+minicomp shows why ops stay apart
+        log.debug("not fused: %s into %s: %s", a, b, why)
     nodes: list[Op] = []
     for g in groups.dag.order():
         members = groups.members[g]

@@ -238,12 +238,27 @@ class _NestBuilder:
 
 
 def _reads_full(d: Compute, nest: _NestBuilder) -> bool:
-    """Whether a row-shaped-looking member reads full-shape members (then it is one itself)."""
+    """Whether a row-shaped-looking member reads full-shape members (then it is one itself).
+
+    A member computed from graph inputs and row values alone (a bias cast to the product's
+    dtype, f16(b)[o1]) is no full-shape member: inlined at the reader's indices, which run
+    along the rows, it is a value of the row."""
     for el in collect(d.body, TensorElement):
-        other = nest.defs.get(el.tensor.name)
-        if other is not None and el.tensor.name not in nest.scalars:
+        name = el.tensor.name
+        if name in nest.defs and name not in nest.scalars and not _row_free(name, nest):
             return True
     return False
+
+
+def _row_free(name: str, nest: _NestBuilder) -> bool:
+    """Whether member `name` is injective and reads no member but row values and such members."""
+    if name in nest.reductions:
+        return False
+    for el in collect(nest.defs[name].body, TensorElement):
+        other = el.tensor.name
+        if other in nest.defs and other not in nest.scalars and not _row_free(other, nest):
+            return False
+    return True
 
 
 def _the_reduce(d: Compute) -> Reduce:
