@@ -26,8 +26,9 @@ ways:
   loads the same elements synchronously through the prologue macro.
 - gather: a read whose chunks of 8 k are 16-byte runs of an input, or zero
   (problem.GatheredOperand: a convolution's window on a channels-last input): a cp.async
-  a chunk from an offset computed for it, zero-filled outside the window; element by element
-  through the prologue macro where the buffer's base is not 16-byte aligned.
+  a chunk from an offset computed for it, zero-filled outside the window (and past the run's
+  limit, where it has one: passes/graph/small_channels.py); element by element through the
+  prologue macro where the buffer's base is not 16-byte aligned.
 - regs: anything else (a fused prologue, or a leading stride that is not a multiple of 8): the
   prologue macro loads the step's elements into registers before the mma's, and they are
   stored to shared memory after them, in the operand's narrow type.
@@ -327,7 +328,8 @@ def _gather_copy(
     source = problem.gather_source(side, check_mn=check_mn, check_k=check_k)
     element = operand_element(problem, side, True, mn, cfg.bk, narrow=True)
     tile = tiles.Tile(mn, cfg.bk, cfg.threads, phase_columns=True)
-    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element)
+    count = problem.gather_count(side)
+    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element, count)
 
     def issue(dst, base, fast, bz, mn0, k0):
         return copy.fn(dst, mn0, k0, fast, bz)
