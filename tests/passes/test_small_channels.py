@@ -131,6 +131,31 @@ def test_nchw_input_with_bias(dtype):
     assert sum(t.startswith(matmul_tc.NAME + "[") for t in used) == 1, used
 
 
+def test_a_frozen_stem_folds_its_padded_weight():
+    """Frozen (a constant weight, its batch norm folded in), the weight's copy and its view
+    are computed at compile time: the graph launches the input's copy and the convolution."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3, bias=False)
+    bn = torch.nn.BatchNorm2d(16)
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    model = torch.nn.Sequential(conv, bn, torch.nn.ReLU()).eval().half()
+    model = model.to(memory_format=CL)
+    x = torch.randn(2, 3, 20, 18, dtype=torch.float16).to(memory_format=CL)
+    records: list = []
+    torch._dynamo.reset()
+    opts = {"target": TARGET, "fallback": "error", "freeze": True}
+    with recording(records), torch.no_grad():
+        expected = model.float()(x.float()).half()
+        model.half()
+        actual = torch.compile(model, backend="minicomp", options=opts)(x)
+    torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+    (record,) = records
+    templates = [k.attrs.template or "" for k in record.kernels]
+    assert len(templates) == 2 and templates[1].startswith(matmul_tc.NAME), templates
+    assert any("padded_weight" in name for name in record.graph.constants)
+
+
 def test_infinities_beside_a_window_stay_out_of_it():
     """The run of the stem's window row is padded from 28 to 32 elements with pixels of the
     next windows: an inf there must not give 0 * inf = nan in this window's sum."""
