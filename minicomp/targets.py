@@ -37,6 +37,7 @@ from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.library_calls import name_library_calls
 from minicomp.passes.graph.onednn_convolution import onednn_convolutions
 from minicomp.passes.graph.onednn_linear import onednn_linears
+from minicomp.passes.graph.small_channels import pad_small_channels
 from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.graph.split_reductions import split_reductions
 from minicomp.passes.kernel.count_ops import count_ops
@@ -187,6 +188,7 @@ class CudaSourceTarget(Target):
     # row reduction that no matmul template computes.
     passes = (
         *FIRST_PASSES,
+        pad_small_channels,
         lower_anchors,
         *DEFAULT_PASSES,
         constant_operand_layouts,

@@ -17,6 +17,7 @@ from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.library_calls import name_library_calls
 from minicomp.passes.graph.onednn_convolution import onednn_convolutions
 from minicomp.passes.graph.onednn_linear import onednn_linears
+from minicomp.passes.graph.small_channels import pad_small_channels
 from minicomp.passes.graph.split_k import split_k
 from minicomp.passes.pipeline import DEFAULT_PASSES, FIRST_PASSES
 from minicomp.record import CompileRecord
@@ -74,6 +75,9 @@ def test_pass_lists():
     assert emu.passes == cuda.passes
     # Anchors are lowered before the default passes see them; attention launches come last.
     assert emu.passes.index(lower_anchors) < emu.passes.index(DEFAULT_PASSES[0])
+    # Convolutions over few channels are computed from padded copies before anchors lowers
+    # the others.
+    assert emu.passes.index(pad_small_channels) == emu.passes.index(lower_anchors) - 1
     assert emu.passes[-1] is lower_attention
 
 

@@ -31,7 +31,9 @@ GLOBAL_UNITS = ("dram", "l2")
 
 ASSUMPTIONS = (
     "DRAM traffic is the distinct sectors the sampled blocks touch, scaled to the grid, at most "
-    "each tensor once (L2 keeps what blocks share); every global request's sectors cross L2",
+    "each tensor once (L2 keeps what blocks share: other blocks' re-reads are L2 hits); every "
+    "global request's sectors cross L2, hit or miss: right for 16-byte cp.async, which bypasses "
+    "L1, an overestimate for plain loads that re-read lines L1 still holds (not modelled)",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
     "the device's mma.sync rate",
     f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "

@@ -1,6 +1,7 @@
 """Convolutions as implicit GEMMs in the tensor-core template: K ordered (r, s, c) on a
 channels-last input, the window read in 16-byte runs of channels (problem.GatheredOperand,
-tiles.gather_copy) where C % 8 == 0, the register path elsewhere; each compared with float64
+tiles.gather_copy) where C % 8 == 0 (or C < 8, from a padded copy: passes/graph/
+small_channels.py), the register path elsewhere; each compared with float64
 PyTorch on cuda-emu (checked build: no access out of bounds)."""
 
 import pytest
@@ -75,9 +76,10 @@ def test_unpadded_strided_window_is_gathered_without_a_guard():
 
 
 def test_channels_not_a_multiple_of_8_stay_in_registers():
-    x, w = _inputs(2, 3, (9, 11), 16, (3, 3))
+    # (fewer than 8 channels read a padded copy: passes/test_small_channels.py)
+    x, w = _inputs(2, 12, (9, 11), 16, (3, 3))
     p = _problem(_conv(padding=1), x, w)
-    assert [x for _, x in p.k_axes] == [3, 3, 3]  # (r, s, c) still: runs of s and c
+    assert [x for _, x in p.k_axes] == [3, 3, 12]  # (r, s, c) still: runs of s and c
     assert p.gather_a is None and matmul_tc._operand(p, "a").mode == "regs"
 
 
@@ -107,7 +109,7 @@ CASES = {
     "1x1_s2": (2, 32, (9, 9), 40, (1, 1), 2, 0, 1, 1, True, True),
     "3x3_valid_s2": (2, 8, (9, 9), 16, (3, 3), 2, 0, 1, 1, True, True),
     "groups2": (2, 32, (7, 9), 32, (3, 3), 1, 1, 1, 2, True, True),
-    "c3_7x7_s2": (2, 3, (17, 15), 16, (7, 7), 2, 3, 1, 1, True, False),
+    "c3_7x7_s2": (2, 3, (17, 15), 16, (7, 7), 2, 3, 1, 1, True, True),  # a padded copy
     "c12": (2, 12, (9, 11), 16, (3, 3), 1, 1, 1, 1, True, False),
     "nchw": (2, 16, (9, 11), 24, (3, 3), 1, 1, 1, 1, False, False),
 }

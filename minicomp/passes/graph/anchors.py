@@ -161,10 +161,23 @@ def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
     ]
 
 
-def _arguments(op: ExternOp) -> dict:
+def arguments(op: ExternOp) -> dict:
     """The call's arguments by their schema names."""
     names = [a.name for a in op.target._schema.arguments]
     return {**dict(zip(names, op.args)), **dict(op.kwargs)}
+
+
+def conv_params(args: dict, spatial: int) -> tuple[tuple[int, ...], ...] | None:
+    """A convolution call's (stride, padding, dilation), one int per spatial dim each, from
+    its arguments by name (`arguments`); None where one is not a static int per dim."""
+    params = []
+    for key in ("stride", "padding", "dilation"):
+        p = tuple(args.get(key, ()))
+        p = p * spatial if len(p) == 1 else p
+        if len(p) != spatial or not all(isinstance(i, int) for i in p):
+            return None
+        params.append(p)
+    return tuple(params)
 
 
 @dataclass(frozen=True)
@@ -274,7 +287,7 @@ class _Conv:
 
 def _lower_convolution(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
     """A convolution as compute ops (see the module docstring), or None to keep ATen's."""
-    args = _arguments(op)
+    args = arguments(op)
     refs = [args.get("input"), args.get("weight")]
     bias_ref = args.get("bias")
     if len(op.outputs) != 1 or args.get("transposed") is not False:
@@ -291,13 +304,9 @@ def _lower_convolution(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
     spatial = len(x.shape) - 2
     if not 1 <= spatial <= 3 or len(w.shape) != len(x.shape) or len(out.shape) != len(x.shape):
         return None
-    params = []
-    for key in ("stride", "padding", "dilation"):
-        p = tuple(args.get(key, ()))
-        p = p * spatial if len(p) == 1 else p
-        if len(p) != spatial or not all(isinstance(i, int) for i in p):
-            return None
-        params.append(p)
+    params = conv_params(args, spatial)
+    if params is None:
+        return None
     groups = args.get("groups")
     if not isinstance(groups, int) or not all(isinstance(d, int) and d > 0 for d in w.shape):
         return None

@@ -26,18 +26,21 @@ ways:
   loads the same elements synchronously through the prologue macro.
 - gather: a read whose chunks of 8 k are 16-byte runs of an input, or zero
   (problem.GatheredOperand: a convolution's window on a channels-last input): a cp.async
-  a chunk from an offset computed for it, zero-filled outside the window; element by element
-  through the prologue macro where the buffer's base is not 16-byte aligned.
+  a chunk from an offset computed for it, zero-filled outside the window (and past the run's
+  limit, where it has one: passes/graph/small_channels.py); element by element through the
+  prologue macro where the buffer's base is not 16-byte aligned.
 - regs: anything else (a fused prologue, or a leading stride that is not a multiple of 8): the
   prologue macro loads the step's elements into registers before the mma's, and they are
   stored to shared memory after them, in the operand's narrow type.
 
-The epilogue goes through shared memory: each warp stages 16 rows of its tile at a time (f32)
-and its lanes apply the epilogue macro along the rows, so that stores are coalesced and the
-epilogue's code exists WM / 16 times, not once per accumulator (ptxas time). Stores are
-guarded where the tiling has partial tiles. Shared memory is dynamic, up to MAX_SHARED: the
-stages one after the other, and the staging rows over the start of them (the epilogue runs
-once every copy has landed and every warp is past its last mma).
+The epilogue goes through shared memory: each warp stages 16 rows of its tile at a time (f32,
+each lane's accumulator pairs as 8-byte stores into rows padded so that no two of a phase
+share a bank: `staging_pad`) and its lanes apply the epilogue macro along the rows, so that
+stores are coalesced and the epilogue's code exists WM / 16 times, not once per accumulator
+(ptxas time). Stores are guarded where the tiling has partial tiles. Shared memory is
+dynamic, up to MAX_SHARED: the stages one after the other, and the staging rows over the
+start of them (the epilogue runs once every copy has landed and every warp is past its last
+mma).
 
 `instantiate` builds the kernel in steps: each operand's copies (`_operand_copy`: tiles.py's
 cp.async or register copies), the warps' mma step (`_warp_mma`) and the epilogue
@@ -90,6 +93,7 @@ from minicomp.script.lang import (
     macro,
     mma_sync_m16n8k16,
     register_tensor,
+    store_vec,
     syncthreads,
     threadIdx,
     unroll,
@@ -100,8 +104,6 @@ from minicomp.script.values import TensorRef
 
 NAME = "matmul_tc"
 MAX_SHARED = MAX_DYNAMIC_SHARED
-# Elements of padding after each f32 row the epilogue stages.
-CPAD = 4
 # mma.sync flops an SM computes while its shared memory serves a byte (H100: about 2500 a
 # clock against 128 bytes; A100: 2050 against 128).
 MMA_FLOPS_PER_SHARED_BYTE = 20
@@ -141,6 +143,15 @@ def _operand(problem: MatmulProblem, side: str) -> _Operand:
     return _Operand("regs", major)
 
 
+def staging_pad(wn: int) -> int:
+    """Elements of padding after each f32 row of a warp's staging rows (wn wide). A lane of
+    mma group g (lane // 4) and quad t (lane % 4) stores its accumulator pairs as 8 bytes at
+    row g (or g + 8), column 2t (+ 8 j): a 16-lane phase then spans rows g..g+3 at 8 words
+    each, and rows 8 or 24 words apart (mod the 32 banks) put them on all 32 banks; at 4
+    apart (wn + 4, the old padding) two rows shared half their banks, a 2-way conflict."""
+    return next(p for p in range(0, 32, 2) if (wn + p) % 32 in (8, 24))
+
+
 def _tile_elems(rows: int, bk: int, layout: str) -> int:
     """Shared elements of one stage of an operand tile of `rows` x bk."""
     return rows * (bk + tiles.PAD) if layout == "k" else bk * (rows + tiles.PAD)
@@ -149,7 +160,7 @@ def _tile_elems(rows: int, bk: int, layout: str) -> int:
 def shared_bytes(problem: MatmulProblem, cfg: TcConfig) -> int:
     a, b = _operand(problem, "a"), _operand(problem, "b")
     elems = _tile_elems(cfg.bm, cfg.bk, a.layout) + _tile_elems(cfg.bn, cfg.bk, b.layout)
-    staging = cfg.warps * 16 * (cfg.wn + CPAD) * 4
+    staging = cfg.warps * 16 * (cfg.wn + staging_pad(cfg.wn)) * 4
     return max(cfg.stages * elems * 2, staging)
 
 
@@ -335,7 +346,8 @@ def _gather_copy(
     source = problem.gather_source(side, check_mn=check_mn, check_k=check_k)
     element = operand_element(problem, side, True, mn, cfg.bk, narrow=True)
     tile = tiles.Tile(mn, cfg.bk, cfg.threads, phase_columns=True)
-    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element)
+    count = problem.gather_count(side)
+    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element, count)
 
     def issue(dst, base, fast, bz, mn0, k0):
         return copy.fn(dst, mn0, k0, fast, bz)
@@ -407,10 +419,14 @@ def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Ma
         def store_tile():
             g = lane // 4
             tq = lane % 4
+            pair = register_tensor(f32, 2)
             for i in unroll(range(MI)):
                 for j in unroll(range(NI)):
-                    for e in unroll(range(4)):
-                        rows[g + e // 2 * 8, j * 8 + tq * 2 + e % 2] = acc[i, j, e]
+                    for h in unroll(range(2)):
+                        # Each pair of columns as one 8-byte store (staging_pad: no conflicts).
+                        pair[0] = acc[i, j, 2 * h]
+                        pair[1] = acc[i, j, 2 * h + 1]
+                        store_vec(rows[g + h * 8, j * 8 + tq * 2], pair)
                 syncthreads()
                 for idx in range(lane, 16 * WN, 32):
                     r = idx // WN
@@ -430,6 +446,7 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
     dt = problem.a_dtype
     WARPS_N, WARPS, THREADS = BN // WN, cfg.warps, cfg.threads
     MI, NI = WM // 16, WN // 8
+    STAGING_ROW = WN + staging_pad(WN)
     row0, col0 = grouped_tiles(problem, BM, BN)
     STEPS = ceil_div(problem.k, BK)
     B = problem.batch
@@ -456,7 +473,7 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
         n0 = col0(pid)
         a_s = dynamic_shared_tensor(dt, A_SHAPE)
         b_s = dynamic_shared_tensor(dt, B_SHAPE)
-        c_s = dynamic_shared_tensor(f32, (WARPS, 16, WN + CPAD), at=0)
+        c_s = dynamic_shared_tensor(f32, (WARPS, 16, STAGING_ROW), at=0)
         a_frag = register_tensor(dt, (MI, 8))
         b_frag = register_tensor(dt, (NI, 4))
         acc = register_tensor(f32, (MI, NI, 4))

@@ -218,12 +218,16 @@ class GatheredOperand:
 
     `ref` is the buffer as a one-dimensional script tensor, `element` the tensor element the
     operand reads (at the group's variables) and `inside` the guard around it (None: none).
+    `limit` (None: none) bounds the innermost K variable from a guard `inner < limit`: a
+    chunk reads only its elements below it and the rest is zero-filled (a padded run of a
+    convolution over few channels, passes/graph/small_channels.py).
     """
 
     ref: TensorRef
     element: TensorElement
     inside: Expr | None
     strides: tuple[Dim, ...]
+    limit: int | None = None
 
 
 class MatmulProblem:
@@ -435,6 +439,7 @@ class MatmulProblem:
         if not kept or not isinstance(kept[-1][1], int) or kept[-1][1] % CHUNK:
             return None
         inner = kept[-1][0]
+        limit, inside = _run_limit(inside, inner)
         if inside is not None and (collect(inside, TensorElement) or inner in collect(inside, Var)):
             return None
         buf, strides = self.buffers[el.tensor.name]
@@ -459,7 +464,7 @@ class MatmulProblem:
         for size, stride in zip(value.shape, strides):
             extent = _dim_add(extent, _dim_mul(_dim_add(size, -1), stride))
         ref = TensorRef(value.name, buf, (extent,))
-        return GatheredOperand(ref, el, inside, tuple(strides))
+        return GatheredOperand(ref, el, inside, tuple(strides), limit)
 
     def gather_source(self, side: str, *, check_mn: bool = True, check_k: bool = True) -> Macro:
         """Macro `source(b, mn, k)` of a gathered operand (`gather_a` / `gather_b`): the element
@@ -496,6 +501,22 @@ class MatmulProblem:
             return out if narrow is None else narrow
 
         return macro(source)
+
+    def gather_count(self, side: str) -> Macro | None:
+        """Macro `count(b, mn, k)` of a gathered operand with a `limit`: how many of the
+        CHUNK elements of chunk (b, mn, k) to read (k a multiple of CHUNK), the rest
+        zero-filled; None where the operand has no limit (every chunk is read whole)."""
+        g = self.gather_a if side == "a" else self.gather_b
+        if g is None or g.limit is None:
+            return None
+        inner = _innermost(self.k_axes)
+        limit = g.limit
+
+        def count(b, mn, k):
+            j = unravel(_index(k), self.k_axes)[inner]
+            return cast(minimum(maximum(const(limit, T.i64) - j, 0), CHUNK), T.i32)
+
+        return macro(count)
 
     def _small(self, g: GatheredOperand) -> bool:
         """Whether the offsets and coordinates of gathered operand `g`, and the flat
@@ -676,6 +697,26 @@ def _split_sum(coeff: Mapping[Var, Dim], base: Dim, mapping: Mapping[Var, Expr],
             total, base = total + base, 0
         total = total + mapping[v] * dim_expr(coeff[v])
     return total + dim_expr(base) if not (isinstance(base, int) and base == 0) else total
+
+
+def _run_limit(inside: Expr | None, inner: Var) -> tuple[int | None, Expr | None]:
+    """(L, the rest of guard `inside`) where one of its conjuncts is `inner < L` (or `<=`,
+    L a constant), else (None, inside): a bound on the run the chunks zero-fill past."""
+    if inside is None:
+        return None, None
+    limit, rest = None, []
+    for t in _conjuncts(inside):
+        bound = None
+        if isinstance(t, Binary) and t.op in ("lt", "le") and t.a == inner:
+            if isinstance(t.b, Const) and t.b.dtype.is_integer:
+                bound = int(t.b.value) + (t.op == "le")
+        if bound is None:
+            rest.append(t)
+        else:
+            limit = bound if limit is None else min(limit, bound)
+    if limit is None:
+        return None, inside
+    return limit, logical_and(*rest) if rest else None
 
 
 def _conjuncts(e: Expr) -> list[Expr]:

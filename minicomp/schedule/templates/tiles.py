@@ -28,7 +28,8 @@ The copies, each a macro a kernel calls as a statement:
   through an element macro (a matmul's, which computes the operand), or else in a compact
   loop of strided reads (the rare case kept small).
 - `gather_copy`: global -> shared with 16-byte cp.async of chunks that are each a run of
-  memory somewhere (its offset computed per chunk, a convolution's window), or zero-filled.
+  memory somewhere (its offset computed per chunk, a convolution's window), or zero-filled,
+  whole or past a count of elements.
 - `load_regs` / `store_regs`: global -> registers through an element macro (a fused
   prologue), then registers -> shared memory, transposed if asked: a copy split around the
   math that hides its latency.
@@ -312,21 +313,34 @@ def async_copy(
 
 
 def gather_copy(
-    names: Names, tag: str, tile: Tile, ref: TensorRef, source: Macro, element: Macro
+    names: Names,
+    tag: str,
+    tile: Tile,
+    ref: TensorRef,
+    source: Macro,
+    element: Macro,
+    count: Macro | None = None,
 ) -> Macro:
     """Macro `copy(dst, row0, col0, fast, ctx)`: the tile at (row0, col0) of a matrix whose
     chunks are runs of flat tensor `ref` into shared tensor `dst`: chunk (row, col) is the
     16-byte run at element offset `source(ctx, row, col)` (16-byte aligned where `fast`), or
-    zero where that is -1, copied with cp.async (zero-filled, reading nothing). Where not
-    `fast`, element by element as `element(ctx, row, col)` gives them."""
+    zero where that is -1, copied with cp.async (zero-filled, reading nothing); with `count`,
+    only the first `count(ctx, row, col)` elements of a run are read, the rest zero-filled.
+    Where not `fast`, element by element as `element(ctx, row, col)` gives them."""
     W = tile.width
+    BYTES = CHUNK_BYTES // W
+    COUNTED = count is not None
 
     def copy_tile(dst, row0, col0, fast, ctx):
         def chunk(q, r, x):
             @script
             def gather_chunk():
                 src = source(ctx, row0 + r, col0 + x)
-                cp_async(dst[r, x], ref[max(src, 0)], 16, 16 if src >= 0 else 0)
+                if COUNTED:
+                    n = count(ctx, row0 + r, col0 + x) * BYTES
+                    cp_async(dst[r, x], ref[max(src, 0)], 16, n if src >= 0 else 0)
+                else:
+                    cp_async(dst[r, x], ref[max(src, 0)], 16, 16 if src >= 0 else 0)
 
             return gather_chunk
 
