@@ -33,6 +33,7 @@ from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.aten_contraction import tune_contractions
 from minicomp.passes.graph.attention import lower_attention, tune_attention
 from minicomp.passes.graph.fold_constants import constant_operand_layouts
+from minicomp.passes.graph.int8_weight_products import int8_weight_products
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.library_calls import name_library_calls
 from minicomp.passes.graph.onednn_convolution import onednn_convolutions
@@ -160,6 +161,7 @@ class CpuTarget(Target):
         *FIRST_PASSES,
         *DEFAULT_PASSES,
         onednn_convolutions,
+        int8_weight_products,
         onednn_linears,
     )
 

@@ -13,6 +13,7 @@ from minicomp.compiler import compile_graph
 from minicomp.ir import expr as E
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.attention import lower_attention
+from minicomp.passes.graph.int8_weight_products import int8_weight_products
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.library_calls import name_library_calls
 from minicomp.passes.graph.onednn_convolution import onednn_convolutions
@@ -64,12 +65,13 @@ def test_a_target_that_cannot_run_the_graph_is_refused(requested, devices, messa
 def test_pass_lists():
     cpu, emu, cuda = (get_target(n) for n in ("cpu", "cuda-emu", "cuda"))
     # The cpu target names its library calls first (ATen by design), and its convolutions
-    # and products become oneDNN calls last.
+    # and products become oneDNN calls last (products over int8 weights ATen's int8 kernel).
     assert list(cpu.passes) == [
         name_library_calls,
         *FIRST_PASSES,
         *DEFAULT_PASSES,
         onednn_convolutions,
+        int8_weight_products,
         onednn_linears,
     ]
     assert emu.passes == cuda.passes

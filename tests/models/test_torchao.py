@@ -1,0 +1,52 @@
+"""Models quantized with torchao's `quantize_`, compiled by minicomp and compared with torchao in
+eager: what its tensor subclasses trace to (dequantization, `_int_mm`, rescales) must compile
+without falling back."""
+
+import pytest
+import torch
+from helpers import check_compiled
+
+import minicomp
+
+torchao = pytest.importorskip("torchao")
+quantization = pytest.importorskip("torchao.quantization")
+
+CONFIGS = {
+    "int8-weight-only": lambda: quantization.Int8WeightOnlyConfig(),
+    "int8-dynamic-activation-int8-weight": lambda: (
+        quantization.Int8DynamicActivationInt8WeightConfig()
+    ),
+    "int4-weight-only-intx": lambda: quantization.IntxWeightOnlyConfig(
+        weight_dtype=torch.int4, granularity=quantization.PerGroup(32)
+    ),
+}
+
+
+def quantized_mlp(config: str, target: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 128)
+    ).to(torch.bfloat16)
+    quantization.quantize_(model.eval(), CONFIGS[config]())
+    return model.to("cuda") if target == "cuda" else model
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_quantized_mlp_matches_torchao(config, rows, target):
+    model = quantized_mlp(config, target)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    with torch.no_grad():
+        # One bf16 rounding of the largest output apart at most: the products sum in f32 in
+        # another order than ATen's.
+        out = check_compiled(model, x, target=target, rtol=1e-2, atol=1e-2)
+    assert out.dtype == torch.bfloat16
+
+
+def test_int8_weight_only_reads_the_int8_weight_on_the_cpu():
+    model = quantized_mlp("int8-weight-only", "cpu")
+    with torch.no_grad():
+        report = minicomp.explain(model, torch.randn(4, 256).to(torch.bfloat16))
+    assert set(report.fallbacks.get(k) for k in report.fallbacks if k.startswith("mm")) == {
+        "ATen by design on cpu: int8 weight-only GEMM"
+    }
