@@ -54,9 +54,10 @@ def tolerance(dtype: torch.dtype) -> dict:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A tensor's values as the evaluator takes them (bf16 as float32)."""
+    """A tensor's values as the evaluator takes them (bf16 and float8 as float32)."""
     t = t.detach()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+    wide = t.dtype == torch.bfloat16 or T.is_float8(T.from_torch(t.dtype))
+    return (t.float() if wide else t).numpy().copy()
 
 
 def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

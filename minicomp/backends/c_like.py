@@ -4,18 +4,20 @@
 and modules. A target subclasses it and overrides the hooks (methods documented as hooks
 below): the header text, type names, literal spellings, function qualifiers, parameter and
 variable declarations, array declarations (local or shared memory), loop pragmas and loop
-collapsing, math function names, half-precision conversions, and intrinsics such as thread
-indices and barriers.
+collapsing, math function names, conversions of the narrow float types, and intrinsics such as
+thread indices and barriers.
 
 Conventions every target's header follows: helpers are named `mc_<op>_<short type>`
 (`mc_max_f32`, `mc_floordiv_i64`, `mc_rsqrt_f64`, `mc_f32_to_f16`...), float16 and bfloat16
-values are uint16_t bit patterns, and `mc_isnan`/`mc_isinf`/`mc_signbit` give 0/1 for any
-float type. Integer divisions of tensor data (`div`, `floordiv`, `mod`, `fmod`) never trap:
-they call helpers, `mc_checked_<op>_<type>` with the kernel's error flag where the divisor
-may be zero (ir/error_flag.py), `mc_<op>_<type>` otherwise. Intrinsic calls (names
-outside MATH_FUNCTIONS that are no function of the module) render through `intrinsic_<name>`
-methods: the base class maps `thread_idx_{x,y,z}`, `block_idx_*`, `block_dim_*`, `grid_dim_*`
-and `syncthreads` onto the hooks `thread_index`, `block_index`, `block_dim`, `grid_dim` and
+values are uint16_t bit patterns and the float8 formats' uint8_t ones (all of them computed in
+float32, converted by `mc_<type>_to_f32` and `mc_f32_to_<type>`), and
+`mc_isnan`/`mc_isinf`/`mc_signbit` give 0/1 for any float type. Integer divisions of tensor
+data (`div`, `floordiv`, `mod`, `fmod`) never trap: they call helpers,
+`mc_checked_<op>_<type>` with the kernel's error flag where the divisor may be zero
+(ir/error_flag.py), `mc_<op>_<type>` otherwise. Intrinsic calls (names outside
+MATH_FUNCTIONS that are no function of the module) render through `intrinsic_<name>` methods:
+the base class maps `thread_idx_{x,y,z}`, `block_idx_*`, `block_dim_*`, `grid_dim_*` and
+`syncthreads` onto the hooks `thread_index`, `block_index`, `block_dim`, `grid_dim` and
 `barrier`, which a target without threads leaves raising.
 """
 
@@ -36,9 +38,10 @@ from minicomp.ir.error_flag import (
     may_divide_by_zero,
     size_params,
 )
+from minicomp.ir.float8 import e4m3fn_saturates, float8_bits
 from minicomp.ir.func import Function, Module
 from minicomp.ir.functor import Functor, Visitor, collect
-from minicomp.ir.types import DataType, PointerType, bf16, f16, f32
+from minicomp.ir.types import DataType, PointerType, bf16, f8e4m3fn, f16, f32, is_narrow_float
 
 # C operator precedence, higher binds tighter.
 PREC_SELECT, PREC_OR, PREC_AND, PREC_BITOR, PREC_BITXOR, PREC_BITAND = 3, 4, 5, 6, 7, 8
@@ -85,8 +88,11 @@ def is_half(dt: DataType) -> bool:
     return dt == f16 or dt == bf16
 
 
-def half_bits(value: float, dt: DataType) -> int:
-    """The float16 or bfloat16 bit pattern of a Python float (round to nearest even)."""
+def narrow_bits(value: float, dt: DataType) -> int:
+    """The bit pattern of a Python float in a narrow float type (float16, bfloat16 or a float8
+    format; round to nearest even), as the kernels store it."""
+    if dt.nbytes == 1:
+        return float8_bits(value, dt)
     if dt == f16:
         try:
             return struct.unpack("<H", struct.pack("<e", value))[0]
@@ -187,8 +193,8 @@ class CLikeRenderer(Functor):
         t = c.dtype
         if t.is_bool:
             return "1" if c.value else "0"
-        if is_half(t):
-            return f"0x{half_bits(float(c.value), t):04x}"
+        if is_narrow_float(t):
+            return f"0x{narrow_bits(float(c.value), t):0{2 * t.nbytes}x}"
         if t.is_float:
             return self.float_literal(float(c.value), t)
         return self.int_literal(int(c.value), t)
@@ -278,7 +284,10 @@ class CLikeRenderer(Functor):
         return f"mc_{op}_{dt.short}"
 
     def half_conversion(self, src: DataType, dst: DataType) -> str:
-        """Hook: the function converting between a half type and float32."""
+        """Hook: the function converting between a narrow float type and float32 (to e4m3fn:
+        the installed PyTorch's overflow, ir/float8.py)."""
+        if dst == f8e4m3fn and not e4m3fn_saturates():
+            return "mc_f32_to_f8e4m3fn_nonsat"
         return f"mc_{src.short}_to_{dst.short}"
 
     def comment(self, text: str) -> list[str]:
@@ -364,7 +373,7 @@ class CLikeRenderer(Functor):
 
     def visit_Binary(self, e: E.Binary) -> tuple[str, int]:
         dt, op = e.a.dtype, e.op
-        if is_half(dt):
+        if is_narrow_float(dt):
             return self.visit(_widen_binary(e))
         if division_operands(e) is not None:
             return self._int_division(e)
@@ -409,7 +418,7 @@ class CLikeRenderer(Functor):
 
     def visit_Unary(self, e: E.Unary) -> tuple[str, int]:
         dt = e.a.dtype
-        if is_half(dt):
+        if is_narrow_float(dt):
             return self.visit(E.Cast(E.Unary(e.op, E.Cast(e.a, f32)), dt))
         if e.op == "not" or dt.is_bool:
             return "!" + self.operand(e.a, PREC_UNARY), PREC_UNARY
@@ -423,18 +432,19 @@ class CLikeRenderer(Functor):
         src, dst = e.a.dtype, e.type
         if src == dst:
             return self.visit(e.a)
-        if is_half(src):
+        if is_narrow_float(src):
             wide = f"{self.half_conversion(src, f32)}({self.expr(e.a)})"
             if dst == f32:
                 return wide, PREC_ATOM
             if dst.is_bool:
                 return f"{wide} != 0", PREC_EQ
-            if is_half(dst):
+            if is_narrow_float(dst):
                 return f"{self.half_conversion(f32, dst)}({wide})", PREC_ATOM
             return f"({self.type_name(dst)}){wide}", PREC_UNARY
         if dst.is_bool:
             return f"{self.operand(e.a, PREC_EQ + 1)} != 0", PREC_EQ
-        if is_half(dst):
+        if is_narrow_float(dst):
+            # Through float32 from any type (float64 rounding twice), as PyTorch converts.
             arg = e.a if src == f32 else E.Cast(e.a, f32)
             return f"{self.half_conversion(f32, dst)}({self.expr(arg)})", PREC_ATOM
         return f"({self.type_name(dst)}){self.operand(e.a, PREC_UNARY)}", PREC_UNARY
@@ -453,7 +463,7 @@ class CLikeRenderer(Functor):
         if e.name in c_names.PREDICATES:
             return self._predicate(e)
         dt = e.dtype
-        if is_half(dt):
+        if is_narrow_float(dt):
             inner = E.Call(e.name, tuple(E.cast(a, f32) for a in e.args), f32)
             return self.expr(E.Cast(inner, dt))
         args = tuple(E.cast(a, dt) for a in e.args)
@@ -470,13 +480,14 @@ class CLikeRenderer(Functor):
     def _predicate(self, e: E.Call) -> str:
         (a,) = e.args
         if e.name == "signbit":
-            # A half's sign is the top bit of its uint16 pattern, which a conversion to a wider
+            # A narrow float's sign is the top bit of its pattern, which a conversion to a wider
             # float keeps (NaN's too); GCC 12 crashes vectorising it read from the float.
             half = a.a if isinstance(a, E.Cast) and a.dtype.is_float else a
-            if is_half(half.dtype):
-                return f"({self.operand(half, PREC_SHIFT + 1)} >> 15)"
+            if is_narrow_float(half.dtype):
+                top = 8 * half.dtype.nbytes - 1
+                return f"({self.operand(half, PREC_SHIFT + 1)} >> {top})"
         if a.dtype.is_float:
-            arg = E.cast(a, f32) if is_half(a.dtype) else a
+            arg = E.cast(a, f32) if is_narrow_float(a.dtype) else a
             return self._call(self.math_function_name(e.name, arg.dtype), arg)[0]
         if e.name == "signbit" and a.dtype.kind == "int":
             return f"({self.operand(a, PREC_REL + 1)} < 0)"
@@ -622,7 +633,7 @@ class CLikeRenderer(Functor):
 
 
 def _widen_binary(e: E.Binary) -> E.Expr:
-    """A half-precision operation recomputed in float32 (and converted back unless boolean)."""
+    """A narrow float operation recomputed in float32 (and converted back unless boolean)."""
     a, b = E.Cast(e.a, f32), E.Cast(e.b, f32)
     if e.op in E.COMPARE_OPS or e.op in E.LOGIC_OPS:
         return E.Binary(e.op, a, b)

@@ -23,6 +23,93 @@ MC_FN uint16_t mc_f32_to_bf16(float f) {
     return (uint16_t)(f != f ? 0x7fc0u : rounded);
 }
 
+/* ---- float8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), stored as uint8_t bit patterns ----
+   PyTorch's conversions bit for bit (c10's fp8*_from_fp32_value / fp8*_to_fp32_value; ir/float8.py
+   is the same algorithm in numpy and says what each format does at the edges), in software on
+   every target: the GPU's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89+) saturates e5m2 too, and
+   gives no sign to a NaN, where PyTorch's own CUDA kernels run this same bit arithmetic. Every
+   path is computed and the result chosen by masks, so that GCC vectorises loops over them.
+   M is the format's mantissa bits, B its exponent bias. */
+
+MC_FN uint32_t mc_select_u32(uint32_t c, uint32_t a, uint32_t b) {
+    uint32_t m = 0u - c;
+    return (a & m) | (b & ~m);
+}
+
+/* The format's magnitude bits for |x| (float32 bits `ax`) below its overflow. Below the smallest
+   normal, adding 2^(24 - B - M) puts the value where float32's ulp is the format's smallest
+   subnormal, so the adder's rounding is the one wanted (no flush: never built with -ftz);
+   above, rebias the exponent and round the dropped bits to nearest even. */
+MC_FN uint32_t mc_f8_round(uint32_t ax, uint32_t M, uint32_t B) {
+    uint32_t magic = (127u + 1u - B - M + 23u) << 23;
+    uint32_t sub = mc_bits_f32(mc_from_bits_f32(ax) + mc_from_bits_f32(magic)) - magic;
+    uint32_t shift = 23u - M;
+    uint32_t normal = (ax - ((127u - B) << 23) + ((1u << (shift - 1u)) - 1u) + ((ax >> shift) & 1u))
+                      >> shift;
+    return mc_select_u32(ax < ((127u + 1u - B) << 23), sub, normal);
+}
+
+/* The float32 bits of magnitude bits `em` (sign cleared), special values aside. A subnormal
+   counts units of 2^(1 - B - M): put it in the mantissa of the power of two with that ulp and
+   subtract the power, exactly. */
+MC_FN uint32_t mc_f8_widen(uint32_t em, uint32_t M, uint32_t B) {
+    uint32_t magic = (127u + 1u - B - M + 23u) << 23;
+    uint32_t sub = mc_bits_f32(mc_from_bits_f32(magic | em) - mc_from_bits_f32(magic));
+    uint32_t normal = (em << (23u - M)) + ((127u - B) << 23);
+    return mc_select_u32(em < (1u << M), sub, normal);
+}
+
+/* e4m3fn: no infinity; 0x7f is NaN. Overflow (at and beyond 480, or rounding up into 0x7f)
+   and infinities saturate at 448 (PyTorch 2.12 and newer); the _nonsat version is older
+   PyTorch's, NaN instead. NaN keeps its sign. */
+MC_FN uint8_t mc_f32_to_f8e4m3fn(float f) {
+    uint32_t x = mc_bits_f32(f), sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu;
+    uint32_t mag = mc_f8_round(ax, 3u, 7u);
+    mag = mc_select_u32((uint32_t)(ax >= 0x43f00000u) | (uint32_t)(mag == 0x7fu), 0x7eu, mag);
+    return (uint8_t)(mc_select_u32(ax > 0x7f800000u, 0x7fu, mag) | sign);
+}
+MC_FN uint8_t mc_f32_to_f8e4m3fn_nonsat(float f) {
+    uint32_t x = mc_bits_f32(f), sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu;
+    return (uint8_t)(mc_select_u32(ax >= 0x43f00000u, 0x7fu, mc_f8_round(ax, 3u, 7u)) | sign);
+}
+MC_FN float mc_f8e4m3fn_to_f32(uint8_t h) {
+    uint32_t sign = (uint32_t)(h & 0x80u) << 24, em = h & 0x7fu;
+    uint32_t nan = 0x7f800000u | ((em & 7u) << 20);
+    return mc_from_bits_f32(sign | mc_select_u32(em == 0x7fu, nan, mc_f8_widen(em, 3u, 7u)));
+}
+
+/* e5m2: IEEE-like; overflow gives infinity, NaN keeps its sign. */
+MC_FN uint8_t mc_f32_to_f8e5m2(float f) {
+    uint32_t x = mc_bits_f32(f), sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu;
+    uint32_t mag = mc_select_u32(ax >= 0x47800000u, 0x7cu, mc_f8_round(ax, 2u, 15u));
+    return (uint8_t)(mc_select_u32(ax > 0x7f800000u, 0x7fu, mag) | sign);
+}
+/* Infinities and NaNs keep their payload, NaNs quietened (c10 widens through float16). */
+MC_FN float mc_f8e5m2_to_f32(uint8_t h) {
+    uint32_t sign = (uint32_t)(h & 0x80u) << 24, em = h & 0x7fu, payload = (em & 3u) << 21;
+    uint32_t special = 0x7f800000u | payload | ((uint32_t)(payload != 0u) << 22);
+    return mc_from_bits_f32(sign | mc_select_u32(em >= 0x7cu, special, mc_f8_widen(em, 2u, 15u)));
+}
+
+/* fnuz: 0x80 is the one NaN (no infinity, no negative zero); overflow, infinities and NaN give
+   it, and a negative value rounding to zero gives +0. */
+#define MC_FLOAT8_FNUZ(S, M, B, OVERFLOW)                                        \
+    MC_FN uint8_t mc_f32_to_##S(float f) {                                        \
+        uint32_t x = mc_bits_f32(f), sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu; \
+        uint32_t mag = mc_f8_round(ax, M, B);                                     \
+        mag = mc_select_u32(mag == 0u, 0u, mag | sign);                           \
+        return (uint8_t)mc_select_u32(ax >= (OVERFLOW), 0x80u, mag);              \
+    }                                                                             \
+    MC_FN float mc_##S##_to_f32(uint8_t h) {                                      \
+        uint32_t sign = (uint32_t)(h & 0x80u) << 24;                              \
+        uint32_t bits = sign | mc_f8_widen(h & 0x7fu, M, B);                      \
+        return mc_from_bits_f32(mc_select_u32(h == 0x80u, 0x7f800001u, bits));    \
+    }
+
+MC_FLOAT8_FNUZ(f8e4m3fnuz, 3u, 8u, 0x43800000u)
+MC_FLOAT8_FNUZ(f8e5m2fnuz, 2u, 16u, 0x47800000u)
+#undef MC_FLOAT8_FNUZ
+
 /* ---- max / min: NaN propagates for floats (torch.maximum); ties keep `a` like std::max ---- */
 
 MC_FN float mc_max_f32(float a, float b) { return (a < b || b != b) ? b : a; }

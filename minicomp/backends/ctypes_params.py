@@ -7,12 +7,16 @@ from typing import Any
 
 from minicomp.ir.types import PointerType
 
-# Half-precision scalars travel as their uint16 bit patterns, as the kernels store them.
+# Half-precision and float8 scalars travel as their bit patterns, as the kernels store them.
 SCALAR_CTYPES = {
     "float32": ctypes.c_float,
     "float64": ctypes.c_double,
     "float16": ctypes.c_uint16,
     "bfloat16": ctypes.c_uint16,
+    "float8_e4m3fn": ctypes.c_uint8,
+    "float8_e5m2": ctypes.c_uint8,
+    "float8_e4m3fnuz": ctypes.c_uint8,
+    "float8_e5m2fnuz": ctypes.c_uint8,
     "bool": ctypes.c_bool,
     "int8": ctypes.c_int8,
     "int16": ctypes.c_int16,

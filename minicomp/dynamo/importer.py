@@ -427,7 +427,9 @@ SCRIPT_OP_REASON = (
 )
 
 
-_COMPUTABLE = {T.f16, T.bf16, T.f32, T.f64, T.i8, T.i16, T.i32, T.i64, T.u8, T.boolean}
+_COMPUTABLE = {T.f16, T.bf16, T.f32, T.f64, T.i8, T.i16, T.i32, T.i64, T.u8, T.boolean} | set(
+    T.FLOAT8_TYPES
+)
 
 
 def _dtype(d: torch.dtype):

@@ -3,7 +3,8 @@
 Every expression is evaluated over whole index grids at once. A scope holds one index array
 per live variable, each shaped to broadcast over the scope's grid; a Reduce opens an inner
 scope with its reduce variables as extra trailing axes and reduces those axes away.
-bf16 values are float32 arrays rounded to bf16 after every operation producing bf16.
+bf16 and float8 values are float32 arrays rounded to their type after every operation
+producing them (float8 as PyTorch rounds, ir/float8.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from minicomp.ir import types as T
 from minicomp.ir.compute import Compute, Reduce, TensorElement, TensorInput, TensorNode
 from minicomp.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
+from minicomp.ir.float8 import round_float8
 
 _NP = {
     T.f16: np.float16,
@@ -28,11 +30,11 @@ _NP = {
     T.u32: np.uint32,
     T.u64: np.uint64,
     T.boolean: np.bool_,
-}
+} | {t: np.float32 for t in T.FLOAT8_TYPES}
 
 
 def np_dtype(dt: T.DataType) -> np.dtype:
-    """The numpy dtype holding values of `dt` (float32 for bf16)."""
+    """The numpy dtype holding values of `dt` (float32 for bf16 and float8)."""
     return np.dtype(_NP[dt])
 
 
@@ -43,6 +45,15 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     out = rounded.astype(np.uint32).view(np.float32)
     return np.where(np.isnan(x), x, out)
+
+
+def rounded(x: np.ndarray, dt: T.DataType) -> np.ndarray:
+    """Values of `dt`'s numpy type rounded to `dt` where numpy has no such type (bf16, float8)."""
+    if dt == T.bf16:
+        return round_bf16(x)
+    if T.is_float8(dt):
+        return round_float8(x, dt)
+    return x
 
 
 def to_dtype(x, dt: T.DataType) -> np.ndarray:
@@ -62,8 +73,10 @@ def to_dtype(x, dt: T.DataType) -> np.ndarray:
                 bad = ~np.isfinite(x) | (x < float(info.min)) | (x > float(info.max))
                 if np.any(bad):
                     x = np.where(bad, float(info.min), x)
+        if T.is_float8(dt) and x.dtype == np.float64:
+            x = x.astype(np.float32)  # float64 rounds to float32 first, as in PyTorch
         out = x.astype(np_dtype(dt))
-    return round_bf16(out) if dt == T.bf16 else out
+    return rounded(out, dt)
 
 
 def evaluate(
@@ -111,7 +124,7 @@ class _Evaluator:
                 raise ValueError(f"input {t.name} has shape {arr.shape}, expected {shape}")
             if arr.dtype != np_dtype(t.dtype):
                 raise TypeError(f"input {t.name} is {arr.dtype}, expected {t.dtype.name}")
-            return round_bf16(arr) if t.dtype == T.bf16 else arr
+            return rounded(arr, t.dtype)
         if not isinstance(t, Compute):
             raise TypeError(f"cannot evaluate {type(t).__name__}")
         rank = len(shape)
@@ -195,11 +208,11 @@ class _Evaluator:
 
 
 def _fix(x, dt: T.DataType) -> np.ndarray:
-    """A result in the numpy type of `dt` (rounded for bf16)."""
+    """A result in the numpy type of `dt` (rounded for bf16 and float8)."""
     x = np.asarray(x)
     if x.dtype != np_dtype(dt):
         x = x.astype(np_dtype(dt))
-    return round_bf16(x) if dt == T.bf16 else x
+    return rounded(x, dt)
 
 
 def _narrow(live, taken):

@@ -58,8 +58,18 @@ u16 = DataType("uint16", "u16", 2, "uint")
 u32 = DataType("uint32", "u32", 4, "uint")
 u64 = DataType("uint64", "u64", 8, "uint")
 boolean = DataType("bool", "bool", 1, "bool")
+# The float8 formats: one byte of storage, arithmetic in float32 (PyTorch upcasts too).
+# e4m3fn and e4m3fnuz have no infinity; the fnuz ones have no negative zero (0x80 is NaN).
+f8e4m3fn = DataType("float8_e4m3fn", "f8e4m3fn", 1, "float")
+f8e5m2 = DataType("float8_e5m2", "f8e5m2", 1, "float")
+f8e4m3fnuz = DataType("float8_e4m3fnuz", "f8e4m3fnuz", 1, "float")
+f8e5m2fnuz = DataType("float8_e5m2fnuz", "f8e5m2fnuz", 1, "float")
 
-ALL_TYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
+FLOAT8_TYPES = (f8e4m3fn, f8e5m2, f8e4m3fnuz, f8e5m2fnuz)
+NARROW_FLOATS = (f16, bf16, *FLOAT8_TYPES)
+"""The float types stored as bit patterns narrower than float32 and computed in float32."""
+
+ALL_TYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean, *FLOAT8_TYPES)
 _BY_NAME = {t.name: t for t in ALL_TYPES} | {t.short: t for t in ALL_TYPES}
 
 Type = DataType | PointerType
@@ -80,7 +90,7 @@ def from_torch(torch_dtype) -> DataType:
     name = str(torch_dtype).removeprefix("torch.")
     if name in _BY_NAME:
         return _BY_NAME[name]
-    # Complex, float8, quantized...: values of these types only flow between ATen calls.
+    # Complex, quantized, float8_e8m0fnu...: values of these types only flow between ATen calls.
     return DataType(name, name, torch_dtype.itemsize, "opaque")
 
 
@@ -91,6 +101,17 @@ def to_torch(dt: DataType):
     return getattr(torch, dt.name)
 
 
+def is_narrow_float(dt: DataType) -> bool:
+    """Whether values of `dt` are bit patterns narrower than float32, computed in float32:
+    float16, bfloat16 and the float8 formats."""
+    return dt in NARROW_FLOATS
+
+
+def is_float8(dt: DataType) -> bool:
+    """Whether `dt` is one of the float8 formats."""
+    return dt in FLOAT8_TYPES
+
+
 def fits(value: int, dt: DataType) -> bool:
     """Whether the integer `value` is representable in integer type `dt`."""
     bits = 8 * dt.nbytes
@@ -99,7 +120,7 @@ def fits(value: int, dt: DataType) -> bool:
     return -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
 
 
-_FLOAT_ORDER = (f16, bf16, f32, f64)
+_FLOAT_ORDER = (*FLOAT8_TYPES, f16, bf16, f32, f64)
 _INT_ORDER = (u8, i8, i16, i32, i64)
 
 
@@ -112,7 +133,9 @@ def promote(a: DataType, b: DataType) -> DataType:
     if b.is_bool:
         return a
     if a.is_float and b.is_float:
-        if {a, b} == {f16, bf16}:
+        # Mixed half or float8 formats: PyTorch refuses to promote float8 with anything (the
+        # graph never mixes them); inside the IR, float32 holds both exactly.
+        if {a, b} == {f16, bf16} or is_float8(a) and is_float8(b):
             return f32
         return max(a, b, key=_FLOAT_ORDER.index)
     if a.is_float:

@@ -12,7 +12,9 @@ from minicomp.ops.registry import LoweringContext, NotLowerable
 
 Arg = TensorNode | Expr | int | float | bool
 
-SUPPORTED = {T.f16, T.bf16, T.f32, T.f64, T.i8, T.i16, T.i32, T.i64, T.u8, T.boolean}
+SUPPORTED = {T.f16, T.bf16, T.f32, T.f64, T.i8, T.i16, T.i32, T.i64, T.u8, T.boolean} | set(
+    T.FLOAT8_TYPES
+)
 
 
 def is_tensor(a) -> bool:
@@ -28,8 +30,8 @@ def check_dtypes(*args: Arg) -> None:
 
 
 def opmath(dt: DataType) -> DataType:
-    """The type arithmetic on `dt` runs in: f32 for the half types, as in PyTorch."""
-    return T.f32 if dt in (T.f16, T.bf16) else dt
+    """The type arithmetic on `dt` runs in: f32 for the half and float8 types, as in PyTorch."""
+    return T.f32 if T.is_narrow_float(dt) else dt
 
 
 def broadcast_index(t: TensorNode, out_shape: Sequence[Dim], idx: Sequence[Expr]) -> list[Expr]:

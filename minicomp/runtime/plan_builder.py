@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from minicomp.backends.c_like import half_bits
+from minicomp.backends.c_like import narrow_bits
 from minicomp.ir import types as T
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
@@ -189,12 +189,12 @@ _LAUNCHED = (FusedOp, KernelOp)
 
 def _scalars_builder(scalars: list[tuple[Var, Expr]]) -> Callable[[dict], list]:
     """A function of the size binding giving a kernel's scalar arguments, in the form its
-    launcher takes (f16 and bf16 as their bits; integers checked to fit)."""
+    launcher takes (f16, bf16 and float8 as their bits; integers checked to fit)."""
     getters = []
     for p, a in scalars:
         dt = p.type
         if isinstance(a, Const):
-            value = half_bits(float(a.value), dt) if dt in (T.f16, T.bf16) else a.value
+            value = narrow_bits(float(a.value), dt) if T.is_narrow_float(dt) else a.value
             getters.append(lambda env, value=value: value)
             continue
         size = dims_fn([a])

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from minicomp import config
-from minicomp.backends.c_like import half_bits
+from minicomp.backends.c_like import narrow_bits
 from minicomp.backends.cuda.emu import MAX_DYNAMIC_SHARED
 from minicomp.backends.cuda.module import dynamic_shared_bytes
 from minicomp.ir import expr as E
 from minicomp.ir.symbols import compile_dims, launch_dims
-from minicomp.ir.types import bf16, f16, fits, to_torch
+from minicomp.ir.types import fits, is_narrow_float, to_torch
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction, set_launcher
 from minicomp.script.signature import Param, Signature
@@ -123,8 +123,8 @@ class Binder:
                 value = float(value)
             except (TypeError, ValueError):
                 raise self.error(p, f"{what}, not {_kind(value)}") from None
-        if dt in (f16, bf16):
-            return half_bits(float(value), dt)
+        if is_narrow_float(dt):
+            return narrow_bits(float(value), dt)
         return float(value)
 
     def tensor(self, p: Param, t, sizes: dict, checks: list) -> tuple[Any, Any]:

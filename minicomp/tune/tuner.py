@@ -512,7 +512,17 @@ def _unique(configs: Sequence[Any]) -> list[Any]:
 
 # Largest error allowed, relative to the largest magnitude of the reference output: loose
 # enough for another summation order and TF32 inputs, far below what a wrong kernel gives.
-_TOLERANCE = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 5e-3, "float64": 1e-9}
+# A float8 result may round one ulp apart: its machine epsilon.
+_TOLERANCE = {
+    "float16": 1e-2,
+    "bfloat16": 4e-2,
+    "float32": 5e-3,
+    "float64": 1e-9,
+    "float8_e4m3fn": 0.125,
+    "float8_e5m2": 0.25,
+    "float8_e4m3fnuz": 0.125,
+    "float8_e5m2fnuz": 0.25,
+}
 
 
 def outputs_match(out: Any, ref: Any) -> bool:

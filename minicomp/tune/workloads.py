@@ -32,9 +32,13 @@ def random_workload(op: FusedOp, layouts: dict, seed: int, device: torch.device)
         # Filled through its storage: a broadcast input's strides overlap elements.
         strides = layouts[v.name]
         size = storage_elements(v.shape, strides)
-        base = torch.empty(size, dtype=T.to_torch(v.dtype), device=device)
-        if random:
-            base.uniform_(-1.0, 1.0, generator=gen)
+        dtype = T.to_torch(v.dtype)
+        if random and T.is_float8(v.dtype):  # PyTorch draws no float8 numbers: convert
+            base = torch.empty(size, device=device).uniform_(-1.0, 1.0, generator=gen).to(dtype)
+        else:
+            base = torch.empty(size, dtype=dtype, device=device)
+            if random:
+                base.uniform_(-1.0, 1.0, generator=gen)
         return base.as_strided(v.shape, strides)
 
     inputs = [tensor(v, True) for v in op.inputs]

@@ -16,6 +16,7 @@ from minicomp.ir.error_flag import ERROR_FLAG, checked_index
 from minicomp.ir.func import Function, LaunchAttrs, Module
 from minicomp.ir.types import (
     ALL_TYPES,
+    FLOAT8_TYPES,
     PointerType,
     bf16,
     boolean,
@@ -358,6 +359,17 @@ def helper_module() -> Module:
             S.Store(p, E.const(5), E.cast(E.Load(q, E.const(1)), dt)),
         )
         kernels.append(Function(f"half_{dt.short}", (p, q), body))
+    for dt in FLOAT8_TYPES:
+        p, q = E.Var("p", PointerType(dt)), E.Var("q", PointerType(f32))
+        v = E.Load(p, E.const(0))
+        body = S.seq(
+            S.Store(q, E.const(0), E.cast(v, f32)),
+            S.Store(p, E.const(1), E.Call("shfl_down_sync", (v, E.const(1, i32)), dt)),
+            S.Store(p, E.const(2), E.Call("shfl_xor_sync", (v, E.const(2, i32)), dt)),
+            S.Store(p, E.const(3), E.Call("shfl_sync", (v, E.const(0, i32)), dt)),
+            S.Store(p, E.const(4), E.cast(E.Load(q, E.const(1)), dt)),
+        )
+        kernels.append(Function(f"float8_{dt.short}", (p, q), body))
     fp = E.Var("fp", PointerType(f32))
     atomic = S.Evaluate(E.Call("atomic_max", (fp, E.const(0), E.Load(fp, E.const(1))), f32))
     kernels.append(Function("atomic_f32", (fp,), atomic))
@@ -384,6 +396,9 @@ extern "C" __global__ void direct_helpers(float* f, double* d) {
     f[5] = mc_from_bits_f32(mc_bits_f32(f[6]));
     d[5] = mc_digamma_positive(d[6]);
     mc_flag_zero_division(0);
+    /* The float8 conversions' parts, and older PyTorch's e4m3fn conversion. */
+    f[7] = mc_from_bits_f32(mc_select_u32(1u, mc_f8_round(0u, 3u, 7u), mc_f8_widen(0u, 3u, 7u)));
+    f[8] = (float)mc_f32_to_f8e4m3fn_nonsat(f[9]);
 }
 """
 

@@ -1,10 +1,10 @@
 """Every CUDA kernel the compiler generates for real models and ops compiles with NVRTC.
 
 The graphs are compiled for the cuda-emu target (which runs them here and checks the
-results against eager); the same CUDA source then goes through NVRTC for sm_80 and sm_90,
-and ptxas's report of registers, shared memory and spills is printed. No kernel of the
-auto-scheduler may spill or keep a stack frame.
-"""
+results against eager); the same CUDA source then goes through NVRTC for sm_80 and sm_90
+(and sm_89 for the float8 kernels, the first architecture with float8 hardware), and
+ptxas's report of registers, shared memory and spills is printed. No kernel of the
+auto-scheduler may spill or keep a stack frame."""
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ import minicomp
 nvrtc = pytest.importorskip("minicomp.backends.cuda.nvrtc")
 
 ARCHS = ("sm_80", "sm_90")
+FLOAT8_ARCHS = ("sm_80", "sm_89", "sm_90")
 
 
 def _tiny_models():
@@ -73,7 +74,30 @@ def _ops():
     ]
 
 
-CASES = _ops() + _tiny_models()
+def _float8_ops():
+    e4m3 = torch.float8_e4m3fn
+
+    def quantize(x):
+        amax = x.abs().max()
+        scale = 448.0 / amax.clamp(min=1e-12)
+        return (x * scale).clamp(-448.0, 448.0).to(e4m3), scale
+
+    def rows(x):
+        scale = 448.0 / x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12)
+        return (x.float() * scale).clamp(-448.0, 448.0).to(e4m3), scale.reciprocal()
+
+    x = torch.randn(64, 512)
+    q, scale = quantize(x)
+    return [
+        ("f8_quantize", quantize, (x,)),
+        ("f8_rows", rows, (x.bfloat16(),)),
+        ("f8_dequantize", lambda q, s: (q.float() / s).half(), (q, scale)),
+        ("f8_chain", lambda x: x.to(torch.float8_e5m2).to(e4m3).to(torch.bfloat16), (x,)),
+        ("f8_transpose", lambda q: q.t().contiguous(), (q,)),
+    ]
+
+
+CASES = _ops() + _float8_ops() + _tiny_models()
 
 
 @pytest.mark.parametrize("name, fn, args", CASES, ids=[c[0] for c in CASES])
@@ -86,7 +110,7 @@ def test_generated_kernels_compile_for_every_arch_without_spills(name, fn, args,
         assert any("mc_store_vec" in s for s in sources), "no vectorised kernel"
     lines = []
     for source in sources:
-        for arch in ARCHS:
+        for arch in FLOAT8_ARCHS if name.startswith("f8_") else ARCHS:
             binary = nvrtc.compile_cuda(source, arch=arch, cache_dir=str(tmp_path))
             for kernel, res in sorted(binary.resources.items()):
                 lines.append(

@@ -6,8 +6,8 @@ loop inside a parallel region runs serially in its thread), `vectorize` gives `#
 simd`, `unroll` gives `#pragma GCC unroll 8`. A loop's `reductions` become OpenMP reduction
 clauses: `+`, `*`, and for max/min the built-in `max`/`min` on integers but, on floats, the
 user-defined reductions `mc_max_f32`... of the runtime header, because OpenMP's own float
-max/min drop NaNs while PyTorch propagates them. A loop reducing into a float16/bfloat16
-accumulator (uint16_t bits, which OpenMP would add as integers) gets no pragma and runs
+max/min drop NaNs while PyTorch propagates them. A loop reducing into a float16/bfloat16/float8
+accumulator (bit patterns, which OpenMP would add as integers) gets no pragma and runs
 serially.
 
 A vector loop calling float32 sin, cos or erf calls their near versions (runtime.h: cheaper,
@@ -35,13 +35,13 @@ import functools
 import os
 from collections.abc import Iterator
 
-from minicomp.backends.c_like import CLikeRenderer, is_half, uses_any
+from minicomp.backends.c_like import CLikeRenderer, uses_any
 from minicomp.backends.cpu.near_math import NEAR_F32, far_tests, near_calls, runs_again_safely
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Module
-from minicomp.ir.types import DataType, f32, i32
+from minicomp.ir.types import DataType, f32, i32, is_narrow_float
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.h")
 UNROLL_FACTOR = 8
@@ -170,7 +170,7 @@ class CRenderer(CLikeRenderer):
             return []
         clauses = self._reduction_clauses(loops)
         if clauses is None:
-            return ["// serial: a float16/bfloat16 accumulator cannot be an OpenMP reduction"]
+            return ["// serial: a narrow float accumulator cannot be an OpenMP reduction"]
         if kind == "parallel":
             words = ["#pragma omp parallel for"]
             if len(loops) > 1:
@@ -186,7 +186,7 @@ class CRenderer(CLikeRenderer):
         for loop in loops:
             for op, acc in loop.reductions:
                 dt = acc.dtype
-                if is_half(dt):
+                if is_narrow_float(dt):
                     return None
                 if op in ("add", "mul"):
                     identifier = "+" if op == "add" else "*"

@@ -20,8 +20,8 @@ first element; the buffer is only read), `store_vec(buf, i, reg, lanes)` →
 and its address must be aligned to its size, 16 at most.
 
 `printf(fmt, values...)` (its first argument a StringLiteral) renders as CUDA's device printf
-with the format spelled as an escaped C string literal; f16/bf16 values print as floats and
-bools as ints. Arrays of scope "dynamic" live in the launch's dynamic shared memory, the
+with the format spelled as an escaped C string literal; f16/bf16/float8 values print as floats
+and bools as ints. Arrays of scope "dynamic" live in the launch's dynamic shared memory, the
 device header's `mc_dynamic_smem` (16-byte aligned): each such DeclareArray is a typed
 pointer to its start (the script front-end addresses later tensors through an element
 offset, so its size counts the elements before it), and the kernel's attrs.dynamic_smem
@@ -40,7 +40,19 @@ from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function, Module
-from minicomp.ir.types import DataType, PointerType, boolean, f32, f64, i32, i64, u32, u64
+from minicomp.ir.types import (
+    DataType,
+    PointerType,
+    boolean,
+    f32,
+    f64,
+    i32,
+    i64,
+    is_float8,
+    is_narrow_float,
+    u32,
+    u64,
+)
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device.h")
 FULL_MASK = "0xffffffffu"
@@ -235,6 +247,9 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
         dt = value.dtype
         if is_half(dt):
             return f"{helper}({self.expr(value)}, {self.expr(lane)})"
+        if is_float8(dt):  # the bits travel, not the value
+            bits = f"(unsigned int){self.operand(value, PREC_UNARY)}"
+            return f"(uint8_t){builtin}({FULL_MASK}, {bits}, {self.expr(lane)})"
         if dt.short in _SHUFFLE_NATIVE:
             return f"{builtin}({FULL_MASK}, {self.expr(value)}, {self.expr(lane)})"
         if dt.nbytes < 4 or dt.is_bool:
@@ -287,9 +302,9 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
             raise ValueError(f"printf takes a string literal format first: {e}")
         args = [c_string_literal(e.args[0].value)]
         for a in e.args[1:]:
-            # Varargs promote float to double and narrow ints to int; our f16/bf16 bit
+            # Varargs promote float to double and narrow ints to int; our f16/bf16/float8 bit
             # patterns and bools need converting first to print as numbers.
-            if is_half(a.dtype):
+            if is_narrow_float(a.dtype):
                 a = E.Cast(a, f32)
             elif a.dtype == boolean or a.dtype.nbytes < 4:
                 a = E.Cast(a, i32)

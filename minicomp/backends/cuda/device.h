@@ -60,7 +60,10 @@ MC_DEVICE float mc_from_bits_f32(uint32_t u) { return __uint_as_float(u); }
    0xffff), and tests compare NaN with NaN, never their bits, so we take the hardware's. The
    emulator (host C++, MC_EMULATE) and an architecture without the bf16 cvt keep the bit
    operations below and common.h's: PyTorch's CPU results bit for bit, NaNs as c10's scalar
-   conversions give them. */
+   conversions give them.
+   The float8 conversions are common.h's bit arithmetic on every architecture, the emulator
+   included: sm_89's cvt to e4m3/e5m2 exists only saturating (.satfinite), which PyTorch's
+   e5m2 is not. */
 #if defined(__CUDA_ARCH__) && !defined(MC_EMULATE)
 #define MC_HARDWARE_F16_CONVERSION
 #if __CUDA_ARCH__ >= 800 /* cvt to bf16, and to f16x2 / bf16x2 pairs */

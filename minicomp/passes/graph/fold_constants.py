@@ -185,11 +185,12 @@ def _numel(shape: tuple) -> int:
 
 
 def _to_numpy(t: Any):
-    """A constant as the numpy array the evaluator expects (bf16 as float32, exact)."""
+    """A constant as the numpy array the evaluator expects (bf16 and float8 as float32,
+    exact)."""
     import torch
 
     t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
+    if t.dtype == torch.bfloat16 or t.dtype.itemsize == 1 and t.dtype.is_floating_point:
         t = t.float()
     return t.numpy()
 

@@ -14,7 +14,9 @@ What counts, per thread (the emulator adds the calls up; the lens divides by the
   constant other than a power of two it is a multiply-high and a shift: integer instructions);
 - special: calls of transcendental math functions (exp, log, sin, tanh, erf, rsqrt...), one each
   whatever sequence the compiler makes of them;
-- conversions: casts to or from f16 and bf16.
+- conversions: casts to or from f16 and bf16; a float8 conversion is software (common.h's bit
+  arithmetic around one float addition): FLOAT8_NARROW or FLOAT8_WIDEN integer instructions
+  and one fp instruction instead, a conversion from float8 to float16 or bfloat16 adding one.
 Loads and stores are not counted here: the emulator sees those itself. A loop's own increment
 and test count as two integer instructions an iteration, none for a loop the compiler unrolls
 (kind "unroll", or a constant trip count up to UNROLLED); both arms of a select count.
@@ -38,7 +40,7 @@ from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Visitor
-from minicomp.ir.types import PointerType, u64
+from minicomp.ir.types import PointerType, is_float8, u64
 
 _CHEAP_MATH = frozenset(("floor", "ceil", "rint", "trunc", "abs", "signbit", "isnan", "isinf"))
 _FLOAT_ARITH = frozenset(("add", "sub", "mul", "div", "max", "min"))
@@ -46,6 +48,10 @@ _FLOAT_ARITH = frozenset(("add", "sub", "mul", "div", "max", "min"))
 _THREAD_CONSTANTS = frozenset(("thread_idx", "block_idx", "block_dim", "grid_dim"))
 UNROLLED = 32
 """The largest constant trip count assumed unrolled whole (no increment, no test)."""
+FLOAT8_NARROW = 16
+"""Integer instructions of a float32 -> float8 conversion (rounding, overflow and NaN selects)."""
+FLOAT8_WIDEN = 6
+"""Integer instructions of a float8 -> float32 conversion."""
 
 
 @dataclass
@@ -229,7 +235,13 @@ class _ExprCounter(Visitor):
     def visit_Cast(self, e: E.Cast) -> int:
         variance = self.visit(e.a)
         src, dst = e.a.dtype, e.type
-        if src != dst and (src.is_float and src.nbytes == 2 or dst.is_float and dst.nbytes == 2):
+        if src == dst:
+            return variance
+        for float8, cost in ((src, FLOAT8_WIDEN), (dst, FLOAT8_NARROW)):
+            if is_float8(float8):
+                self.counts.int32 += cost
+                self.counts.fp += 1
+        if src.is_float and src.nbytes == 2 or dst.is_float and dst.nbytes == 2:
             self.counts.conversions += 1
         return variance
 
