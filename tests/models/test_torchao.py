@@ -16,10 +16,15 @@ CONFIGS = {
     "int8-dynamic-activation-int8-weight": lambda: (
         quantization.Int8DynamicActivationInt8WeightConfig()
     ),
+    "float8-weight-only": lambda: quantization.Float8WeightOnlyConfig(),
     "int4-weight-only-intx": lambda: quantization.IntxWeightOnlyConfig(
         weight_dtype=torch.int4, granularity=quantization.PerGroup(32)
     ),
 }
+
+
+def _device(target: str) -> str:
+    return "cuda" if target == "cuda" else "cpu"
 
 
 def quantized_mlp(config: str, target: str) -> torch.nn.Module:
@@ -50,3 +55,18 @@ def test_int8_weight_only_reads_the_int8_weight_on_the_cpu():
     assert set(report.fallbacks.get(k) for k in report.fallbacks if k.startswith("mm")) == {
         "ATen by design on cpu: int8 weight-only GEMM"
     }
+
+
+def test_float8_weight_only_is_one_kernel_per_linear_on_the_cuda_targets(target):
+    if target == "cpu":
+        pytest.skip("on the cpu target the product is a BLAS call over the dequantized weight")
+    model = quantized_mlp("float8-weight-only", target)
+    with torch.no_grad():
+        report = minicomp.explain(
+            model,
+            torch.randn(4, 256).to(torch.bfloat16).to(_device(target)),
+            options={"target": target},
+        )
+    # The e4m3 weight is widened and scaled inside the matmul template's operand loads.
+    assert report.aten_call_count == 0
+    assert len(report.fused_groups) == 2, report.fused_groups
