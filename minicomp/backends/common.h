@@ -249,6 +249,10 @@ MC_FN double mc_sigmoid_f64(double x) {
     return (x >= 0 ? 1.0 : e) / (1.0 + e);
 }
 
+/* Exact gelu in double by its definition (float32's is each target's own: the CPU runtime's
+   polynomials, CUDA's erff). */
+MC_FN double mc_gelu_f64(double x) { return x * 0.5 * (1.0 + erf(x * 0.7071067811865476)); }
+
 
 /* 0/1 results whatever the macros return (signbit may give any nonzero int). */
 #define mc_isnan(x) (isnan(x) ? 1 : 0)

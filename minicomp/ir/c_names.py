@@ -42,7 +42,7 @@ LIBM = {
         "nextafter",
     )
 } | {"abs": "fabs"}
-HEADER_MATH = ("rsqrt", "erfinv", "digamma", "sigmoid")
+HEADER_MATH = ("rsqrt", "erfinv", "digamma", "sigmoid", "gelu")
 PREDICATES = ("isnan", "isinf", "signbit")
 INTEGRAL_IDENTITY = ("floor", "ceil", "rint", "trunc")
 

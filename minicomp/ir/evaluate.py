@@ -367,9 +367,13 @@ def _unary(op: str, a):
 def _torch_fn(name: str):
     import torch
 
-    return {"rint": torch.round, "isnan": torch.isnan, "isinf": torch.isinf}.get(name) or getattr(
-        torch, name
-    )
+    special = {
+        "rint": torch.round,
+        "isnan": torch.isnan,
+        "isinf": torch.isinf,
+        "gelu": torch.nn.functional.gelu,
+    }
+    return special.get(name) or getattr(torch, name)
 
 
 def _call(name: str, args: list, dt: T.DataType, live=None):

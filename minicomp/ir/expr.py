@@ -15,7 +15,8 @@ UNARY_OPS = ("neg", "not", "bitnot")
 
 # Math functions a Call may name, with their arity. Every backend renders each of them
 # for f32 and f64 (f16/bf16 are computed in f32 by the ops). Semantics are PyTorch's:
-# `rint` rounds half to even, `isnan`/`isinf`/`signbit` return bool.
+# `rint` rounds half to even, `isnan`/`isinf`/`signbit` return bool, `gelu` is the exact
+# x/2 (1 + erf(x/sqrt 2)).
 MATH_FUNCTIONS = {
     "exp": 1,
     "exp2": 1,
@@ -42,6 +43,7 @@ MATH_FUNCTIONS = {
     "erf": 1,
     "erfc": 1,
     "erfinv": 1,
+    "gelu": 1,
     "lgamma": 1,
     "digamma": 1,
     "floor": 1,

@@ -1,7 +1,7 @@
-"""Tests of the cpu runtime's own f32 exp-based tanh and erf, sin, cos, log and pow: accuracy,
-edge values, vectorisation, and a compiled PyTorch function using them. sin, cos and erf also
-have near versions (runtime.h), which a vector loop runs where it can run again with the exact
-ones: both are tested, the exact ones through kernels that cannot run twice."""
+"""Tests of the cpu runtime's own f32 exp-based tanh and erf, sin, cos, log, pow and gelu:
+accuracy, edge values, vectorisation, and a compiled PyTorch function using them. sin, cos and
+erf also have near versions (runtime.h), which a vector loop runs where it can run again with
+the exact ones: both are tested, the exact ones through kernels that cannot run twice."""
 
 import itertools
 import math
@@ -25,7 +25,7 @@ i, n = E.Var("i", i64), E.Var("n", i64)
 NAMES = ("tanh", "erf")
 TRIG = ("sin", "cos")
 # Every function the runtime computes itself in float32 instead of calling libm.
-FAST = (*NAMES, *TRIG, "log", "pow")
+FAST = (*NAMES, *TRIG, "log", "pow", "gelu")
 # Those with near versions, and where they stop: above 2^18 for sin and cos, below 2^-100 (but
 # not 0) for erf.
 NEAR = ("sin", "cos", "erf")
@@ -174,7 +174,8 @@ def test_tiny_inputs_are_correctly_rounded(math_mod, name):
 def test_f64_keeps_libm():
     src = render_module(Module("m64", fast_kernels(f64)))
     for name in FAST:
-        call = "pow(x[i], y[i])" if name == "pow" else f"{name}(x[i])"
+        # gelu's float64 is the shared header's x/2 (1 + erf(x/sqrt 2)), with libm's erf.
+        call = {"pow": "pow(x[i], y[i])", "gelu": "mc_gelu_f64(x[i])"}.get(name, f"{name}(x[i])")
         assert f"= {call};" in src, name
     src32 = render_module(Module("m32", fast_kernels()))
     for name in FAST:
@@ -448,3 +449,55 @@ def test_compiled_function_matches_eager():
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(10_007, generator=gen) * torch.exp2(torch.randint(-10, 20, (10_007,)))
         assert_same(compiled(x), fn(x))
+
+
+# gelu -----------------------------------------------------------------------------------------
+
+# Where mc_gelu_f32 goes from its polynomial in x^2 to the one for erfc, and from which on it is
+# x (or -0). Its bounds, from an exhaustive test over all floats: 1.24 ulp above zero, 4.95e-8 |x|
+# below (1.43 ulp and 6.93e-8 |x| where the compiler contracts no a * b + c into an fma).
+GELU_SPLITS = (2.4, 5.55)
+GELU_BOUNDS = (1.25, 5e-8) if compiler_has_fma() else (1.45, 7e-8)
+
+
+def gelu_sweep(gen: torch.Generator) -> torch.Tensor:
+    """About 3M floats of both signs: a stride through every positive bit pattern, runs around
+    the splits, 1 and tiny values, and random values where gelu is neither x nor 0."""
+    stride = torch.arange(1, 0x7F800000, 2003, dtype=torch.int32).view(torch.float32)
+    runs = float_runs((*GELU_SPLITS, 1.0, 1e-4, 1e-30), 50_000)
+    x = torch.cat([stride, *runs, torch.rand(600_000, generator=gen) * 8])
+    return torch.cat([x, -x])
+
+
+def test_gelu_within_bounds(math_mod):
+    x = gelu_sweep(torch.Generator().manual_seed(11))
+    assert x.numel() > 2_500_000
+    out = apply(math_mod, "gelu", x)
+    ref = 0.5 * x.double() * torch.special.erfc(-x.double() * math.sqrt(0.5))
+    ulp_bound, abs_bound = GELU_BOUNDS
+    pos, neg = x > 0, x < 0
+    assert_within("gelu", x[pos], out[pos], ulps(out[pos], ref[pos]), bound=ulp_bound)
+    # Below zero 1 + erf cancels (in eager too), so the error is bounded by x's scale, not the
+    # result's; half the least subnormal more where x/2 rounds.
+    err = ((out[neg].double() - ref[neg]).abs() - 2.0**-150) / (abs_bound * x[neg].double().abs())
+    assert_within("gelu", x[neg], out[neg], err, bound=1.0)
+    # Every result has x's sign: gelu(x) >= 0 above zero, <= 0 below.
+    assert torch.equal(out.signbit(), x.signbit())
+
+
+def test_gelu_edge_values(math_mod):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([0.0, -0.0, inf, -inf, nan, 1e-45, -1e-45, 2.0**-126])
+    out = apply(math_mod, "gelu", x)
+    # gelu(-0) = -0 and gelu(-inf) = NaN, as eager's x/2 (1 + erf); gelu(inf) = inf (eager's
+    # vectorised float32 loop gives NaN there, float64 and CUDA inf). Tiny x give x/2 rounded.
+    assert out[:3].tolist() == [0.0, -0.0, inf]
+    assert torch.equal(out[:2].signbit(), torch.tensor([False, True]))
+    assert out[3:5].isnan().all()
+    assert out[5:].tolist() == [0.0, -0.0, 2.0**-127]
+    # From the saturation on: x itself above zero, -0 below, up to the largest float.
+    big = torch.logspace(0.0, 38.5, 10_000) * GELU_SPLITS[1]
+    big = torch.cat([big[big.isfinite()], torch.tensor([torch.finfo(torch.float32).max])])
+    assert torch.equal(apply(math_mod, "gelu", big), big)
+    below = apply(math_mod, "gelu", -big)
+    assert (below == 0).all() and below.signbit().all()

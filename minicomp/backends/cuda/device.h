@@ -131,6 +131,7 @@ MC_DEVICE float mc_tanh_f32(float x) { return tanhf(x); }
 MC_DEVICE double mc_tanh_f64(double x) { return tanh(x); }
 MC_DEVICE float mc_erf_f32(float x) { return erff(x); }
 MC_DEVICE double mc_erf_f64(double x) { return erf(x); }
+MC_DEVICE float mc_gelu_f32(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678f)); }
 /* CUDA's lgamma keeps no global sign, so it is safe in every thread. */
 MC_DEVICE float mc_lgamma_f32(float x) { return lgammaf(x); }
 MC_DEVICE double mc_lgamma_f64(double x) { return lgamma(x); }
