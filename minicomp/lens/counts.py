@@ -9,6 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.emu import LaunchSample
+from minicomp.ir.func import Function
 
 WARP = 32
 MMA_FLOPS = 2 * 16 * 8 * 16
@@ -89,10 +90,16 @@ class KernelCounts:
         return self.mma * MMA_FLOPS
 
     @classmethod
-    def from_sample(cls, sample: LaunchSample, in_l2: Collection[int] = ()) -> KernelCounts:
-        """The grid's counts from a counted launch's sample; the arguments at positions
+    def from_sample(
+        cls, sample: LaunchSample, in_l2: Collection[int] = (), scratch: Collection[int] = ()
+    ) -> KernelCounts:
+        """The grid's counts from a counted launch's sample. The arguments at positions
         `in_l2` are in L2 when the launch starts (`l2_resident`): their reads cost no DRAM
-        bytes, neither in `dram_bytes` nor in `minimum_bytes`."""
+        bytes, neither in `dram_bytes` nor in `minimum_bytes`. Those at positions `scratch`
+        are memory the launch writes before it reads it (`scratch_positions`: an in-kernel
+        split-K's partials): their reads are L2's too, and their writes, which L2 writes
+        back to DRAM sooner or later, are DRAM bytes but not part of `minimum_bytes` (the
+        kernel's choice, not its problem's)."""
         c = sample.counters
         n = max(1, len(sample.sampled))
         scale = sample.blocks / n
@@ -110,7 +117,9 @@ class KernelCounts:
                 if i not in skip
             )
 
-        read, written = dram(sample.read_sectors, in_l2), dram(sample.written_sectors)
+        read = dram(sample.read_sectors, {*in_l2, *scratch})
+        written = dram(sample.written_sectors)
+        needed = dram(sample.written_sectors, scratch)  # written, scratch memory aside
 
         return cls(
             kernel=sample.kernel,
@@ -143,7 +152,7 @@ class KernelCounts:
             conversions=grid("conversions"),
             address_instructions=grid("address_instructions"),
             dram_bytes=read + written,
-            minimum_bytes=read * _efficiency(c, "load") + written * _efficiency(c, "store"),
+            minimum_bytes=read * _efficiency(c, "load") + needed * _efficiency(c, "store"),
         )
 
 
@@ -168,3 +177,11 @@ def l2_resident(
         if any(lo < w_hi and w_lo < hi for w_lo, w_hi in written):
             resident.append(i)
     return tuple(resident)
+
+
+def scratch_positions(function: Function) -> tuple[int, ...]:
+    """The positions, among kernel `function`'s arguments, of the scratch memory it writes
+    before reading (LaunchAttrs.scratch entries that are not zeroed: undefined contents at
+    launch, so whatever the kernel reads of them it wrote)."""
+    written = {name for name, _, zeroed in function.attrs.scratch if not zeroed}
+    return tuple(i for i, p in enumerate(function.params) if p.name in written)

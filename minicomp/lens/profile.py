@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from minicomp import config
-from minicomp.lens.counts import KernelCounts, l2_resident
+from minicomp.lens.counts import KernelCounts, l2_resident, scratch_positions
 from minicomp.lens.devices import Device
 from minicomp.lens.estimate import ASSUMPTIONS, GraphEstimate, KernelEstimate, estimate
 from minicomp.lens.session import LensSession
@@ -136,7 +136,8 @@ def profile_session(session: LensSession, device: Device) -> Profile:
         resources, classes = _compiled(launch.source, device.arch, cache_dir, problems)
         name = launch.function.name
         in_l2 = l2_resident(launch.sample, before, device.l2_bytes)
-        counts = KernelCounts.from_sample(launch.sample, in_l2)
+        scratch = scratch_positions(launch.function)
+        counts = KernelCounts.from_sample(launch.sample, in_l2, scratch)
         estimates.append(estimate(counts, device, resources.get(name)))
         before = launch.sample
         if name in classes:

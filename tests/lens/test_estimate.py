@@ -10,7 +10,11 @@ import torch
 
 from minicomp.backends.cuda.emu import build_emulated
 from minicomp.backends.cuda.nvrtc import KernelResources
-from minicomp.lens.counts import KernelCounts, l2_resident
+from minicomp.ir import stmt as S
+from minicomp.ir.expr import Var
+from minicomp.ir.func import Function, LaunchAttrs
+from minicomp.ir.types import PointerType, f32, i32
+from minicomp.lens.counts import KernelCounts, l2_resident, scratch_positions
 from minicomp.lens.devices import get_device
 from minicomp.lens.estimate import ASSUMPTIONS, estimate
 
@@ -31,11 +35,18 @@ extern "C" __global__ void column_sums(const float* x, float* y, int n) {
     for (int c = 0; c < 32; c++) s += t[threadIdx.x][c];  // a row per lane: 32-way conflicts
     y[blockIdx.x * 32 + threadIdx.x] = s;
 }
+extern "C" __global__ void through_scratch(const float* x, float* parts, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    parts[i] = 2.0f * x[i];
+    __syncthreads();
+    y[i] = parts[i ^ 1] + 1.0f;  // a neighbour's part: written before it is read
+}
 """
 SIGNATURES = [
     ("copy", "const float*, float*, int"),
     ("gather32", "const float*, float*, int"),
     ("column_sums", "const float*, float*, int", True),
+    ("through_scratch", "const float*, float*, float*, int", True),
 ]
 H100 = get_device("h100")
 
@@ -155,6 +166,26 @@ def test_a_tensor_the_launch_before_wrote_is_read_from_l2(lens):
     # A view of part of what was written is in L2 too.
     third = lens.launch_counted("copy", 16, 256, [y[4096:], z, 4096], sample_only=True)
     assert l2_resident(third, first, H100.l2_bytes) == (0,)
+
+
+def test_scratch_memory_is_read_from_l2_and_is_no_part_of_the_minimum(lens):
+    """A kernel's scratch (an in-kernel split-K's partials) holds only what the launch wrote:
+    its reads are L2's, its writes DRAM's in the end, and neither is the problem's."""
+    n = 1 << 20
+    args = [torch.randn(n), torch.empty(n), torch.empty(n), n]
+    sample = lens.launch_counted("through_scratch", n // 256, 256, args, sample_only=True)
+    plain = KernelCounts.from_sample(sample)
+    assert plain.dram_bytes == plain.minimum_bytes == 16 * n  # x, parts twice, y
+    counted = KernelCounts.from_sample(sample, scratch=(1,))
+    assert counted.dram_bytes == 12 * n  # x read, parts and y written
+    assert counted.minimum_bytes == 8 * n  # x and y
+    assert counted.sector_bytes == plain.sector_bytes
+    # Which parameters are scratch: those the launcher gives undefined memory (not zeroed).
+    x, parts, y = (Var(name, PointerType(f32)) for name in ("x", "parts", "y"))
+    count = Var("count", PointerType(i32))
+    attrs = LaunchAttrs(scratch=(("parts", n, False), ("count", 8, True)))
+    kernel = Function("k", (x, parts, count, y), S.Seq(()), attrs=attrs)
+    assert scratch_positions(kernel) == (1,)
 
 
 def test_the_assumptions_are_spelled_out():
