@@ -29,6 +29,7 @@ from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function
 from minicomp.ir.graph import FusedOp, Graph, KernelOp, Value
+from minicomp.ir.scratch import scratch_of
 from minicomp.passes.graph.fusion import fuse
 from minicomp.passes.graph.group_fallback import failed, failing_subset
 from minicomp.passes.graph.layout import layouts_for
@@ -155,7 +156,8 @@ def link(
         for k in lowered.kernels
     }
     t0 = time.perf_counter()
-    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols)
+    scratch = {k.name: scratch_of(k) for k in lowered.kernels if k.attrs.scratch}
+    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols, scratch)
     plan = builder.build()
     # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
     plan = target.finish(plan, options, static_inputs, replayable=not builder.late)

@@ -13,6 +13,7 @@ the two agree).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 from minicomp.backends.cpu import module as cpu_module
 from minicomp.backends.cuda import module as cuda_module
 from minicomp.backends.cuda.codegen import render_module
-from minicomp.backends.cuda.emu import build_emulated
+from minicomp.backends.cuda.emu import build_emulated, default_sample
 from minicomp.backends.cuda.sm_count import device_sm_count
 from minicomp.config import Options
 from minicomp.ir.func import Function, Module
@@ -342,7 +343,10 @@ def _emulated_launcher(emu: Any, kernel: Function, source: str = "") -> Callable
         nbytes = shared(args) if callable(shared) else shared
         if emu.lens:
             only = lens_session.sample_only()
-            sample = emu.launch_counted(name, grid, block, args, nbytes, sample_only=only)
+            blocks = default_sample(math.prod(grid), group=kernel.attrs.block_group)
+            sample = emu.launch_counted(
+                name, grid, block, args, nbytes, sample=blocks, sample_only=only
+            )
             lens_session.record(kernel, source, sample)
         else:
             emu.launch(name, grid, block, args, nbytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from minicomp.ir.expr import Dim, Expr, Var
 from minicomp.ir.node import Node, node
 from minicomp.ir.stmt import Stmt
-from minicomp.ir.types import DataType
+from minicomp.ir.types import DataType, PointerType
 
 FUNC_KINDS = ("kernel", "device", "host")
 
@@ -31,6 +31,16 @@ class LaunchAttrs(Node):
     - template: "name[config]" of the template that generated the kernel (reports, benchmarks,
       tests); None for the auto-scheduler's and hand-written kernels. It does not change the
       generated code.
+    - scratch: memory the launcher provides beside the kernel's own tensors, each entry
+      (parameter, elements, zeroed): pointer parameter `parameter` gets `elements` elements
+      of its type, set to zero before the kernel's first launch when `zeroed` (a kernel must
+      leave such memory zero again when it ends: the memory is the plan's for good, replayed
+      launches included), else of undefined contents on every launch (a plan's workspace).
+      Entries name the parameters in order; those parameters follow the outputs, before the
+      scalar ones (runtime/plan_builder.py, Scratch).
+    - block_group: blocks that finish one piece of work together through global memory (the
+      chunks of one tile of an in-kernel split-K, matmul_tc): `block_group` consecutive
+      blocks in linear order. A counted launch samples whole groups (emu.default_sample).
     """
 
     grid_dim: tuple[Dim, Dim, Dim] | None = None
@@ -39,6 +49,8 @@ class LaunchAttrs(Node):
     launch_bounds: int | None = None
     min_blocks: int | None = None
     template: str | None = None
+    scratch: tuple[tuple[str, int, bool], ...] = ()
+    block_group: int = 1
 
     def __post_init__(self):
         for name in ("grid_dim", "block_dim"):
@@ -55,6 +67,12 @@ class LaunchAttrs(Node):
                 raise TypeError(f"{name} is an int or None, not {value!r}")
         if self.template is not None and not isinstance(self.template, str):
             raise TypeError(f"template is a string or None, not {self.template!r}")
+        if not isinstance(self.scratch, tuple) or not all(map(_is_scratch, self.scratch)):
+            raise TypeError(
+                f"scratch is a tuple of (parameter, elements, zeroed), not {self.scratch!r}"
+            )
+        if not isinstance(self.block_group, int) or self.block_group < 1:
+            raise TypeError(f"block_group is a positive int, not {self.block_group!r}")
 
     def __repr__(self) -> str:
         default = LAUNCH_DEFAULTS
@@ -64,6 +82,18 @@ class LaunchAttrs(Node):
     def items(self) -> tuple[tuple[str, object], ...]:
         """(field name, value) of every field, in declaration order."""
         return tuple((k, getattr(self, k)) for k in self._field_names)
+
+
+def _is_scratch(entry: object) -> bool:
+    return (
+        isinstance(entry, tuple)
+        and len(entry) == 3
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], int)
+        and not isinstance(entry[1], bool)
+        and entry[1] >= 0
+        and isinstance(entry[2], bool)
+    )
 
 
 def _is_size(d: object) -> bool:
@@ -91,6 +121,10 @@ class Function(Node):
             raise ValueError(f"unknown function kind {self.kind!r}")
         if not isinstance(self.attrs, LaunchAttrs):
             raise TypeError(f"attrs of {self.name} is a LaunchAttrs, not {self.attrs!r}")
+        pointers = {p.name for p in self.params if isinstance(p.type, PointerType)}
+        for name, _, _ in self.attrs.scratch:
+            if name not in pointers:
+                raise ValueError(f"scratch of {self.name}: {name} is not a pointer parameter")
 
     def __repr__(self) -> str:
         from minicomp.ir.printer import function_str

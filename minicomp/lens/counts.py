@@ -5,9 +5,11 @@ of warp instructions (mma, ldmatrix, cp.async) become warp-level."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.emu import LaunchSample
+from minicomp.ir.func import Function
 
 WARP = 32
 MMA_FLOPS = 2 * 16 * 8 * 16
@@ -52,7 +54,8 @@ class KernelCounts:
     """Integer work in load and store indices (not priced: see estimate.ASSUMPTIONS)."""
     dram_bytes: float
     """Bytes between DRAM and L2: the distinct sectors the sample touched in each tensor
-    argument, scaled to the grid, at most the tensor's bytes (L2 keeps what blocks share)."""
+    argument, scaled to the grid, at most the tensor's bytes (L2 keeps what blocks share);
+    reads of an argument L2 holds already (`from_sample`'s `in_l2`) are not counted."""
     minimum_bytes: float
     """The bytes the kernel must move: the DRAM bytes it would move if each sector carried only
     bytes it asked for (each tensor it reads once, each it writes once, at most)."""
@@ -87,8 +90,16 @@ class KernelCounts:
         return self.mma * MMA_FLOPS
 
     @classmethod
-    def from_sample(cls, sample: LaunchSample) -> KernelCounts:
-        """The grid's counts from a counted launch's sample."""
+    def from_sample(
+        cls, sample: LaunchSample, in_l2: Collection[int] = (), scratch: Collection[int] = ()
+    ) -> KernelCounts:
+        """The grid's counts from a counted launch's sample. The arguments at positions
+        `in_l2` are in L2 when the launch starts (`l2_resident`): their reads cost no DRAM
+        bytes, neither in `dram_bytes` nor in `minimum_bytes`. Those at positions `scratch`
+        are memory the launch writes before it reads it (`scratch_positions`: an in-kernel
+        split-K's partials): their reads are L2's too, and their writes, which L2 writes
+        back to DRAM sooner or later, are DRAM bytes but not part of `minimum_bytes` (the
+        kernel's choice, not its problem's)."""
         c = sample.counters
         n = max(1, len(sample.sampled))
         scale = sample.blocks / n
@@ -99,10 +110,16 @@ class KernelCounts:
         def warp(name: str) -> float:
             return c[name] * scale / WARP
 
-        def dram(sectors: tuple[int, ...]) -> float:
-            return sum(min(b, 32 * n * scale) for b, n in zip(sample.arg_bytes, sectors))
+        def dram(sectors: tuple[int, ...], skip: Collection[int] = ()) -> float:
+            return sum(
+                min(b, 32 * n * scale)
+                for i, (b, n) in enumerate(zip(sample.arg_bytes, sectors))
+                if i not in skip
+            )
 
-        read, written = dram(sample.read_sectors), dram(sample.written_sectors)
+        read = dram(sample.read_sectors, {*in_l2, *scratch})
+        written = dram(sample.written_sectors)
+        needed = dram(sample.written_sectors, scratch)  # written, scratch memory aside
 
         return cls(
             kernel=sample.kernel,
@@ -135,10 +152,36 @@ class KernelCounts:
             conversions=grid("conversions"),
             address_instructions=grid("address_instructions"),
             dram_bytes=read + written,
-            minimum_bytes=read * _efficiency(c, "load") + written * _efficiency(c, "store"),
+            minimum_bytes=read * _efficiency(c, "load") + needed * _efficiency(c, "store"),
         )
 
 
 def _efficiency(c: dict[str, int], kind: str) -> float:
     sectors = c[f"global_{kind}_sectors"]
     return min(1.0, c[f"global_{kind}_bytes"] / (32 * sectors)) if sectors else 1.0
+
+
+def l2_resident(
+    sample: LaunchSample, before: LaunchSample | None, l2_bytes: int
+) -> tuple[int, ...]:
+    """The arguments of launch `sample` (by position) whose memory the launch just `before`
+    wrote, an argument of at most `l2_bytes` (the L2 cache's size): L2 still holds them when
+    `sample` reads them (a split-K partial product and its final sum, a producer and its
+    consumer), so their reads need no DRAM traffic."""
+    if before is None:
+        return ()
+    written = [before.span(i) for i in before.written if before.arg_bytes[i] <= l2_bytes]
+    resident = []
+    for i in sample.read:
+        lo, hi = sample.span(i)
+        if any(lo < w_hi and w_lo < hi for w_lo, w_hi in written):
+            resident.append(i)
+    return tuple(resident)
+
+
+def scratch_positions(function: Function) -> tuple[int, ...]:
+    """The positions, among kernel `function`'s arguments, of the scratch memory it writes
+    before reading (LaunchAttrs.scratch entries that are not zeroed: undefined contents at
+    launch, so whatever the kernel reads of them it wrote)."""
+    written = {name for name, _, zeroed in function.attrs.scratch if not zeroed}
+    return tuple(i for i, p in enumerate(function.params) if p.name in written)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from minicomp.backends.cuda.nvrtc import KernelResources
 from minicomp.lens.counts import WARP, KernelCounts
 from minicomp.lens.devices import Device
-from minicomp.lens.occupancy import Occupancy, occupancy
+from minicomp.lens.occupancy import SUB_PARTITIONS, Occupancy, occupancy
 
 DIVIDE_INSTRUCTIONS = 20
 """Integer instructions of a division or remainder by a run-time value (ptxas's reciprocal
@@ -28,12 +28,18 @@ MEMORY_SHARE_PER_SM = 2
 """How many times its even share (1 / SMs) of DRAM and L2 bandwidth one SM can pull."""
 GLOBAL_UNITS = ("dram", "l2")
 """The units all SMs share; the others are each SM's own."""
+SUB_PARTITION_UNITS = ("tensor", "fp32", "int", "special", "issue")
+"""The units each of an SM's SUB_PARTITIONS holds a quarter of: a warp issues to, and computes
+on, its own sub-partition's (shared memory is the SM's, whichever warp asks)."""
 
 ASSUMPTIONS = (
     "DRAM traffic is the distinct sectors the sampled blocks touch, scaled to the grid, at most "
     "each tensor once (L2 keeps what blocks share: other blocks' re-reads are L2 hits); every "
     "global request's sectors cross L2, hit or miss: right for 16-byte cp.async, which bypasses "
-    "L1, an overestimate for plain loads that re-read lines L1 still holds (not modelled)",
+    "L1, an overestimate for plain loads that re-read lines L1 still holds (not modelled); an "
+    "atomic is a request, its sector a store's (atomics on one address, serialized at L2, are "
+    "not priced); in a graph, a tensor the launch just before wrote, if no larger than L2, is "
+    "read from L2 (no DRAM bytes, and none in the roofline's minimum)",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
     "the device's mma.sync rate",
     f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "
@@ -42,6 +48,11 @@ ASSUMPTIONS = (
     "each unrolled copy), hoists it (unchanged in the innermost rolled loop) or puts it in an "
     "access's addressing (load, store and intrinsic indices), and counted once where the "
     "copies of an unrolled loop or a statement repeat it: the SASS classes show what remains",
+    f"a warp runs on one of its SM's {SUB_PARTITIONS} sub-partitions (SMSPs), each with a "
+    "quarter of the SM's tensor, FP32, integer, special-function and issue rate: an SM whose "
+    f"resident warps (min(blocks an SM holds, blocks the busiest SM gets) x warps a block) are "
+    f"fewer than {SUB_PARTITIONS} reaches min(warps, {SUB_PARTITIONS}) / {SUB_PARTITIONS} of "
+    "them",
     "the units overlap perfectly: the kernel takes as long as the busiest; blocks spread over "
     "the SMs evenly, the busiest SM doing ceil(blocks / SMs) blocks' work (blocks resident "
     "together share their SM's units), which stretches each SM's own units; DRAM and L2 are "
@@ -62,6 +73,8 @@ class KernelEstimate:
     times: dict[str, float]
     """Seconds each unit needs: dram, l2, shared, tensor, fp32, int, special, issue."""
     occupancy: Occupancy
+    sub_partitions: int
+    """Of an SM's SUB_PARTITIONS, how many have a warp of the kernel (see `estimate`)."""
     waves: float
     """Rounds of resident blocks the grid needs: blocks / (SMs x blocks an SM holds)."""
     roofline_time: float
@@ -134,6 +147,7 @@ class KernelEstimate:
                 "fraction": self.occupancy.fraction,
                 "limiter": self.occupancy.limiter,
             },
+            "sub_partitions": self.sub_partitions,
             "waves": self.waves,
             "tail_efficiency": self.tail_efficiency,
             "sector_efficiency": c.sector_efficiency,
@@ -179,6 +193,7 @@ def estimate(
     )
     clock = d.clock_ghz * 1e9
     mma_rate = d.mma_sync_tflops_f16 * 1e12
+    busy = sub_partitions_used(counts, d, occ)
     times = {
         "dram": counts.dram_bytes / (d.dram_gbps * 1e9),
         "l2": counts.sector_bytes / (d.l2_gbps * 1e9),
@@ -189,6 +204,8 @@ def estimate(
         "special": counts.special / d.sfu_per_second,
         "issue": warp_instructions / (d.sms * ISSUE_PER_SM_PER_CLOCK * clock),
     }
+    for unit in SUB_PARTITION_UNITS:
+        times[unit] *= SUB_PARTITIONS / busy
     roofline = max(
         counts.minimum_bytes / (d.dram_gbps * 1e9),
         times["tensor"],
@@ -201,6 +218,11 @@ def estimate(
         notes.append(f"does not launch on {d.name}: {occ}")
     elif occ.fraction < 0.25:
         notes.append(f"low occupancy: {occ}")
+    if busy < SUB_PARTITIONS:
+        notes.append(
+            f"{busy} of {SUB_PARTITIONS} SM sub-partitions busy: fewer warps an SM than "
+            "tensor-core and issue units"
+        )
     if resources is not None and resources.spill_stores + resources.spill_loads:
         notes.append(
             f"spills {resources.spill_stores} bytes to local memory and loads "
@@ -211,8 +233,17 @@ def estimate(
     if counts.bank_conflict_factor > 1.05:
         notes.append(f"shared memory bank conflicts: x{counts.bank_conflict_factor:.2f} wavefronts")
     return KernelEstimate(
-        counts.kernel, d, counts, times, occ, waves, roofline, resources, tuple(notes)
+        counts.kernel, d, counts, times, occ, busy, waves, roofline, resources, tuple(notes)
     )
+
+
+def sub_partitions_used(counts: KernelCounts, device: Device, occ: Occupancy) -> int:
+    """How many of an SM's SUB_PARTITIONS run warps of the launch: one a resident warp, up to
+    all of them. An SM holds min(the blocks that fit, the blocks the busiest SM gets) blocks at
+    once; a grid of 104 blocks of 2 warps on 132 SMs keeps 2 busy on each SM it reaches."""
+    warps_per_block = math.ceil(counts.threads_per_block / WARP)
+    blocks = min(occ.blocks_per_sm, math.ceil(counts.blocks / device.sms))
+    return max(1, min(SUB_PARTITIONS, blocks * warps_per_block))
 
 
 @dataclass(frozen=True)

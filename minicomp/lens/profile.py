@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from minicomp import config
-from minicomp.lens.counts import KernelCounts
+from minicomp.lens.counts import KernelCounts, l2_resident, scratch_positions
 from minicomp.lens.devices import Device
 from minicomp.lens.estimate import ASSUMPTIONS, GraphEstimate, KernelEstimate, estimate
 from minicomp.lens.session import LensSession
@@ -131,12 +131,15 @@ def profile_session(session: LensSession, device: Device) -> Profile:
     estimates = []
     sass: dict[str, dict[str, int]] = {}
     cache_dir = config.resolve().cache_dir
+    before = None
     for launch in session.launches:
         resources, classes = _compiled(launch.source, device.arch, cache_dir, problems)
         name = launch.function.name
-        estimates.append(
-            estimate(KernelCounts.from_sample(launch.sample), device, resources.get(name))
-        )
+        in_l2 = l2_resident(launch.sample, before, device.l2_bytes)
+        scratch = scratch_positions(launch.function)
+        counts = KernelCounts.from_sample(launch.sample, in_l2, scratch)
+        estimates.append(estimate(counts, device, resources.get(name)))
+        before = launch.sample
         if name in classes:
             sass[name] = classes[name]
     return Profile(GraphEstimate(tuple(estimates), device), sass, tuple(dict.fromkeys(problems)))

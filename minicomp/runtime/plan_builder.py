@@ -12,6 +12,7 @@ from minicomp.backends.c_like import narrow_bits
 from minicomp.ir import types as T
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
+from minicomp.ir.scratch import Scratch
 from minicomp.ir.symbols import free_symbols, launch_dims
 from minicomp.ir.types import fits
 from minicomp.passes.graph.layout import eager_stride_reads
@@ -35,11 +36,14 @@ class PlanBuilder:
         layouts: dict,
         kernels: dict[str, Callable],
         symbols: dict[str, list[str]],
+        scratch: dict[str, tuple[Scratch, ...]] | None = None,
     ):
         self.graph = graph
         self.layouts = layouts
         self.kernels = kernels
         self.symbols = symbols
+        self.scratch = scratch or {}
+        self.scratch_constants: dict[int, torch.Tensor] = {}
         self.slot: dict[str, int] = {}
         self.slots: list[SlotInfo] = []
         # Symbols ATen calls bind while the plan runs: values sized by them cannot live in
@@ -127,6 +131,7 @@ class PlanBuilder:
                 outs.append(("size", lambda env, fn=fn: fn(env)[0]))
             else:
                 outs.append(("size", lambda env, o=o: o))
+        constants.update(self.scratch_constants)
         return Plan(self.slots, inputs, steps, outs, constants, fresh, binders, checked)
 
     def is_late(self, v: Value) -> bool:
@@ -137,8 +142,23 @@ class PlanBuilder:
 
     def kernel_step(self, n: FusedOp) -> KernelStep:
         buffers = [self.slot[v.name] for v in n.inputs + n.outputs]
+        device = n.outputs[0].type.device if n.outputs else "cpu"
+        buffers += [self.scratch_slot(n.name, s, device) for s in self.scratch.get(n.name, ())]
         outputs = [self.slot[v.name] for v in n.outputs]
         return KernelStep(n.name, self.kernels[n.name], buffers, outputs, self.symbols[n.name])
+
+    def scratch_slot(self, kernel: str, s: Scratch, device: str) -> int:
+        """A slot for scratch parameter `s` of `kernel` (LaunchAttrs.scratch): zeroed memory
+        is the plan's own, allocated here once (a constant the kernel writes, and leaves zero);
+        the rest is workspace, live during the launch only (it shares bytes with the
+        intermediates of other steps)."""
+        k = len(self.slots)
+        shape, strides = dims_fn((s.elements,)), dims_fn((1,))
+        name = f"{kernel}.{s.param}"
+        self.slots.append(SlotInfo(name, shape, strides, s.dtype, device, not s.zeroed))
+        if s.zeroed:
+            self.scratch_constants[k] = s.allocate(device)
+        return k
 
     def launch_step(self, n: KernelOp) -> LaunchStep:
         values = n.inputs + n.outputs

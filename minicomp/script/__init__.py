@@ -49,7 +49,9 @@ b` selects.
 
 Primitives: `threadIdx`, `blockIdx`, `blockDim`, `gridDim` (.x .y .z, i32), `syncthreads()`,
 `shfl_down_sync(v, delta)`, `shfl_xor_sync(v, mask)`, `shfl_sync(v, lane)`,
-`atomic_add(t[i], v)` and `atomic_max(t[i], v)` (they return the old value),
+`atomic_add(t[i], v)` and `atomic_max(t[i], v)` (they return the old value), `threadfence()`
+(CUDA's `__threadfence()`: this thread's writes before it are seen by every thread of the
+grid before its writes after it),
 `shared_tensor(dtype, shape)`, `register_tensor(dtype, shape)`,
 `dynamic_shared_tensor(dtype, shape)` (laid out one after the other in the dynamic shared
 memory, whose size `attrs.dynamic_smem` defaults to; `at=bytes` places one at that offset
@@ -126,6 +128,7 @@ from minicomp.script.lang import (
     shfl_xor_sync,
     store_vec,
     syncthreads,
+    threadfence,
     threadIdx,
     unroll,
 )
@@ -178,6 +181,7 @@ __all__ = [
     "gridDim",
     "attrs",
     "syncthreads",
+    "threadfence",
     "shfl_down_sync",
     "shfl_xor_sync",
     "shfl_sync",

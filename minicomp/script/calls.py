@@ -122,6 +122,12 @@ def _syncthreads(p, name, args, kwargs):
     return Effect(S.Evaluate(E.Call("syncthreads", (), T.i32)), "syncthreads()")
 
 
+def _threadfence(p, name, args, kwargs):
+    _no_keywords(kwargs, name)
+    _arity(name, args, 0)
+    return Effect(S.Evaluate(E.Call("threadfence", (), T.i32)), "threadfence()")
+
+
 def _shuffle(p, name, args, kwargs):
     _no_keywords(kwargs, name)
     _arity(name, args, 2)
@@ -356,6 +362,7 @@ def call_device(p, sf, args: list, kwargs: dict):
 
 HANDLERS = {
     "syncthreads": _syncthreads,
+    "threadfence": _threadfence,
     "shfl_down_sync": _shuffle,
     "shfl_xor_sync": _shuffle,
     "shfl_sync": _shuffle,

@@ -117,6 +117,7 @@ gridDim = LaunchIndex("gridDim", "grid_dim")
 attrs = Attrs()
 
 syncthreads = Primitive("syncthreads")
+threadfence = Primitive("threadfence")
 shfl_down_sync = Primitive("shfl_down_sync")
 shfl_xor_sync = Primitive("shfl_xor_sync")
 shfl_sync = Primitive("shfl_sync")

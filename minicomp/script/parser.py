@@ -372,13 +372,48 @@ class FunctionParser(ExprParser):
                 raise self.src.error(node, f"attrs.template is a string, not {C.describe(value)}")
             self.attrs[name] = value
             return
+        if name == "scratch":
+            self.attrs[name] = self.scratch(node, value)
+            return
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.src.error(node, f"attrs.{name} is a compile-time int, not {value!r}")
         if name == "launch_bounds" and not 1 <= value <= _MAX_THREADS:
             raise self.src.error(node, f"attrs.launch_bounds is 1 to {_MAX_THREADS}, not {value}")
+        if name == "block_group" and value < 1:
+            raise self.src.error(node, f"attrs.block_group is at least 1, not {value}")
         if name == "min_blocks" and not 1 <= value <= _MAX_MIN_BLOCKS:
             raise self.src.error(node, f"attrs.min_blocks is 1 to {_MAX_MIN_BLOCKS}, not {value}")
         self.attrs[name] = value
+
+    def scratch(self, node: ast.AST, value) -> tuple:
+        """attrs.scratch: (pointer parameter, elements, zeroed) entries (LaunchAttrs)."""
+        pointers = {v.name for v in self.sig.ir_params if isinstance(v.type, PointerType)}
+        entries = value if isinstance(value, tuple) else (value,)
+        out = []
+        for entry in entries:
+            ok = isinstance(entry, tuple) and len(entry) == 3
+            param, elements, zeroed = entry if ok else (None, None, None)
+            if isinstance(param, TensorRef):
+                param = param.var.name
+            if isinstance(zeroed, E.Const) and zeroed.dtype.is_bool:
+                zeroed = bool(zeroed.value)
+            if isinstance(elements, E.Const) and elements.dtype.is_integer:
+                elements = int(elements.value)
+            if not (
+                ok
+                and param in pointers
+                and isinstance(elements, int)
+                and not isinstance(elements, bool)
+                and elements >= 0
+                and isinstance(zeroed, bool)
+            ):
+                raise self.src.error(
+                    node,
+                    "attrs.scratch holds (tensor parameter, elements, zeroed) entries, not "
+                    f"{C.describe(entry)}",
+                )
+            out.append((param, elements, zeroed))
+        return tuple(out)
 
     def launch_dims(self, name: str, value) -> tuple:
         items = value if isinstance(value, tuple) else (value,)

@@ -14,6 +14,7 @@ from minicomp.backends.cuda.nvrtc import compile_cuda, library_path
 from minicomp.config import Options
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import FusedOp
+from minicomp.ir.scratch import scratch_tensors
 from minicomp.ir.symbols import launch_dims
 from minicomp.tune.tuner import Workload
 from minicomp.tune.workloads import random_workload, runnable
@@ -23,7 +24,8 @@ class CudaRunner:
     """Builds candidate kernels of one fused group and runs them on random inputs on the GPU:
     the tuner's tune.tuner.Runner for the cuda target.
 
-    A kernel takes the group's input buffers, then its outputs (the order KernelStep passes).
+    A kernel takes the group's input buffers, then its outputs, then its scratch memory (the
+    order KernelStep passes).
     """
 
     def __init__(
@@ -65,9 +67,12 @@ class CudaRunner:
             library=self.options.nvrtc_library,
         )
         launcher = module.kernel(kernel.name, launch_dims(kernel))
+        # One set for every launch: zeroed scratch stays zero between launches.
+        scratch = scratch_tensors(kernel, torch.device("cuda", self.index))
 
         def launch(w) -> None:
-            launcher(*(t.data_ptr() for t in (*w.inputs, *w.outputs)), *w.scalars)
+            tensors = (*w.inputs, *w.outputs, *scratch)
+            launcher(*(t.data_ptr() for t in tensors), *w.scalars)
 
         return launch
 

@@ -12,20 +12,22 @@ only where the whole problem is small enough to emulate quickly (VERIFY_BYTES).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 
 from minicomp.backends.cuda.codegen import render_module
-from minicomp.backends.cuda.emu import build_emulated
+from minicomp.backends.cuda.emu import build_emulated, default_sample
 from minicomp.backends.cuda.module import dynamic_shared_bytes
 from minicomp.backends.cuda.nvrtc import compile_cuda
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import FusedOp
+from minicomp.ir.scratch import scratch_tensors
 from minicomp.ir.symbols import launch_dims
-from minicomp.lens.counts import KernelCounts
+from minicomp.lens.counts import KernelCounts, scratch_positions
 from minicomp.lens.devices import Device
 from minicomp.lens.estimate import estimate
 from minicomp.passes.kernel.count_ops import count_ops
@@ -71,16 +73,20 @@ class LensRunner:
         name, device = kernel.name, self.device
 
         def run(w: Workload, sample_only: bool):
-            args = (*w.inputs, *w.outputs, *w.scalars)
+            scratch = scratch_tensors(kernel, "cpu")
+            args = (*w.inputs, *w.outputs, *scratch, *w.scalars)
             grid, block = dims(args)
             nbytes = shared(args) if callable(shared) else shared
-            return emu.launch_counted(name, grid, block, args, nbytes, sample_only=sample_only)
+            sample = default_sample(math.prod(grid), group=kernel.attrs.block_group)
+            return emu.launch_counted(
+                name, grid, block, args, nbytes, sample=sample, sample_only=sample_only
+            )
 
         def launch(w: Workload) -> None:
             run(w, False)
 
         def seconds(w: Workload) -> float:
-            counts = KernelCounts.from_sample(run(w, True))
+            counts = KernelCounts.from_sample(run(w, True), scratch=scratch_positions(kernel))
             return estimate(counts, device, resources).time
 
         launch.estimate = seconds

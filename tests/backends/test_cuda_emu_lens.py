@@ -164,6 +164,16 @@ def test_the_default_sample_spreads_over_the_grid():
     assert len(sample) == 8 and sample[0] == 0 and sample[-1] == 999
 
 
+def test_a_sample_of_block_groups_takes_whole_groups():
+    """Blocks that finish a tile together (an in-kernel split-K) are sampled in whole groups:
+    a launch of the sampled blocks alone completes each group's work."""
+    assert default_sample(6, group=3) == (0, 1, 2, 3, 4, 5)
+    sample = default_sample(300, group=3)
+    assert len(sample) == 8 * 3 and sample[:3] == (0, 1, 2) and sample[-3:] == (297, 298, 299)
+    assert all(sample[i] % 3 == 0 and sample[i + 2] == sample[i] + 2 for i in range(0, 24, 3))
+    assert default_sample(7, most=2, group=3) == (0, 1, 2, 6)  # the last group is short
+
+
 def test_counting_needs_a_counted_build(tmp_path):
     plain = build_emulated(KERNELS, SIGNATURES, cache_dir=str(tmp_path))
     with pytest.raises(EmulatorError, match="lens=True"):

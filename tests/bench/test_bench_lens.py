@@ -35,7 +35,9 @@ def test_the_tensor_core_matmul_stages_its_tiles_without_bank_conflicts():
     """The cp.async stores and ldmatrix reads of matmul_tc's padded rows: two rows' chunks in
     one 8-lane phase (row-major chunk order) made this x1.41."""
     (k,) = estimate_case(matmul.case(256, 256, 256, torch.float16, "cpu"), "h100").kernels
-    assert k.template == "matmul_tc" and k.sector_efficiency == 1.0
+    # Split in 2 inside the kernel: its tile counters' atomics are one lane's 4 bytes of a
+    # sector, all else whole sectors.
+    assert k.template == "matmul_tc" and 0.99 < k.sector_efficiency <= 1.0
     assert k.bank_conflict_factor < 1.1
 
 

@@ -24,12 +24,14 @@ from minicomp.passes.graph.split_k import (
     KSplit,
     Product,
     estimated_time,
+    in_kernel_time,
     plan,
     plan_balanced_split,
     plan_split,
     split_k,
 )
 from minicomp.passes.graph.split_reductions import split_reductions
+from minicomp.schedule.templates import matmul_tc
 from minicomp.targets import get_target
 
 EMU = "cuda-emu"
@@ -48,6 +50,17 @@ def free_launch(monkeypatch):
     """The second rule without the final kernel's launch price, so that a product small
     enough for the emulator can gain from a split."""
     monkeypatch.setattr(split_k_module, "LAUNCH_FLOPS", 0.0)
+
+
+@pytest.fixture
+def whole_template(monkeypatch):
+    """The second rule weighing its split against a template that computes the product
+    whole, without matmul_tc's in-kernel split: what it splits in the graph then."""
+
+    def whole(p, sms=split_k_module.H100_SMS):
+        return estimated_time(p, 1, sms)
+
+    monkeypatch.setattr(split_k_module, "in_kernel_time", whole)
 
 
 # --- graphs --------------------------------------------------------------------------------
@@ -151,9 +164,20 @@ def _conv(n, c, k, size, taps=9, out_size=None):
     return Product(1, n * out * out, k, (c, taps), operand_bytes=operands)
 
 
-def test_balanced_rule_splits_compute_bound_products_that_leave_sms_idle():
+def test_balanced_rule_leaves_to_the_template_what_it_splits_inside_the_kernel():
     # ResNet-50's late 3x3 convolutions: 1568 x 512 over K = 512 x 9 is 52 tiles; whole, the
-    # template runs 104 half tiles (step cost 1.4), split in 2 it runs 104 full ones.
+    # template runs 104 half tiles (step cost 1.4), split in 2 it runs 104 full ones, best in
+    # one kernel (no final sum's launch and round trip through L2).
+    late_3x3 = _conv(32, 512, 512, 7)
+    assert plan(late_3x3) is None
+    assert in_kernel_time(late_3x3) < estimated_time(late_3x3, 2) < estimated_time(late_3x3, 1)
+    k, operands = 512 * 9, late_3x3.operand_bytes
+    assert matmul_tc.level0_splits(1, 1568, 512, k, 132, operands, 2) == 2
+
+
+def test_balanced_rule_splits_compute_bound_products_that_leave_sms_idle(whole_template):
+    # The same convolutions, for a template that would compute them whole: split in 2 in the
+    # graph.
     late_3x3 = _conv(32, 512, 512, 7)
     assert plan_balanced_split(late_3x3) == KSplit(0, 2, 256, True)
     assert plan(late_3x3) == KSplit(0, 2, 256, True)
@@ -165,13 +189,18 @@ def test_balanced_rule_splits_compute_bound_products_that_leave_sms_idle():
 
 
 def test_balanced_rule_keeps_what_a_split_would_not_speed_up():
-    # The 1 x 1 beside it (K = 2048) would save less than the round trip and the launch.
-    assert plan(_conv(32, 2048, 512, 7, taps=1)) is None
-    # 1024^3: 64 tiles, K = 1024; 128 half tiles fill the SMs well enough.
-    assert plan(Product(1, 1024, 1024, (1024,), operand_bytes=4 * 2**20)) is None
-    # Memory bound (32 MB of weights for 128 rows): the partials only add traffic.
+    # 1024^3 (64 tiles, K = 1024), the 1 x 1 beside the late 3 x 3s (K = 2048), 128 rows of
+    # a 4096 x 4096 weight: a final sum's launch and round trip cost more than matmul_tc's
+    # split inside the kernel (test_matmul_tc_split.py).
+    mm = Product(1, 1024, 1024, (1024,), operand_bytes=4 * 2**20)
     weights = 2 * (128 * 4096 + 4096 * 4096)
-    assert plan(Product(1, 128, 4096, (4096,), operand_bytes=weights)) is None
+    for p in (
+        mm,
+        _conv(32, 2048, 512, 7, taps=1),
+        Product(1, 128, 4096, (4096,), operand_bytes=weights),
+    ):
+        assert plan(p) is None
+        assert in_kernel_time(p) < min(estimated_time(p, 1), estimated_time(p, 2))
     late_3x3 = _conv(32, 512, 512, 7)
     # As many tiles as SMs, f32 (SIMT) products, unknown operand sizes: not this rule's.
     assert plan_balanced_split(late_3x3, sms=52) is None
@@ -181,7 +210,7 @@ def test_balanced_rule_keeps_what_a_split_would_not_speed_up():
     assert plan_balanced_split(_conv(32, 7, 512, 7, taps=9 * 73)) is None
 
 
-def test_a_convolution_splits_with_its_partial_in_the_products_order():
+def test_a_convolution_splits_with_its_partial_in_the_products_order(whole_template):
     # A 1 x 1 convolution over logical (n, c, h, w) at full scale: 1568 x 512 over K = 512 x 9
     # taps stands in for the 3 x 3 (the taps as an inner K axis, as the pass sees them).
     b = GraphBuilder()
@@ -410,7 +439,7 @@ def test_k_the_chunk_does_not_divide(small_thresholds):
     run(torch.mm, a, b, rtol=1e-3, atol=1e-3)
 
 
-def test_a_convolution_the_balanced_rule_splits(free_launch):
+def test_a_convolution_the_balanced_rule_splits(free_launch, whole_template):
     # A channels-last 3 x 3 convolution, 128 x 64 over K = 128 x 9, sized for a GPU of 64
     # SMs: whole, eight 32 x 32 blocks; in 2 chunks of 64 channels, 16. Partial (matmul_tc,
     # its input gathered) and final sum against float64 eager.

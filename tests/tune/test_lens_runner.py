@@ -58,7 +58,11 @@ def test_the_chosen_config_has_the_lowest_estimate(tuned):
     problem = matmul_problem(op, layouts)
     runner = LensRunner(op, layouts, config.resolve(options), get_device("h100"))
     estimates = {}
-    for cfg in matmul_tc.TEMPLATE.candidates(problem, 1):
+    # The tuner's candidates: the heuristic's config (here split in 2 inside the kernel, not
+    # a level-1 tiling) and the level-1 ones.
+    heuristic = matmul_tc.TEMPLATE.heuristic(problem)
+    assert heuristic.splits == 2
+    for cfg in dict.fromkeys([heuristic, *matmul_tc.TEMPLATE.candidates(problem, 1)]):
         kernel = matmul_tc.TEMPLATE.instantiate(problem, cfg)
         launch = runner.load(kernel, runner.render(kernel))
         estimates[cfg] = launch.estimate(runner.workload(0))

@@ -235,6 +235,9 @@ class CudaRenderer(MmaIntrinsics, CLikeRenderer):
 
     # ---- intrinsics ----
 
+    def intrinsic_threadfence(self, e: E.Call) -> str:
+        return "__threadfence()"
+
     def intrinsic_lens_ops(self, e: E.Call) -> str:
         """The operation counts passes/kernel/count_ops.py inserts: only a counted emulator
         build (emu_lens.h) defines mc_lens_ops."""

@@ -430,8 +430,9 @@ class _Lens(ctypes.Structure):
 class LaunchSample:
     """What a counted launch saw: emu_lens.h's counters summed over the `sampled` blocks (linear
     indices) of a grid of `blocks`, which tensor arguments (by position) they read and wrote,
-    the bytes each argument spans (0 for a scalar), and the distinct 32-byte sectors of each
-    argument the sample read and wrote (by position, 0 for a scalar)."""
+    the bytes each argument spans (0 for a scalar), the distinct 32-byte sectors of each
+    argument the sample read and wrote (by position, 0 for a scalar), and the address each
+    argument's bytes start at (0 for a scalar: which launches of a graph share memory)."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -445,14 +446,28 @@ class LaunchSample:
     arg_bytes: tuple[int, ...] = ()
     read_sectors: tuple[int, ...] = ()
     written_sectors: tuple[int, ...] = ()
+    arg_addresses: tuple[int, ...] = ()
+
+    def span(self, i: int) -> tuple[int, int]:
+        """The bytes [start, end) of argument `i` (empty for a scalar)."""
+        if i >= len(self.arg_addresses):
+            return 0, 0
+        return self.arg_addresses[i], self.arg_addresses[i] + self.arg_bytes[i]
 
 
-def default_sample(blocks: int, most: int = SAMPLED_BLOCKS) -> tuple[int, ...]:
+def default_sample(blocks: int, most: int = SAMPLED_BLOCKS, group: int = 1) -> tuple[int, ...]:
     """The blocks a counted launch counts: all of a grid of `most` or fewer, else `most` spread
-    evenly from the first to the last (the last is often a partial tile at the grid's edge)."""
-    if blocks <= most:
-        return tuple(range(blocks))
-    return tuple(sorted({round(i * (blocks - 1) / (most - 1)) for i in range(most)}))
+    evenly from the first to the last (the last is often a partial tile at the grid's edge).
+    With `group` > 1, blocks finish their work in groups of `group` consecutive ones (the
+    chunks of one tile of an in-kernel split-K) and the sample is made of whole groups, `most`
+    of them chosen so: a group's work is done only when all its blocks have run, which a
+    launch of the sampled blocks alone must see."""
+    groups = -(-blocks // group)
+    if groups <= most:
+        chosen: Sequence[int] = range(groups)
+    else:
+        chosen = sorted({round(i * (groups - 1) / (most - 1)) for i in range(most)})
+    return tuple(b for g in chosen for b in range(g * group, min((g + 1) * group, blocks)))
 
 
 def _by_position(count: int, tensors: Sequence[int], values) -> tuple[int, ...]:
@@ -530,11 +545,11 @@ class EmuModule:
         if chosen and not 0 <= chosen[0] <= chosen[-1] < blocks:
             raise ValueError(f"kernel {name}: sampled blocks {chosen} outside a grid of {blocks}")
         tensors = [i for i, a in enumerate(args) if hasattr(a, "data_ptr")]
-        spans, arg_bytes = [], [0] * len(args)
+        spans, arg_bytes, addresses = [], [0] * len(args), [0] * len(args)
         for i in tensors:
             lo, hi = _byte_span(args[i])
             spans.append(_LensSpan(args[i].data_ptr() + lo, args[i].data_ptr() + hi))
-            arg_bytes[i] = hi - lo
+            arg_bytes[i], addresses[i] = hi - lo, args[i].data_ptr() + lo
         n = max(1, len(spans))
         lens = _Lens(
             len(spans),
@@ -563,6 +578,7 @@ class EmuModule:
             tuple(arg_bytes),
             _by_position(len(args), tensors, read_sectors),
             _by_position(len(args), tensors, written_sectors),
+            tuple(addresses),
         )
 
     def _launch(self, name, grid, block, args, shared_bytes, lens) -> None:

@@ -62,19 +62,22 @@ matmul_tc computes) with fewer tiles than SMs (`plan_balanced_split`). Such a gr
 idle, or the template fills them with half tiles (128 x 64) whose 64 x 32 warp tiles ask
 1.4 times the shared-memory bandwidth the tensor cores' rate allows (matmul_tc.step_cost); S
 chunks give S times the blocks, of the efficient 128 x 128 tiles, at the price of the
-partials' round trip and a second launch. `estimated_time` prices each choice in mma flops
-of one SM: the busiest SM's work at the tile matmul_tc's level-0 heuristic picks for the
-whole or the partial product (matmul_tc.tile_work: the same model picks the tile), or the
-bytes the product moves at DRAM speed where that is longer (then the partials' writes cost
-as much as their reads: a memory-bound product only loses), plus for a split the final sum's
-reads of the partials and writes of the output at DRAM speed (FLOPS_PER_BYTE) and its launch
-(LAUNCH_FLOPS). Of the exact chunkings (no guard) with chunks a multiple of ALIGN, at least
-MIN_CHUNK long and tiles * S <= target_blocks(SMS), the one with the least estimate splits
-the product if it beats the whole one. (A ResNet-50 3 x 3 convolution, 1568 x 512 over K =
-512 x 9: 52 tiles, the whole on 104 half tiles, S = 2 chunks of 256 channels on 104 full ones,
-about 13% less; its 1 x 1 neighbour over K = 2048 would save less than the round trip and
-the launch cost, and 1024 x 1024 x 1024 would take longer: both stay whole.) f32 products,
-on the SIMT template, split by the first rule only.
+partials' round trip. matmul_tc splits such a product itself, inside one kernel, where its
+level-0 model finds that pays (matmul_tc.level0_splits: the last block of each tile adds the
+partials); this rule splits it in the graph, a partial product and a final sum, only where
+that beats what the template would do with it whole. `estimated_time` prices each choice in
+mma flops of one SM with matmul_tc's model (matmul_tc.product_work: the longest of the
+busiest SM's mma work at the tile the level-0 heuristic picks, and the bytes DRAM and L2
+move), plus for a split in the graph the final sum's reads of the partials, which the partial
+product just wrote, at L2 speed where they fit in L2 (L2_BYTES), and its writes of the output
+at DRAM speed, and its launch (LAUNCH_FLOPS); `in_kernel_time` is the template's own choice.
+Of the exact chunkings (no guard) with chunks a multiple of ALIGN, at least MIN_CHUNK long and
+tiles * S <= target_blocks(SMS), the one with the least estimate splits the product if it
+beats the template's. (ResNet-50's late 3 x 3 convolutions, 1568 x 512 over K = 512 x 9, 52
+tiles: whole on 104 half tiles, in 2 chunks of 256 channels on 104 full ones, 19% less in
+two kernels, 26% less in one; their 1 x 1 neighbour over K = 2048 (22% less) and 1024 x 1024
+x 1024 (8%) also split in 2 inside the kernel.) f32 products, on the SIMT template, split by
+the first rule only.
 
 The pass runs before split_reductions (the CUDA targets' pass list, minicomp/targets.py),
 which would otherwise take a long-K product with few outputs (16 x 16 x 2^15) for a row
@@ -97,7 +100,12 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import f32, i64
 from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
-from minicomp.schedule.templates.matmul_tc import tile_work
+from minicomp.schedule.templates.matmul_tc import (
+    FLOPS_PER_DRAM_BYTE,
+    FLOPS_PER_L2_BYTE,
+    level0_splits,
+    product_work,
+)
 from minicomp.script.mma import MMA_TYPES
 
 # The largest tile edge of the matmul templates: a product launches about
@@ -109,12 +117,13 @@ MIN_K = 8192
 MIN_CHUNK = 512
 # A chunk that is a multiple of this many elements is preferred.
 ALIGN = 64
-# The second rule's prices, in mma flops of one SM: FLOPS_PER_BYTE / SMS for each byte moved
-# at DRAM speed (the GPU's mma.sync rate over its DRAM bandwidth: an H100's 660 TFLOP/s over
-# 3.35 TB/s; an A100's 312 over 2.0 TB/s, 156), LAUNCH_FLOPS for the final sum's launch (an
-# H100 SM's 5 TFLOP/s for the microsecond a launch in a CUDA graph takes).
-FLOPS_PER_BYTE = 200
+# The second rule's price of the final sum's launch, in mma flops of one SM (an H100 SM's 5
+# TFLOP/s for the microsecond a launch in a CUDA graph takes); its bytes are priced as
+# matmul_tc's model prices them (FLOPS_PER_DRAM_BYTE, FLOPS_PER_L2_BYTE).
 LAUNCH_FLOPS = 5e6
+# Partials of at most this many bytes are still in L2 when the final sum reads them: the
+# smaller L2 of the GPUs the lens describes (an A100's 40 MB; an H100's is 50).
+L2_BYTES = 40 * 2**20
 # A split may launch this fraction of the most blocks (up to SMS) any split launches, when
 # that buys an exact or aligned chunk, or fewer chunks.
 FILL_SLACK = 3 / 4
@@ -250,33 +259,53 @@ def plan_split(tiles: int, k_extents: Sequence[int], sms: int = H100_SMS) -> KSp
 
 def estimated_time(p: Product, chunks: int, sms: int = H100_SMS) -> float:
     """What the second rule weighs for product `p` in `chunks` exact chunks (1: whole) on a
-    GPU of `sms` SMs, in mma flops of one SM (the time its tensor cores take for them): the
-    longer of the busiest SM's mma work at matmul_tc's level-0 tile (matmul_tc.tile_work)
-    and the product's bytes (operands, and the output or the partials) at DRAM speed; for a
-    split, plus the final sum's reads of the partials and writes of the output at DRAM speed
-    and its launch."""
-    per_byte = FLOPS_PER_BYTE / sms
+    GPU of `sms` SMs, in mma flops of one SM (the time its tensor cores take for them):
+    matmul_tc's level-0 model of the whole product or of the partial one (chunks products
+    writing f32 partials: matmul_tc.product_work, the longest of the busiest SM's mma work
+    and the bytes DRAM and L2 move); for a split, plus the final sum's reads of the partials
+    (at L2 speed where they fit in L2_BYTES: the partial product just wrote them) and writes of
+    the output at DRAM speed, and its launch."""
     k = prod(p.k)
-    compute = 2 * tile_work(chunks * p.batch, p.m, p.n, sms) * -(-k // chunks)
-    out = p.batch * p.m * p.n * p.out_size
+    operands = p.operand_bytes or 0
     if chunks == 1:
-        return max(compute, ((p.operand_bytes or 0) + out) * per_byte)
+        return product_work(p.batch, p.m, p.n, k, sms, operand_bytes=operands, out_size=p.out_size)
+    main = product_work(
+        chunks * p.batch,
+        p.m,
+        p.n,
+        -(-k // chunks),
+        sms,
+        operand_bytes=operands,
+        out_size=p.acc_size,
+    )
     partials = chunks * p.batch * p.m * p.n * p.acc_size
-    main = max(compute, ((p.operand_bytes or 0) + partials) * per_byte)
-    return main + (partials + out) * per_byte + LAUNCH_FLOPS
+    out = p.batch * p.m * p.n * p.out_size
+    read = FLOPS_PER_L2_BYTE if partials <= L2_BYTES else FLOPS_PER_DRAM_BYTE
+    return main + (partials * read + out * FLOPS_PER_DRAM_BYTE) / sms + LAUNCH_FLOPS
+
+
+def in_kernel_time(p: Product, sms: int = H100_SMS) -> float:
+    """The least time matmul_tc's level-0 heuristic gives product `p` on a GPU of `sms` SMs
+    when it stays whole in the graph: whole, or split inside the kernel
+    (matmul_tc.level0_splits), in `estimated_time`'s unit."""
+    k, operands = prod(p.k), p.operand_bytes or 0
+    splits = level0_splits(p.batch, p.m, p.n, k, sms, operands, p.out_size)
+    return product_work(
+        p.batch, p.m, p.n, k, sms, operand_bytes=operands, out_size=p.out_size, splits=splits
+    )
 
 
 def plan_balanced_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
     """The second rule's split of product `p` on a GPU of `sms` SMs (see the module
     docstring): the exact, aligned chunking with the least `estimated_time`, if that is less
-    than the whole product's; else None."""
+    than what matmul_tc does with the product whole (`in_kernel_time`); else None."""
     if not p.tensor_cores or p.operand_bytes is None or not 1 <= p.tiles < sms:
         return None
     k = prod(p.k)
     axis = next(q for q, x in enumerate(p.k) if x != 1)
     extent = p.k[axis]
     inner = k // extent
-    best, least = None, estimated_time(p, 1, sms)
+    best, least = None, in_kernel_time(p, sms)
     for s in range(2, target_blocks(sms) // p.tiles + 1):
         length = extent // s
         if extent % s or length * inner % ALIGN or length * inner < MIN_CHUNK:

@@ -42,20 +42,35 @@ dynamic, up to MAX_SHARED: the stages one after the other, and the staging rows 
 start of them (the epilogue runs once every copy has landed and every warp is past its last
 mma).
 
+K may be split inside the kernel (TcConfig.splits = S > 1), for products of fewer tiles than
+SMs: S consecutive blocks compute one tile, block `part` over chunk `part` of K (ceil(steps /
+S) steps, the last chunk shorter). Each writes its f32 accumulators to the partials scratch
+(LaunchAttrs.scratch, S partials a tile, in the accumulators' own layout so that every warp
+access is 128 contiguous bytes), fences (threadfence), and its thread 0 adds 1 to the tile's
+counter. The block that reads S - 1 back is the last: every other partial is written and
+visible; it fences again, adds the S partials in the order of the chunks (its own from its
+registers: the same sum, bit for bit, whichever block comes last), runs the epilogue, and sets
+the counter back to 0, which the plan allocated zero once: a replayed launch finds it so. No
+block waits for another, so blocks may run in any order, or one after another (the
+emulator). `level0_splits` chooses S by `product_work`, the level-0 model the split-K pass
+also weighs its own split in two kernels with (passes/graph/split_k.py).
+
 `instantiate` builds the kernel in steps: each operand's copies (`_operand_copy`: tiles.py's
-cp.async or register copies), the warps' mma step (`_warp_mma`) and the epilogue
-(`_store_tile`) as fragments, then the pipeline calling them (`_kernel`).
+cp.async or register copies), the warps' mma step (`_warp_mma`), the epilogue (`_store_tile`)
+and a split's round trip (`_split`) as fragments, then the pipeline calling them (`_kernel`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minicomp.ir import types as T
-from minicomp.ir.expr import Dim
+from minicomp.ir.expr import Dim, Var
 from minicomp.ir.func import Function
+from minicomp.ir.types import PointerType
 from minicomp.schedule.templates import tiles
 from minicomp.schedule.templates.base import (
     MAX_DYNAMIC_SHARED,
@@ -78,6 +93,7 @@ from minicomp.schedule.templates.problem import (
 from minicomp.script.function import script
 from minicomp.script.lang import (
     Macro,
+    atomic_add,
     attrs,
     blockIdx,
     cp_async_commit,
@@ -93,13 +109,15 @@ from minicomp.script.lang import (
     macro,
     mma_sync_m16n8k16,
     register_tensor,
+    shared_tensor,
     store_vec,
     syncthreads,
+    threadfence,
     threadIdx,
     unroll,
 )
 from minicomp.script.mma import MMA_TYPES
-from minicomp.script.types import f32, i64
+from minicomp.script.types import f32, i32, i64
 from minicomp.script.values import TensorRef
 
 NAME = "matmul_tc"
@@ -107,22 +125,38 @@ MAX_SHARED = MAX_DYNAMIC_SHARED
 # mma.sync flops an SM computes while its shared memory serves a byte (H100: about 2500 a
 # clock against 128 bytes; A100: 2050 against 128).
 MMA_FLOPS_PER_SHARED_BYTE = 20
+# The level-0 model's prices of memory traffic, in mma flops of one SM for a byte the GPU
+# moves, times its SM count: its mma.sync rate over its DRAM and its L2 bandwidth (an H100's
+# 660 TFLOP/s over 3.35 TB/s, 200, and over ~10 TB/s, 66; an A100's 312 over 2.0 and ~7.2,
+# 156 and 43).
+FLOPS_PER_DRAM_BYTE = 200
+FLOPS_PER_L2_BYTE = 66
+# The most chunks of K the kernel splits a product into (the last block of a tile adds
+# splits - 1 partials to its own, unrolled).
+MAX_SPLITS = 8
+# Names of the in-kernel split's scratch parameters (LaunchAttrs.scratch): the f32 partials
+# and a counter a tile.
+PARTIALS = "splitk_partials"
+COUNTERS = "splitk_counters"
 
 
 @dataclass(frozen=True)
 class TcConfig(BlockTile, WarpTiled):
-    """Block tile bm x bn x bk, warp tile wm x wn, `stages` shared buffers."""
+    """Block tile bm x bn x bk, warp tile wm x wn, `stages` shared buffers; K in `splits`
+    chunks, a block each, inside the kernel (1: a block walks all of K; see the module doc)."""
 
     wm: int
     wn: int
     stages: int
+    splits: int = 1
 
     @property
     def warps(self) -> int:
         return self.parts(self.wm, self.wn)
 
     def __str__(self) -> str:
-        return f"{BlockTile.__str__(self)}_w{self.wm}x{self.wn}_s{self.stages}"
+        split = f"_k{self.splits}" if self.splits > 1 else ""
+        return f"{BlockTile.__str__(self)}_w{self.wm}x{self.wn}_s{self.stages}{split}"
 
 
 @dataclass(frozen=True)
@@ -178,7 +212,26 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
     for rows in (cfg.bm, cfg.bn):
         if rows * cfg.bk // tiles.CHUNK < cfg.threads:  # every thread copies at least a chunk
             return False
+    if cfg.splits > 1 and not _splittable(problem, cfg):
+        return False
     return shared_bytes(problem, cfg) <= MAX_SHARED
+
+
+def _splittable(problem: MatmulProblem, cfg: TcConfig) -> bool:
+    """Whether `problem` can be computed in cfg.splits chunks of K inside the kernel: static
+    sizes (the scratch memory is sized at compile time), at most MAX_SPLITS chunks, none of
+    them empty."""
+    sizes = problem.static_sizes()
+    return (
+        sizes is not None
+        and cfg.splits <= MAX_SPLITS
+        and chunks_fill(ceil_div(sizes[3], cfg.bk), cfg.splits)
+    )
+
+
+def chunks_fill(steps: int, splits: int) -> bool:
+    """Whether `splits` chunks of ceil(steps / splits) steps each have a step to compute."""
+    return 1 <= splits <= steps and (splits - 1) * -(-steps // splits) < steps
 
 
 _LEVEL1 = (
@@ -203,10 +256,25 @@ def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
 
 
 def heuristic(problem: MatmulProblem) -> TcConfig:
-    """The config used without measuring: `level0_tile` of the level-1 space. So large
-    products get 256x128 or 128x256 blocks of eight 64x64 warps, and a grid just short of two
-    waves of small tiles gives way to one wave of large ones."""
-    return level0_tile(space(problem, 1), *assumed_sizes(problem), problem.sms)[0]
+    """The config used without measuring: `level0_tile` of the level-1 space, with K split
+    inside the kernel where `level0_splits` finds that pays. So large products get 256x128
+    or 128x256 blocks of eight 64x64 warps, a grid just short of two waves of small tiles
+    gives way to one wave of large ones, and a product of fewer large tiles than SMs (1024 x
+    1024 x 1024) takes twice the blocks of them, each over half of K."""
+    configs = space(problem, 1)
+    batch, m, n = assumed_sizes(problem)
+    splits = 1
+    sizes = problem.static_sizes()
+    if sizes is not None:
+        out_size = problem.out_dtypes[0].nbytes if problem.out_dtypes else 2
+        splits = level0_splits(batch, m, n, sizes[3], problem.sms, input_bytes(problem), out_size)
+    if splits > 1:
+        config = dataclasses.replace(
+            level0_tile(configs, splits * batch, m, n, problem.sms)[0], splits=splits
+        )
+        if valid(problem, config):
+            return config
+    return level0_tile(configs, batch, m, n, problem.sms)[0]
 
 
 def level0_tile(
@@ -230,9 +298,90 @@ def level0_tile(
 def tile_work(batch: int, m: int, n: int, sms: int) -> float:
     """`level0_tile`'s work for `batch` m x n products on `sms` SMs whose operands the kernel
     copies with cp.async (plain or gathered: every level-1 tiling is valid for them): the
-    busiest SM's multiply-adds per element of K, which the split-K pass weighs
-    (passes/graph/split_k.py)."""
+    busiest SM's multiply-adds per element of K, the compute term of `product_work`."""
     return level0_tile(_LEVEL1, batch, m, n, sms)[1]
+
+
+def product_work(
+    batch: int,
+    m: int,
+    n: int,
+    k: int,
+    sms: int,
+    *,
+    operand_bytes: int,
+    out_size: int,
+    splits: int = 1,
+) -> float:
+    """The level-0 model of `batch` m x n x k products (16-bit operands, f32 sums) on `sms`
+    SMs, K in `splits` chunks inside the kernel, in mma flops of one SM (`tile_work`'s unit).
+    The main loop takes the longest of
+    - the busiest SM's mma work at `level0_tile`'s tile for splits x batch products;
+    - the bytes DRAM moves: `operand_bytes` (what the product reads) and the output
+      (`out_size` bytes an element), at FLOPS_PER_DRAM_BYTE; partials stay in L2;
+    - the bytes L2 moves: every block's operand tiles (bm + bn rows of its chunk of K), and
+      the output, or for a split the f32 partials every block writes, at FLOPS_PER_L2_BYTE.
+    A split then waits for the last block of each tile, which reads the other splits - 1
+    partials and stores the tile: the busiest SM's ceil(tiles / SMs) such blocks at one SM's
+    share of L2 bandwidth (twice the even share, as the lens assumes: FLOPS_PER_L2_BYTE / 2
+    a byte). So 1568 x 512 x 2048 (52 tiles of 128 x 128) splits in 2, not in 4 or 5 with 128
+    x 256 tiles, whose main loops are shorter but whose last blocks each read 3 or 4 partials
+    of 128 KiB alone. The split-K pass weighs its own split (two kernels) with this model
+    (passes/graph/split_k.py)."""
+    cfg, work = level0_tile(_LEVEL1, splits * batch, m, n, sms)
+    compute = 2 * work * -(-k // splits)
+    out = batch * m * n * out_size
+    tiles = batch * ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn)
+    dram = (operand_bytes + out) * FLOPS_PER_DRAM_BYTE / sms
+    l2 = tiles * (cfg.bm + cfg.bn) * k * 2
+    if splits == 1:
+        return max(compute, dram, (l2 + out) * FLOPS_PER_L2_BYTE / sms)
+    partials = splits * batch * m * n * 4
+    main = max(compute, dram, (l2 + partials) * FLOPS_PER_L2_BYTE / sms)
+    last = cfg.bm * cfg.bn * ((splits - 1) * 4 + out_size)
+    return main + -(-tiles // sms) * last * FLOPS_PER_L2_BYTE / 2
+
+
+def split_candidates(batch: int, m: int, n: int, k: int, sms: int) -> range:
+    """The counts of in-kernel chunks `level0_splits` weighs: none (range(2, 2)) for a product
+    with as many 128 x 128 tiles as SMs, else up to two blocks an SM and MAX_SPLITS, each
+    chunk at least two K steps of 32."""
+    tiles = batch * ceil_div(m, 128) * ceil_div(n, 128)
+    if not 1 <= tiles < sms:
+        return range(2, 2)
+    most = min(MAX_SPLITS, 2 * sms // tiles, ceil_div(k, 64))
+    return range(2, max(2, most + 1))
+
+
+def level0_splits(
+    batch: int, m: int, n: int, k: int, sms: int, operand_bytes: int, out_size: int
+) -> int:
+    """How many chunks of K the kernel splits `batch` m x n x k products into at level 0:
+    the count with the least `product_work`, 1 (whole) unless a split is less."""
+    best, least = (
+        1,
+        product_work(batch, m, n, k, sms, operand_bytes=operand_bytes, out_size=out_size),
+    )
+    for s in split_candidates(batch, m, n, k, sms):
+        if not chunks_fill(ceil_div(k, 32), s):
+            continue
+        t = product_work(
+            batch, m, n, k, sms, operand_bytes=operand_bytes, out_size=out_size, splits=s
+        )
+        if t < least:
+            best, least = s, t
+    return best
+
+
+def input_bytes(problem: MatmulProblem) -> int:
+    """The bytes of the tensors `problem` reads (its inputs' storage; static sizes)."""
+    total = 0
+    for v in problem.op.inputs:
+        strides = problem.layouts[v.name]
+        if all(isinstance(d, int) for d in (*v.shape, *strides)) and all(v.shape):
+            elements = 1 + sum((d - 1) * s for d, s in zip(v.shape, strides))
+            total += elements * v.dtype.nbytes
+    return total
 
 
 def step_cost(cfg: TcConfig) -> float:
@@ -261,7 +410,8 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     a, b = _operand_copy(problem, cfg, "a", names), _operand_copy(problem, cfg, "b", names)
     mma = _warp_mma(cfg, a.k_major, b.k_major, names)
     store = _store_tile(problem, cfg, names)
-    kernel = _kernel(problem, cfg, a, b, mma, store)
+    split = _split(problem, cfg, names) if cfg.splits > 1 else None
+    kernel = _kernel(problem, cfg, a, b, mma, store, split)
     gathered = problem.gather_a is not None or problem.gather_b is not None
     if gathered and cfg.threads <= 64:
         # Left to itself, ptxas holds a two-warp tiling of a gathered window to 96 registers
@@ -439,9 +589,84 @@ def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Ma
     return names.fragment("c", store)
 
 
-def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, store) -> Function:
+@dataclass(frozen=True)
+class _Split:
+    """The in-kernel split of K (cfg.splits > 1): the scratch parameters and the macro
+    `gather(acc, arrived, tile, part, lane, warp)` that stores this block's partial of `tile`
+    (chunk `part`), counts it, and in the block that finds the count complete adds every
+    partial into `acc` in the chunks' order; `arrived[0]` is then splits - 1 in that block
+    only (see the module doc)."""
+
+    params: tuple[Var, Var]
+    scratch: tuple[tuple[str, int, bool], ...]
+    gather: Macro
+
+
+def _split(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> _Split:
+    """The split-K scratch and the partials' round trip of `problem` in cfg.splits chunks."""
+    S, MI, NI = cfg.splits, cfg.wm // 16, cfg.wn // 8
+    b, m, n, _ = problem.static_sizes()
+    TILES = b * ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn)
+    TILE_ELEMS = cfg.bm * cfg.bn
+    WARP_ELEMS = MI * NI * 4 * 32
+    partials = Var(PARTIALS, PointerType(T.f32))
+    counters = Var(COUNTERS, PointerType(T.i32))
+    P = TensorRef(PARTIALS, partials, (TILES * S * TILE_ELEMS,))
+    C = TensorRef(COUNTERS, counters, (TILES,))
+    scratch = ((PARTIALS, TILES * S * TILE_ELEMS, False), (COUNTERS, TILES, True))
+
+    def gather(acc, arrived, tile, part, lane, warp):
+        @script
+        def split_gather():
+            # A partial is laid out as its block's accumulators, (warp, i, j, e) then the lane:
+            # every access of a warp is 128 contiguous bytes.
+            at = i64(tile) * (S * TILE_ELEMS) + warp * WARP_ELEMS + lane
+            for i in unroll(range(MI)):
+                for j in unroll(range(NI)):
+                    for e in unroll(range(4)):
+                        P[at + part * TILE_ELEMS + ((i * NI + j) * 4 + e) * 32] = acc[i, j, e]
+            # Every write of the block is visible to the grid before the count says so.
+            threadfence()
+            syncthreads()
+            if threadIdx.x == 0:
+                arrived[0] = atomic_add(C[tile], 1)
+            syncthreads()
+            if arrived[0] == S - 1:
+                threadfence()
+                # The sum in the order of the chunks whichever block is last: the same bits
+                # on every run. The others' partials: chunk q + (q >= part) is other[q].
+                other = register_tensor(f32, (S - 1,))
+                for i in unroll(range(MI)):
+                    for j in unroll(range(NI)):
+                        for e in unroll(range(4)):
+                            at_e = at + ((i * NI + j) * 4 + e) * 32
+                            for q in unroll(range(S - 1)):
+                                other[q] = P[at_e + (q + (1 if q >= part else 0)) * TILE_ELEMS]
+                            mine = acc[i, j, e]
+                            total = other[0] if part > 0 else mine
+                            for c in unroll(range(1, S)):
+                                term = other[c - 1] if c > part else mine
+                                if c < S - 1:
+                                    term = other[c] if c < part else term
+                                total += term
+                            acc[i, j, e] = total
+                    # A row of mma tiles at a time: ptxas would otherwise start every load
+                    # at once, S - 1 registers an accumulator, and spill.
+                    syncthreads()
+                if threadIdx.x == 0:
+                    C[tile] = 0  # every chunk has counted: ready for the next launch
+
+        return split_gather
+
+    return _Split((partials, counters), scratch, names.fragment("split", gather))
+
+
+def _kernel(
+    problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, store, split: _Split | None
+) -> Function:
     """The script kernel: the K loop's pipeline over the operand copies, the warps' mma steps
-    and the epilogue (see the module doc)."""
+    and the epilogue (see the module doc); with `split`, the block's chunk of K and the
+    partials' round trip before the epilogue."""
     BM, BN, BK, WM, WN, STAGES = cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn, cfg.stages
     dt = problem.a_dtype
     WARPS_N, WARPS, THREADS = BN // WN, cfg.warps, cfg.threads
@@ -451,6 +676,17 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
     STEPS = ceil_div(problem.k, BK)
     B = problem.batch
     GRID = launch_grid(problem, BM, BN)
+    S = cfg.splits
+    SPLIT = split is not None
+    CHUNK = -(-STEPS // S) if SPLIT else STEPS
+    TILES = GRID[0]
+    params, SCRATCH = problem.params, ()
+    if SPLIT:
+        SCRATCH = split.scratch
+        GRID = (GRID[0] * S, GRID[1], GRID[2])
+        sig = problem.sig
+        params = (*sig.inputs, *sig.outputs, *split.params, *sig.symbols)
+        gather = split.gather
     A_ASYNC, B_ASYNC = a.is_async, b.is_async
     STAGED = not (A_ASYNC and B_ASYNC)
     A_SHAPE, B_SHAPE = a.shape, b.shape
@@ -459,16 +695,25 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
     a_base, b_base = a.base_of, b.base_of
     issue_a, issue_b, stage_a, stage_b = a.issue, b.issue, a.stage, b.stage
 
-    @script(params=problem.params)
+    @script(params=params)
     def matmul_tc():
         attrs.grid_dim = GRID
         attrs.block_dim = THREADS
+        attrs.scratch = SCRATCH
+        attrs.block_group = S
         tid = threadIdx.x
         lane = tid % 32
         warp_m = tid // 32 // WARPS_N * WM
         warp_n = tid // 32 % WARPS_N * WN
         # 32-bit: the rasterisation divides by a run-time row count, a library call in 64-bit.
         pid = blockIdx.x
+        if SPLIT:
+            # The S blocks of a tile are consecutive: chunk `part` of K is theirs.
+            part = blockIdx.x % S
+            pid = blockIdx.x // S
+            first = part * CHUNK
+            steps = min(STEPS - first, CHUNK)
+            arrived = shared_tensor(i32, 1)
         m0 = row0(pid)
         n0 = col0(pid)
         a_s = dynamic_shared_tensor(dt, A_SHAPE)
@@ -495,12 +740,13 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
                         acc[i, j, e] = 0.0
             # Iteration `it` issues step `it` into buffer it % STAGES (which step it - STAGES,
             # computed one iteration earlier, used) and computes step it - (STAGES - 1).
-            for it in range(STEPS + STAGES - 1):
+            # (Whole, the loop's bounds are constants, which the index simplifier uses.)
+            for it in range((steps if SPLIT else STEPS) + STAGES - 1):
                 cp_async_wait(STAGES - 2)
                 syncthreads()
                 st = it % STAGES
-                if it < STEPS:
-                    k0 = it * BK
+                if it < (steps if SPLIT else STEPS):
+                    k0 = ((first + it) if SPLIT else it) * BK
                     if A_ASYNC:
                         issue_a(a_s[st], a_off, a_fast, bz, m0, k0)
                     else:
@@ -514,7 +760,7 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
                     mma(a_s[ld], b_s[ld], a_frag, b_frag, acc, warp_m, warp_n, lane)
                 # The registers' tiles go to shared memory after the mma's, which hid the
                 # latency of their loads.
-                if STAGED and it < STEPS:
+                if STAGED and it < (steps if SPLIT else STEPS):
                     if not A_ASYNC:
                         stage_a(a_r, a_s[st])
                     if not B_ASYNC:
@@ -523,7 +769,12 @@ def _kernel(problem: MatmulProblem, cfg: TcConfig, a: _Copy, b: _Copy, mma, stor
             # The next batch writes the buffers again.
             cp_async_wait_all()
             syncthreads()
-            store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane)
+            if SPLIT:
+                gather(acc, arrived, i32(bz) * TILES + pid, part, lane, tid // 32)
+                if arrived[0] == S - 1:  # this block summed the tile's partials
+                    store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane)
+            else:
+                store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane)
             bz += gridDim.z
 
     return matmul_tc.ir
