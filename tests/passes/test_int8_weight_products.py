@@ -57,3 +57,11 @@ def test_a_weight_read_another_way_is_left_alone():
     w = torch.randint(-128, 128, (64, 32), dtype=torch.int8)
     assert reasons(untransposed, x, w).get("mm.default") != INT8_GEMM
     check_compiled(untransposed, x, w, target="cpu", rtol=1e-2, atol=1e-2)
+
+
+def test_activations_read_transposed_are_left_to_the_dequantizing_path():
+    # The int8 kernel reads x row-major; a transposed x stays on the path that handles any layout.
+    x_t, w, scale, bias = inputs(64, 16, 48, torch.bfloat16)  # x_t.t() is 16 x 64, column-major
+    args = (x_t.t(), torch.randint(-128, 128, (48, 64), dtype=torch.int8), scale, bias)
+    assert reasons(int8_linear, *args).get("mm.default") != INT8_GEMM
+    check_compiled(int8_linear, *args, target="cpu", rtol=1e-2, atol=1e-2)

@@ -58,7 +58,8 @@ def int8_weight_products(graph: Graph) -> Graph:
         if source is None:
             continue
         layouts = layouts or layouts_for(graph)
-        if layouts[source.name] != contiguous_strides(source.shape):
+        # ATen's kernel reads both as row-major (it has crashed on other shapes: see above).
+        if any(layouts[v.name] != contiguous_strides(v.shape) for v in (x, source)):
             continue
         scales = Value(
             fresh_name(f"{n.outputs[0].name}_ones", names),
