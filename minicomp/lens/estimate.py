@@ -33,7 +33,8 @@ ASSUMPTIONS = (
     "DRAM traffic is the distinct sectors the sampled blocks touch, scaled to the grid, at most "
     "each tensor once (L2 keeps what blocks share); every global request's sectors cross L2",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
-    "the device's mma.sync rate",
+    "the device's mma.sync rate, and so is an int8 m16n8k32 (twice the operations at twice the "
+    "rate)",
     f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "
     f"constant, 2 or 3), a 64-bit integer operation {INT64_INSTRUCTIONS}, a transcendental call "
     "one special-function slot; integer work is free where the compiler folds it (constants in "
