@@ -319,7 +319,8 @@ def test_the_debug_log_says_why_ops_stay_apart():
     log, seen = logging.getLogger("minicomp.passes.graph.fusion"), []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = lambda record: seen.append(record.getMessage())
-    level, log.level = log.level, logging.DEBUG
+    level = log.level
+    log.setLevel(logging.DEBUG)  # setLevel, not `log.level =`: it clears the cached answers
     log.addHandler(handler)
     try:
         fuse(b.build())
