@@ -209,6 +209,25 @@ def test_dynamic_quant_linear(m, k, n):
     assert [template_name(t) for t in templates if t] == [TC]
 
 
+def test_int8_tilings_are_tuned():
+    """At search space 1 the tuner ranks matmul_tc's level-1 int8 tilings (cuda-emu: by the
+    lens's estimate, on random bytes), and the chosen one computes the product exactly."""
+    gen = torch.Generator().manual_seed(8)
+    a, b = int8((64, 128), gen), int8((128, 96), gen, transposed=True)
+    torch._dynamo.reset()
+    report = minicomp.explain(
+        torch._int_mm, a, b, options={"target": TARGET, "search_space": 1, "fallback": "error"}
+    )
+    ((_, template, choice),) = [t for r in report.records for t in r.tuning]
+    assert template == TC and "ranked by the lens" in choice.describe(), choice.describe()
+    candidates = matmul_tc.TEMPLATE.candidates(matmul_problem_of(torch._int_mm, a, b), 1)
+    assert choice.config in candidates and len(candidates) > 1
+    used = compile_and_compare(
+        lambda a, b: (torch._int_mm(a, b),), a, b, options={"search_space": 1}
+    )
+    assert used == [f"{TC}[{choice.config}]"]
+
+
 def test_torchao_int8_dynamic_activation_linear():
     """torchao's Int8DynamicActivationInt8WeightConfig on a bf16 linear: the quantized model
     compiled for cuda-emu matches it in eager, with no ATen call left."""
