@@ -96,9 +96,12 @@ class LensRow:
 
 def problem_roofline(case: Case, device: Device) -> float:
     """Seconds `case` needs at best on `device`: its flops on tensor cores (mma.sync) for
-    16-bit operands or on FP32 FMAs for float32, or its minimum bytes at DRAM speed."""
+    16-bit operands (int8: twice the f16 rate) or on FP32 FMAs for float32, or its minimum
+    bytes at DRAM speed."""
     if case.dtype in ("float16", "bfloat16"):
         compute = case.flops / (device.mma_sync_tflops_f16 * 1e12)
+    elif case.dtype == "int8":
+        compute = case.flops / (2 * device.mma_sync_tflops_f16 * 1e12)
     else:
         compute = case.flops / (2 * device.fp32_per_second)
     return max(compute, case.min_bytes / (device.dram_gbps * 1e9))

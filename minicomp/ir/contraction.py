@@ -11,8 +11,10 @@ read every K variable):
 
 `a` and `b` are whatever fusion inlined (a transpose, a cast, an activation of the operand:
 the prologue); they are computed at the template's global loads, the epilogue at its stores.
-mm, bmm, addmm and baddbmm (passes/graph/anchors.py) give this form, and so does any other
-computation of the same shape, such as `(x[:, :, None] * w[None]).sum(1)`. `product_sides`
+mm, bmm, addmm, baddbmm and _int_mm (passes/graph/anchors.py) give this form, and so does
+any other computation of the same shape, such as `(x[:, :, None] * w[None]).sum(1)`. The
+product is a float one, or an i32 one (the 8-bit integer operands of _int_mm widened to the
+sums' i32). `product_sides`
 is the classification of the outer variables alone, which the split-K pass
 (passes/graph/split_k.py) applies to a compute op before fusion.
 """
@@ -55,10 +57,26 @@ class Contraction:
         return _narrow(self.a), _narrow(self.b)
 
 
-def _narrow(e: Expr) -> T.DataType:
-    while isinstance(e, Cast) and e.a.dtype.is_float and e.a.dtype.nbytes <= e.dtype.nbytes:
+def is_widening(e: Expr) -> bool:
+    """Whether `e` is a cast that keeps every value of its operand: a float to a float at
+    least as wide (f16 -> f32), or an integer to a wider signed integer (i8 or u8 -> i32)."""
+    if not isinstance(e, Cast):
+        return False
+    src, dst = e.a.dtype, e.dtype
+    if src.is_float and dst.is_float:
+        return src.nbytes <= dst.nbytes
+    return src.is_integer and dst.kind == "int" and src.nbytes < dst.nbytes
+
+
+def strip_widening(e: Expr) -> Expr:
+    """`e` without the widening casts around it (`is_widening`)."""
+    while is_widening(e):
         e = e.a
-    return e.dtype
+    return e
+
+
+def _narrow(e: Expr) -> T.DataType:
+    return strip_widening(e).dtype
 
 
 def _uses(e: Expr) -> set[Var]:
@@ -90,7 +108,9 @@ def product_sides(body: Expr, outer: Sequence[Axis], inner: Sequence[Var]) -> Pr
     Shared by match_contraction (a fused group) and the split-K pass (a compute op before
     fusion, its unit axes left out as fusion leaves them out), so both see the same M and N.
     """
-    if not isinstance(body, Binary) or body.op != "mul" or not body.dtype.is_float:
+    if not isinstance(body, Binary) or body.op != "mul":
+        return None
+    if not (body.dtype.is_float or body.dtype == T.i32):
         return None
     a, b = body.a, body.b
     if not (collect(a, TensorElement) and collect(b, TensorElement)):

@@ -161,6 +161,7 @@ _OPERANDS = {
     "store_vec": "mri",
     "is_aligned": "li",
     "mma_sync_m16n8k16": "mmmm",
+    "mma_sync_m16n8k32": "mmmm",
     **{f"ldmatrix_x{n}{t}": "mm" for n in (1, 2, 4) for t in ("", "_trans")},
     **{f"cp_async_{n}": "mm" for n in (4, 8, 16)},
     "cp_async_wait": "i",

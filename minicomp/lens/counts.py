@@ -13,7 +13,9 @@ from minicomp.ir.func import Function
 
 WARP = 32
 MMA_FLOPS = 2 * 16 * 8 * 16
-"""The floating-point operations of one m16n8k16 tensor-core instruction."""
+"""The floating-point operations of one m16n8k16 tensor-core instruction. An int8 m16n8k32
+counts as one mma too: twice the operations, at twice the f16 rate on every GPU of the
+device table, so the same tensor-core time (its operations are reported at half)."""
 
 
 @dataclass(frozen=True)

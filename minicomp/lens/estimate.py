@@ -41,7 +41,8 @@ ASSUMPTIONS = (
     "not priced); in a graph, a tensor the launch just before wrote, if no larger than L2, is "
     "read from L2 (no DRAM bytes, and none in the roofline's minimum)",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
-    "the device's mma.sync rate",
+    "the device's mma.sync rate, and so is an int8 m16n8k32 (twice the operations at twice the "
+    "rate)",
     f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "
     f"constant, 2 or 3), a 64-bit integer operation {INT64_INSTRUCTIONS}, a transcendental call "
     "one special-function slot; integer work is free where the compiler folds it (constants in "

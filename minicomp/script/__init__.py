@@ -67,8 +67,10 @@ register budget must leave room for; `template`: a name for reports), the fields
 kernel IR's minicomp.ir.func.LaunchAttrs. Tensor cores and async copies (sm_80+,
 fragment layouts in minicomp.backends.cuda.intrinsics_mma): `mma_sync_m16n8k16(d, a, b, c)`
 (one warp's D = A * B + C; each operand a register tensor, a view `acc[i, j]` or its first
-element: 8 f16 or bf16 of A, 4 of B, 4 f32 of C and D), `ldmatrix_x1|x2|x4[_trans](frag,
-smem[r, c])` (the 16-byte shared row this lane names), `cp_async(smem[i], t[j], nbytes,
+element: 8 f16 or bf16 of A, 4 of B, 4 f32 of C and D), `mma_sync_m16n8k32(d, a, b, c)`
+(the same for 8-bit integers: 16 i8 or u8 of A, 8 of B, 4 i32 of C and D, sums wrapping),
+`ldmatrix_x1|x2|x4[_trans](frag, smem[r, c])` (the 16-byte shared row this lane names; 8-bit
+elements without _trans), `cp_async(smem[i], t[j], nbytes,
 src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled past the
 runtime `src_bytes`), `cp_async_commit()`, `cp_async_wait(n)`, `cp_async_wait_all()`.
 
@@ -119,6 +121,7 @@ from minicomp.script.lang import (
     max,
     min,
     mma_sync_m16n8k16,
+    mma_sync_m16n8k32,
     pow,
     printf,
     register_tensor,
@@ -197,6 +200,7 @@ __all__ = [
     "store_vec",
     "is_aligned",
     "mma_sync_m16n8k16",
+    "mma_sync_m16n8k32",
     "ldmatrix_x1",
     "ldmatrix_x2",
     "ldmatrix_x4",

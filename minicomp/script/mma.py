@@ -1,4 +1,5 @@
-"""Tensor-core and async-copy primitives of scripts: mma_sync_m16n8k16, ldmatrix, cp_async.
+"""Tensor-core and async-copy primitives of scripts: mma_sync_m16n8k16 (f16/bf16),
+mma_sync_m16n8k32 (8-bit integers), ldmatrix, cp_async.
 
 Each lowers to the kernel-IR intrinsic of its name (`cp_async(..., nbytes)` to
 cp_async_<nbytes>; minicomp.backends.cuda.intrinsics_mma has the fragment layouts) as an Effect
@@ -23,7 +24,10 @@ from minicomp.script.errors import Issue
 from minicomp.script.values import Effect, TensorRef, as_index, row_major_strides
 
 MMA_TYPES = (T.f16, T.bf16)
+# The operand types of mma_sync_m16n8k32 (either operand either type), summed in i32.
+INT8_MMA_TYPES = (T.i8, T.u8)
 SIXTEEN_BIT = (T.f16, T.bf16, T.i16, T.u16)
+EIGHT_BIT = INT8_MMA_TYPES
 ASYNC_COPY_BYTES = (4, 8, 16)
 _SCOPES = {"local": "a register tensor", "shared": "a shared tensor", "global": "a global tensor"}
 
@@ -165,20 +169,43 @@ def _mma(p, name, args, kwargs):
     return _effect(name, d.var, d.index, a.var, a.index, b.var, b.index, c.var, c.index)
 
 
+def _mma_int8(p, name, args, kwargs):
+    nodes = _args(name, args, kwargs, ("d", "a", "b", "c"), 4)
+    ops = {}
+    for key, node in zip("dabc", nodes):
+        ops[key] = operand(p, node, f"the {key} operand of {name}()")
+    d, a, b, c = (ops[k] for k in "dabc")
+    _check(p, nodes[1], a, f"the a operand of {name}()", "local", 16, INT8_MMA_TYPES)
+    _check(p, nodes[2], b, f"the b operand of {name}()", "local", 8, INT8_MMA_TYPES)
+    for key, node in (("c", nodes[3]), ("d", nodes[0])):
+        _check(p, node, ops[key], f"the {key} operand of {name}()", "local", 4, (T.i32,))
+    return _effect(name, d.var, d.index, a.var, a.index, b.var, b.index, c.var, c.index)
+
+
 def _ldmatrix(p, name, args, kwargs):
     dst_node, src_node = _args(name, args, kwargs, ("dst", "src"), 2)
-    count = 2 * int(name.split("_")[1][1:])  # ldmatrix_x4_trans: 4 matrices, 2 elements each
+    matrices = int(name.split("_")[1][1:])  # ldmatrix_x4_trans: 4 matrices
     dst = operand(p, dst_node, f"the destination of {name}()")
     src = operand(p, src_node, f"the source of {name}()")
-    _check(p, dst_node, dst, f"the destination of {name}()", "local", count, SIXTEEN_BIT)
+    trans = name.endswith("_trans")
+    if dst.dtype in EIGHT_BIT and trans:
+        raise p.src.error(
+            dst_node,
+            f"{name}() transposes 16-bit elements; {dst.name} holds {dst.dtype} (load 8-bit "
+            f"tiles stored K-major with {name[: -len('_trans')]}())",
+        )
+    widths = SIXTEEN_BIT if trans else SIXTEEN_BIT + EIGHT_BIT
+    # 16 bytes a lane of each matrix: 2 elements of 16 bits, 4 of 8.
+    count = matrices * 4 // dst.dtype.nbytes if dst.dtype in widths else 2 * matrices
+    _check(p, dst_node, dst, f"the destination of {name}()", "local", count, widths)
     if src.dtype != dst.dtype:
         raise p.src.error(
             src_node,
             f"{name}() loads {src.dtype} elements of {src.name} into {dst.dtype} "
             f"register tensor {dst.name}; the types must match",
         )
-    # Each lane names one 16-byte row of 8 elements.
-    _check(p, src_node, src, f"the source row of {name}()", "shared", 8)
+    # Each lane names one 16-byte row.
+    _check(p, src_node, src, f"the source row of {name}()", "shared", 16 // src.dtype.nbytes)
     _aligned(p, src_node, src, f"the source row of {name}()", 16)
     return _effect(name, dst.var, dst.index, src.var, src.index)
 
@@ -240,6 +267,7 @@ def _cp_async_wait(p, name, args, kwargs):
 
 HANDLERS = {
     "mma_sync_m16n8k16": _mma,
+    "mma_sync_m16n8k32": _mma_int8,
     **{f"ldmatrix_x{n}{t}": _ldmatrix for n in (1, 2, 4) for t in ("", "_trans")},
     "cp_async": _cp_async,
     "cp_async_commit": _cp_async_commit,

@@ -659,6 +659,8 @@ def test_every_intrinsic_and_helper_is_exercised(modules):
     helpers |= {f"mc_cp_async_{h}{z}" for h in ("ca4", "ca8", "cg16") for z in ("", "_zfill")}
     helpers |= {"mc_mma_m16n8k16_f16", "mc_mma_m16n8k16_bf16", "mc_cp_async_wait"}
     helpers -= {"mc_pack_u16x2", "mc_unpack_u16x2", "mc_shared_address"}
+    # The 8-bit integer helpers' kernels are tests/script/test_script_mma_int8.py's.
+    helpers -= {"mc_pack_u8x4", "mc_unpack_u8x4"}
     kernels = "".join(render(m).replace(inline_includes(HEADER_PATH), "") for m in modules.values())
     for helper in sorted(helpers):
         assert re.search(rf"\b{helper}\b", kernels), helper
@@ -708,6 +710,7 @@ def test_emulator_finds_the_warp_collectives(modules, cache_dir):
     """Kernels passed as IR get fibers for mma and ldmatrix."""
     assert WARP_COLLECTIVE_INTRINSICS == {
         "mma_sync_m16n8k16",
+        "mma_sync_m16n8k32",
         *(f"ldmatrix_x{n}{s}" for n in (1, 2, 4) for s in ("", "_trans")),
     }
     kernel = modules["divergent"].function("mma_only")

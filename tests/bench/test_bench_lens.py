@@ -31,6 +31,26 @@ def test_a_matmul_case_is_estimated_by_its_template(tmp_path):
     assert predictions(str(path)) == {case.label: row.time_us}
 
 
+def test_an_int8_case_is_estimated_on_integer_tensor_cores():
+    """torch._int_mm (B a transposed [N, K], as torchao passes it) on matmul_tc's m16n8k32:
+    its roofline is the flops at twice the f16 mma rate; its reference is exact."""
+    case = matmul.case(128, 96, 256, torch.int8, "cpu")
+    a, b = case.make()
+    assert a.dtype == b.dtype == torch.int8 and b.stride() == (1, 256)
+    assert torch.equal(case.reference(a, b), torch._int_mm(a, b).long())
+    row = estimate_case(case, "h100")
+    assert not row.error and [k.template for k in row.kernels] == ["matmul_tc"]
+    useful = 2 * 128 * 96 * 256 / (2 * 660e12) * 1e6
+    bytes_bound = ((128 + 96) * 256 + 4 * 128 * 96) / 3350e9 * 1e6
+    assert row.problem_roofline_us == pytest.approx(max(useful, bytes_bound))
+    (k,) = row.kernels
+    assert k.sector_efficiency == 1.0 and k.bank_conflict_factor < 1.1 and k.spill_bytes == 0
+    assert [c.label for c in matmul.gpu_cases(dtypes=(torch.int8,))] == [
+        "16x4096x4096 int8",
+        "4096x4096x4096 int8",
+    ]
+
+
 def test_the_tensor_core_matmul_stages_its_tiles_without_bank_conflicts():
     """The cp.async stores and ldmatrix reads of matmul_tc's padded rows: two rows' chunks in
     one 8-lane phase (row-major chunk order) made this x1.41."""

@@ -162,6 +162,35 @@ def test_a_constant_operand_neither_k_nor_mn_major_is_copied_k_major():
     assert_graph_equal(after, _product_of_constant(w.contiguous()).build())
 
 
+def _int8_product_of_constant(w: torch.Tensor) -> GraphBuilder:
+    """y[i, n] = sum over k of i32(x[i, k]) * i32(w[k, n]) (an _int_mm by an int8 weight)."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 6), T.i8)
+    cw = b.constant("w", w)
+    b.output(
+        b.compute(
+            "y",
+            (2, 4),
+            lambda i, n: reduce(
+                "sum", (6,), lambda k: cast(x[i, k], T.i32) * cast(cw[k, n], T.i32)
+            ),
+        )
+    )
+    return b
+
+
+def test_an_int8_mn_major_constant_operand_is_copied_k_major():
+    """ldmatrix cannot transpose bytes: an 8-bit weight stored [K, N] row-major is copied
+    K-major (an [N, K] transposed), a K-major one kept."""
+    w = torch.randint(-128, 128, (6, 4), dtype=torch.int8)
+    g = _int8_product_of_constant(w).build()
+    after = constant_operand_layouts(g)
+    copied = after.constants["w"]
+    assert copied.stride() == (1, 6) and torch.equal(copied, w)
+    k_major = _int8_product_of_constant(w.t().contiguous().t()).build()
+    assert constant_operand_layouts(k_major) is k_major
+
+
 def test_constant_operands_read_plainly_keep_their_layout():
     k_major = _product_of_constant(torch.randn(4, 3, 5)).build()
     assert constant_operand_layouts(k_major) is k_major

@@ -320,7 +320,7 @@ def test_the_debug_log_says_why_ops_stay_apart():
     handler = logging.Handler(logging.DEBUG)
     handler.emit = lambda record: seen.append(record.getMessage())
     level = log.level
-    log.setLevel(logging.DEBUG)
+    log.setLevel(logging.DEBUG)  # setLevel, not `log.level =`: it clears the cached answers
     log.addHandler(handler)
     try:
         fuse(b.build())

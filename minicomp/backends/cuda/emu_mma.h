@@ -44,6 +44,10 @@ enum Op : unsigned {
     LDMATRIX_X1_TRANS,
     LDMATRIX_X2_TRANS,
     LDMATRIX_X4_TRANS,
+    MMA_S8S8,
+    MMA_S8U8,
+    MMA_U8S8,
+    MMA_U8U8,
     OP_END
 };
 static const char* const OP_NAMES[OP_END] = {
@@ -56,6 +60,10 @@ static const char* const OP_NAMES[OP_END] = {
     "ldmatrix.x1.trans",
     "ldmatrix.x2.trans",
     "ldmatrix.x4.trans",
+    "mma.sync.m16n8k32.s8.s8",
+    "mma.sync.m16n8k32.s8.u8",
+    "mma.sync.m16n8k32.u8.s8",
+    "mma.sync.m16n8k32.u8.u8",
 };
 static const uint64_t TAG_MAGIC = 0x6d63ull << 48;  // "mc": not a likely shuffled value
 
@@ -188,6 +196,67 @@ static inline void mma_m16n8k16(unsigned op, Compute compute, float* d, const ui
     collective(op, &in, sizeof in, d, 4 * sizeof(float), compute);
 }
 
+// ---- mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.{s8,u8}.s32 ----
+
+struct IntMmaOperands {
+    unsigned char a[16];
+    unsigned char b[8];
+    int32_t c[4];
+};
+static_assert(sizeof(IntMmaOperands) <= sizeof(Slot), "int8 mma operands fit a slot");
+
+// An 8-bit operand's value: its byte read as a signed or an unsigned integer.
+template <bool SIGNED>
+static inline uint32_t widen8(unsigned char x) {
+    return SIGNED ? (uint32_t)(int32_t)(int8_t)x : (uint32_t)x;
+}
+
+// The fragment layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k32" (.s8/.u8),
+// with g = lane >> 2 and t = lane % 4:
+//   A (16x32, row): a_i at row g + 8 * ((i >> 2) & 1), column 4t + (i & 3) + 16 * (i >> 3)
+//   B (32x8, col):  b_i at row 4t + (i & 3) + 16 * (i >> 2), column g
+//   C, D (16x8):    c_i at row g + 8 * (i >> 1), column 2t + (i & 1)
+// Integer products and sums are exact, so order does not matter; without .satfinite the
+// result is the exact c + sum of products modulo 2^32, which is what unsigned 32-bit
+// arithmetic computes (in any order) and what PyTorch's int32 matmul gives (its sums wrap).
+template <bool A_SIGNED, bool B_SIGNED>
+MC_LENS_UNINSTRUMENTED static void int_mma_compute(Slot* lanes) {
+    IntMmaOperands in[32];
+    uint32_t A[16][32], B[32][8];
+    for (unsigned l = 0; l < 32; l++) {
+        memcpy(&in[l], lanes[l].bytes, sizeof in[l]);
+        unsigned g = l >> 2, t = l & 3;
+        for (unsigned i = 0; i < 16; i++) {
+            A[g + 8 * ((i >> 2) & 1)][4 * t + (i & 3) + 16 * (i >> 3)] =
+                widen8<A_SIGNED>(in[l].a[i]);
+        }
+        for (unsigned i = 0; i < 8; i++) {
+            B[4 * t + (i & 3) + 16 * (i >> 2)][g] = widen8<B_SIGNED>(in[l].b[i]);
+        }
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        unsigned g = l >> 2, t = l & 3;
+        int32_t d[4];
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            uint32_t acc = (uint32_t)in[l].c[i];
+            for (unsigned k = 0; k < 32; k++) acc += A[row][k] * B[k][col];
+            d[i] = (int32_t)acc;  // modulo 2^32 (two's complement, defined since C++20)
+        }
+        memcpy(lanes[l].bytes, d, sizeof d);
+    }
+}
+
+static inline void mma_m16n8k32(unsigned op, Compute compute, int32_t* d, const void* a,
+                                const void* b, const int32_t* c) {
+    MC_LENS_COUNT(LENS_MMA, 1);
+    IntMmaOperands in;
+    memcpy(in.a, a, sizeof in.a);
+    memcpy(in.b, b, sizeof in.b);
+    memcpy(in.c, c, sizeof in.c);  // before d is written: d may be c
+    collective(op, &in, sizeof in, d, 4 * sizeof(int32_t), compute);
+}
+
 // ---- ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 ----
 
 // Lanes 8m..8m+7 give the addresses of rows 0..7 of matrix m (16 bytes each, 16-byte aligned);
@@ -268,6 +337,18 @@ static inline void mc_mma_m16n8k16_bf16(float* d, const uint16_t* a, const uint1
     mma_m16n8k16(MMA_BF16, mma_compute<bf16_to_f32>, d, a, b, c);
 }
 
+#define MC_EMU_MMA_M16N8K32(A, TA, B, TB, OP, A_SIGNED, B_SIGNED)                          \
+    static inline void mc_mma_m16n8k32_##A##B(int32_t* d, const TA* a, const TB* b,          \
+                                              const int32_t* c) {                            \
+        using namespace mc_emu::mma;                                                         \
+        mma_m16n8k32(OP, int_mma_compute<A_SIGNED, B_SIGNED>, d, a, b, c);                   \
+    }
+MC_EMU_MMA_M16N8K32(s8, int8_t, s8, int8_t, MMA_S8S8, true, true)
+MC_EMU_MMA_M16N8K32(s8, int8_t, u8, uint8_t, MMA_S8U8, true, false)
+MC_EMU_MMA_M16N8K32(u8, uint8_t, s8, int8_t, MMA_U8S8, false, true)
+MC_EMU_MMA_M16N8K32(u8, uint8_t, u8, uint8_t, MMA_U8U8, false, false)
+#undef MC_EMU_MMA_M16N8K32
+
 #define MC_EMU_LDMATRIX(NAME, NUM, TRANS, OP)                                     \
     static inline void mc_ldmatrix_##NAME(void* dst, const void* row) {           \
         mc_emu::mma::ldmatrix<NUM, TRANS>(mc_emu::mma::OP, dst, row);             \
@@ -279,6 +360,11 @@ MC_EMU_LDMATRIX(x1_trans, 1, true, LDMATRIX_X1_TRANS)
 MC_EMU_LDMATRIX(x2_trans, 2, true, LDMATRIX_X2_TRANS)
 MC_EMU_LDMATRIX(x4_trans, 4, true, LDMATRIX_X4_TRANS)
 #undef MC_EMU_LDMATRIX
+
+// The 8-bit forms move the same bytes (one instruction in PTX: .b16 registers unpacked).
+static inline void mc_ldmatrix_x1_b8(void* dst, const void* row) { mc_ldmatrix_x1(dst, row); }
+static inline void mc_ldmatrix_x2_b8(void* dst, const void* row) { mc_ldmatrix_x2(dst, row); }
+static inline void mc_ldmatrix_x4_b8(void* dst, const void* row) { mc_ldmatrix_x4(dst, row); }
 
 #define MC_EMU_CP_ASYNC(NAME, N)                                                            \
     static inline void mc_cp_async_##NAME(void* dst, const void* src) {                     \

@@ -9,10 +9,18 @@ call of a device function of mma.h (inline PTX, sm_80+) or, in the emulator, of 
   major), B 16x8 (column major), C and D 16x8 f32. `a`/`b` hold this lane's 8/4 elements,
   both f16 or both bf16; `c`/`d` its 4 f32 accumulators (`d` may be `c`). PTX
   `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`.
+- `mma_sync_m16n8k32(d, di, a, ai, b, bi, c, ci)`: the same for 8-bit integers, A 16x32 (row
+  major), B 32x8 (column major), C and D 16x8 s32. `a`/`b` hold this lane's 16/8 elements, each
+  operand i8 or u8 (any of the four pairs); `c`/`d` its 4 i32 accumulators. PTX
+  `mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.{s8,u8}.s32`, without .satfinite: the sums
+  wrap modulo 2^32 as eager's int32 arithmetic does.
 - `ldmatrix_x1|x2|x4[_trans](dst, di, src, si)`: loads 1, 2 or 4 8x8 matrices of 16-bit
   elements from shared memory; `src[si]` is the 16-byte row this lane names (lanes 8m..8m+7
   give rows 0..7 of matrix m, 16-byte aligned), `dst` receives 2 elements a matrix. PTX
-  `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16`.
+  `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16`. Without .trans the elements may
+  be 8-bit (i8, u8): a row is then 16 of them and `dst` receives 4 consecutive ones a matrix
+  (lane l: row l / 4, columns 4 * (l % 4) + 0..3), the A and B fragments of m16n8k32 as they
+  come from K-major tiles. .trans moves 16-bit elements only: it cannot transpose bytes.
 - `cp_async_4|8|16(dst, di, src, si[, src_bytes])`: copies 4, 8 or 16 bytes from global
   `src[si]` to shared `dst[di]` asynchronously (.ca for 4 and 8 bytes, .cg for 16), both
   aligned to the size; with `src_bytes`, only that many are read and the rest is zero-filled.
@@ -32,6 +40,17 @@ t = lane % 4 (`mma_fragment` below computes them):
 So `ldmatrix_x4` over the A tile's quadrants (rows 0-7/8-15 at column 0, then at column 8:
 lane l names row l % 16, column 8 * (l // 16)) yields a0..a7, and `ldmatrix_x2_trans` over a
 row-major 16x8 B tile (lane l names row l % 16) yields b0..b3.
+
+m16n8k32 with 8-bit integers ("Matrix Fragments for mma.m16n8k32", the .s8/.u8 tables; four
+elements a .b32 register, the lower index in the low byte):
+
+    A a_i (i < 16): row g + 8 * ((i >> 2) & 1), column 4t + (i & 3) + 16 * (i >> 3)
+    B b_i (i < 8):  row 4t + (i & 3) + 16 * (i >> 2), column g
+    C/D c_i (i < 4): as for m16n8k16 (s32)
+
+So the same addresses give them from K-major tiles of bytes: `ldmatrix_x4` over the A tile
+(lane l names row l % 16, column 16 * (l // 16)) yields a0..a15, and `ldmatrix_x2` over the B
+tile stored as rows of N (lane l names row l % 8, column 16 * (l // 8 % 2)) yields b0..b7.
 """
 
 from __future__ import annotations
@@ -39,7 +58,7 @@ from __future__ import annotations
 import os
 
 from minicomp.ir import expr as E
-from minicomp.ir.types import DataType, PointerType, bf16, f16, f32, i32
+from minicomp.ir.types import DataType, PointerType, bf16, f16, f32, i8, i32, u8
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 HEADER_PATH = os.path.join(_DIR, "mma.h")
@@ -50,7 +69,7 @@ _LDMATRIX = {
     for num in (1, 2, 4)
     for suffix, trans in (("", False), ("_trans", True))
 }
-WARP_COLLECTIVE_INTRINSICS = frozenset(("mma_sync_m16n8k16", *_LDMATRIX))
+WARP_COLLECTIVE_INTRINSICS = frozenset(("mma_sync_m16n8k16", "mma_sync_m16n8k32", *_LDMATRIX))
 """The intrinsics every lane of a warp must reach together (the emulator runs them on fibers)."""
 ASYNC_COPY_BYTES = {4: "ca4", 8: "ca8", 16: "cg16"}
 MMA_INTRINSICS = WARP_COLLECTIVE_INTRINSICS | frozenset(
@@ -63,19 +82,31 @@ MMA_INTRINSICS = WARP_COLLECTIVE_INTRINSICS | frozenset(
 )
 """Every intrinsic this module renders."""
 _SIXTEEN_BIT = ("f16", "bf16", "i16", "u16")
+_EIGHT_BIT = ("i8", "u8")
+# The PTX type of each 8-bit integer operand of m16n8k32.
+_INT8_MMA = {i8: "s8", u8: "u8"}
 
 
-def mma_fragment(operand: str, lane: int, i: int) -> tuple[int, int]:
-    """The (row, column) of element `i` that `lane` holds of mma.m16n8k16 operand "a", "b" or
-    "c" (C and D share a layout), per the PTX ISA's fragment tables."""
+def mma_fragment(operand: str, lane: int, i: int, shape: str = "m16n8k16") -> tuple[int, int]:
+    """The (row, column) of element `i` that `lane` holds of operand "a", "b" or "c" (C and D
+    share a layout) of mma `shape` ("m16n8k16": f16/bf16; "m16n8k32": 8-bit integers), per
+    the PTX ISA's fragment tables."""
     g, t = lane >> 2, lane % 4
-    if operand == "a" and 0 <= i < 8:
-        return g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)
-    if operand == "b" and 0 <= i < 4:
-        return 2 * t + (i & 1) + 8 * (i >> 1), g
     if operand == "c" and 0 <= i < 4:
         return g + 8 * (i >> 1), 2 * t + (i & 1)
-    raise ValueError(f"mma.m16n8k16 has no element {i} of operand {operand!r}")
+    if shape == "m16n8k16":
+        if operand == "a" and 0 <= i < 8:
+            return g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)
+        if operand == "b" and 0 <= i < 4:
+            return 2 * t + (i & 1) + 8 * (i >> 1), g
+    elif shape == "m16n8k32":
+        if operand == "a" and 0 <= i < 16:
+            return g + 8 * ((i >> 2) & 1), 4 * t + (i & 3) + 16 * (i >> 3)
+        if operand == "b" and 0 <= i < 8:
+            return 4 * t + (i & 3) + 16 * (i >> 2), g
+    else:
+        raise ValueError(f"no mma shape {shape!r}")
+    raise ValueError(f"mma.{shape} has no element {i} of operand {operand!r}")
 
 
 class MmaIntrinsics:
@@ -113,19 +144,41 @@ class MmaIntrinsics:
         )
         return f"mc_mma_m16n8k16_{kind.short}({operands})"
 
+    def intrinsic_mma_sync_m16n8k32(self, e: E.Call) -> str:
+        if len(e.args) != 8:
+            raise ValueError(f"mma_sync_m16n8k32 takes (d, di, a, ai, b, bi, c, ci): {e}")
+        d, di, a, ai, b, bi, c, ci = e.args
+        kinds = self._elem(a), self._elem(b)
+        if not all(k in _INT8_MMA for k in kinds):
+            raise ValueError(
+                f"mma_sync_m16n8k32 multiplies 8-bit integers (i8, u8), not {kinds[0]} by "
+                f"{kinds[1]}"
+            )
+        if self._elem(c) != i32 or self._elem(d) != i32:
+            raise ValueError(f"mma_sync_m16n8k32 accumulates in i32 arrays: {e}")
+        operands = ", ".join(
+            self._element(buf, index, f"the {name} of mma_sync_m16n8k32")
+            for name, buf, index in (("d", d, di), ("a", a, ai), ("b", b, bi), ("c", c, ci))
+        )
+        return f"mc_mma_m16n8k32_{_INT8_MMA[kinds[0]]}{_INT8_MMA[kinds[1]]}({operands})"
+
     def _ldmatrix(self, e: E.Call) -> str:
         if len(e.args) != 4:
             raise ValueError(f"{e.name} takes (dst, di, src, si): {e}")
         dst, di, src, si = e.args
+        widths = _SIXTEEN_BIT if e.name.endswith("_trans") else _SIXTEEN_BIT + _EIGHT_BIT
         for buf in (dst, src):
             elem = self._elem(buf)
-            if elem is None or elem.short not in _SIXTEEN_BIT:
-                raise ValueError(f"{e.name} moves 16-bit elements, not {elem}: {e}")
+            if elem is None or elem.short not in widths:
+                what = "16-bit" if widths is _SIXTEEN_BIT else "16-bit or 8-bit integer"
+                raise ValueError(f"{e.name} moves {what} elements, not {elem}: {e}")
         if self._elem(dst) != self._elem(src):
             raise ValueError(f"{e.name} from {self._elem(src)} to {self._elem(dst)}: {e}")
         target = self._element(dst, di, f"the destination of {e.name}")
         row = self._element(src, si, f"the source of {e.name}", space="shared")
-        return f"mc_{e.name}({target}, {row})"
+        # 8-bit elements: the same instruction, its registers unpacked into bytes.
+        suffix = "_b8" if self._elem(dst).short in _EIGHT_BIT else ""
+        return f"mc_{e.name}{suffix}({target}, {row})"
 
     def _cp_async(self, e: E.Call, nbytes: int) -> str:
         if len(e.args) not in (4, 5):

@@ -1,13 +1,14 @@
 /* minicomp CUDA tensor-core and async-copy helpers: the device functions behind the kernel-IR
-   intrinsics mma_sync_m16n8k16, ldmatrix_x{1,2,4}[_trans] and cp_async_* (rendered by
+   intrinsics mma_sync_m16n8k16, mma_sync_m16n8k32, ldmatrix_x{1,2,4}[_trans] and cp_async_* (rendered by
    intrinsics_mma.py). Generated sources carry this text after device.h. On the GPU each helper
    is one PTX instruction in inline asm, for sm_80 and newer only (an older architecture gets
    no definition, so a kernel using one fails to compile, naming it). Under the emulator
    (MC_EMULATE) emu_mma.h defines the same names on the host, with the same meaning.
 
    Operands are C arrays, never packed registers: fragments are uint16_t bit patterns (f16 or
-   bf16) and floats, packed into the .b32 registers PTX wants here, two halves a register,
-   the lower index in the low 16 bits ("elements low to high" in the PTX ISA's tables). Packing
+   bf16), bytes (8-bit integers), floats and int32s, packed into the .b32 registers PTX wants
+   here, two halves or four bytes a register, the lower index in the low bits ("elements low
+   to high" in the PTX ISA's tables). Packing
    element by element keeps any index valid (no 4-byte alignment needed) and lets the compiler
    keep a register array with constant indices in registers. */
 #ifndef MINICOMP_MMA_H
@@ -22,6 +23,19 @@ MC_DEVICE uint32_t mc_pack_u16x2(const uint16_t* p) {
 MC_DEVICE void mc_unpack_u16x2(void* dst, uint32_t r) {
     ((uint16_t*)dst)[0] = (uint16_t)(r & 0xffffu);
     ((uint16_t*)dst)[1] = (uint16_t)(r >> 16);
+}
+
+MC_DEVICE uint32_t mc_pack_u8x4(const void* p) {
+    const uint8_t* b = (const uint8_t*)p;
+    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+}
+
+MC_DEVICE void mc_unpack_u8x4(void* dst, uint32_t r) {
+    uint8_t* b = (uint8_t*)dst;
+    b[0] = (uint8_t)(r & 0xffu);
+    b[1] = (uint8_t)((r >> 8) & 0xffu);
+    b[2] = (uint8_t)((r >> 16) & 0xffu);
+    b[3] = (uint8_t)(r >> 24);
 }
 
 /* The .shared address of a generic pointer into shared memory. */
@@ -52,6 +66,31 @@ MC_DEVICE uint32_t mc_shared_address(const void* p) {
 MC_MMA_M16N8K16(f16)
 MC_MMA_M16N8K16(bf16)
 #undef MC_MMA_M16N8K16
+
+/* ---- mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.{s8,u8}.s32: D = A * B + C ----
+   a: this lane's 16 A bytes (a0..a15), b: its 8 B bytes (b0..b7), c and d: its 4 int32
+   accumulators; d may be c. No .satfinite: sums wrap modulo 2^32, as PyTorch's int32 does. */
+#define MC_MMA_M16N8K32(A, TA, B, TB)                                                        \
+    MC_DEVICE void mc_mma_m16n8k32_##A##B(int32_t* d, const TA* a, const TB* b,              \
+                                          const int32_t* c) {                                \
+        int32_t d0, d1, d2, d3;                                                              \
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." #A "." #B ".s32 "              \
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" \
+                     : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)                                \
+                     : "r"(mc_pack_u8x4(a)), "r"(mc_pack_u8x4(a + 4)),                       \
+                       "r"(mc_pack_u8x4(a + 8)), "r"(mc_pack_u8x4(a + 12)),                  \
+                       "r"(mc_pack_u8x4(b)), "r"(mc_pack_u8x4(b + 4)), "r"(c[0]), "r"(c[1]), \
+                       "r"(c[2]), "r"(c[3]));                                                \
+        d[0] = d0;                                                                           \
+        d[1] = d1;                                                                           \
+        d[2] = d2;                                                                           \
+        d[3] = d3;                                                                           \
+    }
+MC_MMA_M16N8K32(s8, int8_t, s8, int8_t)
+MC_MMA_M16N8K32(s8, int8_t, u8, uint8_t)
+MC_MMA_M16N8K32(u8, uint8_t, s8, int8_t)
+MC_MMA_M16N8K32(u8, uint8_t, u8, uint8_t)
+#undef MC_MMA_M16N8K32
 
 /* ---- ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 ----
    `row` is the address this lane gives (the start of a 16-byte matrix row: lanes 8i..8i+7 name
@@ -113,6 +152,21 @@ MC_DEVICE void mc_ldmatrix_x4_trans(void* dst, const void* row) {
     mc_unpack_u16x2((uint16_t*)dst + 4, r2);
     mc_unpack_u16x2((uint16_t*)dst + 6, r3);
 }
+
+/* The same loads into 8-bit elements (the _b8 forms, no .trans): dst receives 4 bytes a
+   matrix, register by register, byte by byte (a byte array has no alignment to rely on). */
+#define MC_LDMATRIX_B8(NAME, REGS)                                                         \
+    MC_DEVICE void mc_ldmatrix_##NAME##_b8(void* dst, const void* row) {                   \
+        uint32_t r[4];                                                                     \
+        uint16_t halves[8];                                                                \
+        mc_ldmatrix_##NAME(halves, row);                                                   \
+        for (int i = 0; i < REGS; i++) r[i] = mc_pack_u16x2(halves + 2 * i);              \
+        for (int i = 0; i < REGS; i++) mc_unpack_u8x4((uint8_t*)dst + 4 * i, r[i]);        \
+    }
+MC_LDMATRIX_B8(x1, 1)
+MC_LDMATRIX_B8(x2, 2)
+MC_LDMATRIX_B8(x4, 4)
+#undef MC_LDMATRIX_B8
 
 /* ---- cp.async: global -> shared copies, completed by commit/wait groups ----
    16 bytes bypass L1 (.cg); 4 and 8 bytes can only be .ca. The _zfill forms copy the first

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 # What the CUDA helpers (mma.h) compile to: a kernel calling the helper must contain the opcode.
 INTRINSIC_OPCODES = {
     "mc_mma_m16n8k16_": "HMMA",
+    "mc_mma_m16n8k32_": "IMMA",
     "mc_ldmatrix_": "LDSM",
     "mc_cp_async_ca": "LDGSTS",
     "mc_cp_async_cg": "LDGSTS",

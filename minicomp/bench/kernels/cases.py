@@ -28,8 +28,13 @@ from minicomp.dynamo.backend import recording
 from minicomp.ir.graph import ExternOp
 from minicomp.targets import get_target
 
-DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-SHORT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.int8: "int8",
+}
+SHORT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Squares from 1024 to 8192, and the products of a 7B LLM's layers (4096 x 11008 up/gate,
 11008 x 4096 down, 4096 x 4096 attention) at 1, 16, 128 and 4096 tokens: decode-sized ones
-have few output tiles over a long K, which minicomp splits along K.
+have few output tiles over a long K, which minicomp splits along K. int8 cases are
+`torch._int_mm` (int8 x int8 -> int32, cuBLAS's int8 GEMM) with B the transposed view of an
+[N, K] weight, as torchao's dynamic quantization passes it; only when int8 is asked for.
 """
 
 from __future__ import annotations
@@ -14,17 +16,23 @@ from minicomp.bench.kernels.cases import DTYPE_NAMES, Case
 SQUARE = (1024, 2048, 4096, 8192)
 LLM_NK = ((11008, 4096), (4096, 11008), (4096, 4096))
 LLM_TOKENS = (1, 16, 128, 4096)
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2, torch.int8: 0.0}
 
 
 def case(m: int, n: int, k: int, dtype: torch.dtype, device: str, **kw) -> Case:
-    """The product of an (m, k) and a (k, n) matrix of random `dtype` numbers."""
+    """The product of an (m, k) and a (k, n) matrix of random `dtype` numbers (int8: random
+    bytes, B K-major, the int32 product exact)."""
 
     def make() -> tuple:
+        if dtype == torch.int8:
+            a = torch.randint(-128, 128, (m, k), device=device, dtype=dtype)
+            return a, torch.randint(-128, 128, (n, k), device=device, dtype=dtype).t()
         a = torch.randn(m, k, device=device, dtype=dtype)
         return a, torch.randn(k, n, device=device, dtype=dtype)
 
     def reference(a, b):
+        if dtype == torch.int8:
+            return a.long() @ b.long()  # |sums| < 2^31 for k < 2^17: no wrap-around
         return (a.double() @ b.double()).float()
 
     name = DTYPE_NAMES[dtype]
@@ -33,11 +41,11 @@ def case(m: int, n: int, k: int, dtype: torch.dtype, device: str, **kw) -> Case:
         family="matmul",
         label=f"{m}x{n}x{k} {name}",
         fields={"m": m, "n": n, "k": k, "dtype": name},
-        fn=torch.matmul,
+        fn=torch._int_mm if dtype == torch.int8 else torch.matmul,
         make=make,
         reference=reference,
         flops=2.0 * m * n * k,
-        min_bytes=float((m * k + k * n + m * n) * size),
+        min_bytes=float((m * k + k * n) * size + m * n * (4 if dtype == torch.int8 else size)),
         tolerance=TOLERANCE[dtype],
         **kw,
     )
@@ -48,8 +56,8 @@ def gpu_cases(
 ) -> list[Case]:
     """The staged run's products, most telling first: tier 1 a square and the LLM's
     prefill and decode products in f16, tier 2 the other squares and LLM shapes, tier 3 the
-    rest of bf16 and f32."""
-    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    rest of bf16 and f32; int8 (torch._int_mm) at a decode and a square LLM shape, tier 2."""
+    f16, bf16, f32, i8 = torch.float16, torch.bfloat16, torch.float32, torch.int8
     plan = [
         (4096, 4096, 4096, f16, 1, True),
         (4096, 11008, 4096, f16, 1, True),
@@ -60,6 +68,8 @@ def gpu_cases(
         *[(t, n, k, f16, 2, False) for t in LLM_TOKENS for n, k in LLM_NK],
         *[(s, s, s, d, 3, False) for d in (bf16, f32) for s in SQUARE if s != 4096],
         *[(t, n, k, bf16, 3, False) for t in LLM_TOKENS for n, k in LLM_NK],
+        (16, 4096, 4096, i8, 2, False),
+        (4096, 4096, 4096, i8, 2, False),
     ]
     out, seen = [], set()
     for m, n, k, dtype, tier, inductor in plan:

@@ -1,8 +1,10 @@
 """Matrix products as compute ops on the CUDA targets, so that templates can take them whole.
 
-The importer leaves `mm`, `bmm`, `addmm` and `baddbmm` as ATen calls, which is what the cpu
-target keeps (ATen's GEMM beats a generated loop nest there). On CUDA this pass rewrites each
-into a compute op, a sum over K of a product, in the accumulator type (f32 for f16 and bf16):
+The importer leaves `mm`, `bmm`, `addmm`, `baddbmm` and `_int_mm` as ATen calls, which is
+what the cpu target keeps (ATen's GEMM beats a generated loop nest there). On CUDA this pass
+rewrites each into a compute op, a sum over K of a product, in the accumulator type (f32 for
+f16 and bf16; i32 for `_int_mm`'s 8-bit integers, i8 or u8, whose i32 sums wrap modulo 2^32
+as eager's do):
 
     mm[i, j] = cast(sum_k cast(a[i, k], acc) * cast(b[k, j], acc), out)
 
@@ -79,8 +81,11 @@ _PRODUCTS = {
     aten.bmm.default: ("bmm", False),
     aten.addmm.default: ("mm", True),
     aten.baddbmm.default: ("bmm", True),
+    aten._int_mm.default: ("mm", False),
 }
 _ACCUMULATORS = {T.f16: T.f32, T.bf16: T.f32, T.f32: T.f32, T.f64: T.f64}
+# _int_mm's operand types (either operand either one); it sums in i32.
+_INT_MM_OPERANDS = (T.i8, T.u8)
 # The most kernel taps a single-channel (depthwise) convolution sums unrolled: 7x7.
 MAX_TAPS = 49
 
@@ -121,9 +126,14 @@ def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
     a, b = op.inputs[a_ref.index], op.inputs[b_ref.index]
     out = op.outputs[0]
     dt = out.dtype
-    acc = _ACCUMULATORS.get(dt)
-    if acc is None or a.dtype != dt or b.dtype != dt:
-        return None
+    if op.target is aten._int_mm.default:
+        acc = T.i32
+        if dt != acc or a.dtype not in _INT_MM_OPERANDS or b.dtype not in _INT_MM_OPERANDS:
+            return None
+    else:
+        acc = _ACCUMULATORS.get(dt)
+        if acc is None or a.dtype != dt or b.dtype != dt:
+            return None
     ta, tb = (TensorInput(v.name, v.shape, v.dtype) for v in (a, b))
     k_extent = a.shape[-1]
 

@@ -115,6 +115,10 @@ def aten_rewrite(problem: MatmulProblem, names: set[str]) -> AtenRewrite | None:
     to, `names`."""
     c: Contraction = problem.contraction
     op = problem.op
+    if not c.acc_dtype.is_float:
+        # An integer product (_int_mm's): cuBLAS has no int32 mm, and its _int_mm takes s8
+        # operands only, with sizes and layouts of its own; the template computes these.
+        return None
     va = _operand_view(c.a, c.m, c, op, problem.layouts, rows_first=True)
     vb = _operand_view(c.b, c.n, c, op, problem.layouts, rows_first=False)
     if va is None or vb is None:

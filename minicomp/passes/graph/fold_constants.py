@@ -208,7 +208,9 @@ def constant_operand_layouts(graph: Graph) -> Graph:
     implicit GEMM's K = (c, r, s). A channels-last convolution weight (OHWI) is neither, and
     is copied here once, at compile time. A plain MN-major weight (GPT-2's Conv1D) is left as
     it is: the tensor-core template stages both orientations through cp.async (ldmatrix or
-    ldmatrix.trans), and a copy would double the weight's memory for no measured gain.
+    ldmatrix.trans), and a copy would double the weight's memory for no measured gain. An
+    8-bit one (an int8 weight of _int_mm) is copied K-major, though: ldmatrix cannot
+    transpose bytes, and the template reads an MN-major 8-bit tile element by element.
     """
     import torch
 
@@ -219,7 +221,10 @@ def constant_operand_layouts(graph: Graph) -> Graph:
             continue
         for operand, side, k_axes in _product_operands(n):
             t = constants.get(operand.tensor.name)
-            if t is None or _is_plain(operand, t.stride(), side, k_axes):
+            if t is None:
+                continue
+            k_major = t.dtype in (torch.int8, torch.uint8)  # see the docstring
+            if _is_plain(operand, t.stride(), side, k_axes, k_major=k_major):
                 continue
             strides = _k_major_strides(operand, t.shape, side, k_axes)
             if strides is None:
@@ -258,10 +263,12 @@ def _strip_casts(e: Expr) -> Expr:
     return e
 
 
-def _is_plain(el: TensorElement, strides, side: list[Var], k_axes: list[Var]) -> bool:
+def _is_plain(
+    el: TensorElement, strides, side: list[Var], k_axes: list[Var], *, k_major: bool = False
+) -> bool:
     """Whether the element offsets along the side's axes and along K each form one strided
     run (each axis' stride its inner neighbour's times that one's extent), one of them with
-    unit stride."""
+    unit stride (K's, when `k_major`)."""
     along = {v: (s, x) for v, s, x in zip(el.indices, strides, el.tensor.shape)}
     runs = []
     for axes in (side, k_axes):
@@ -270,7 +277,7 @@ def _is_plain(el: TensorElement, strides, side: list[Var], k_axes: list[Var]) ->
             if s_outer != s_inner * x_inner:
                 return False
         runs.append(kept[-1][0] if kept else 1)
-    return 1 in runs
+    return runs[1] == 1 if k_major else 1 in runs
 
 
 def _k_major_strides(el: TensorElement, shape, side: list[Var], k_axes: list[Var]):

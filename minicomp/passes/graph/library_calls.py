@@ -1,11 +1,12 @@
 """ATen calls the cpu target leaves to a vendor library on purpose say so, not "no lowering".
 
-The importer has no lowering for matrix products and convolutions: the CUDA targets compute
-them with templates (anchors.py rewrites them there), while on the cpu target ATen's BLAS GEMM
-(MKL or OpenBLAS) and oneDNN's convolution beat a generated loop nest, so they stay ATen
-calls. Those calls carried the importer's reason, "no lowering", which reads as a gap in the
-compiler; this pass gives them the reason they really have, `ATen by design on cpu: <library>`,
-which `minicomp explain` groups apart from the ops minicomp cannot compute.
+The importer has no lowering for matrix products (`_int_mm`'s int8 one too) and convolutions:
+the CUDA targets compute them with templates (anchors.py rewrites them there), while on the
+cpu target ATen's BLAS GEMM (MKL or OpenBLAS), its int8 GEMM and oneDNN's convolution beat a
+generated loop nest, so they stay ATen calls. Those calls carried the importer's reason, "no
+lowering", which reads as a gap in the compiler; this pass gives them the reason they really
+have, `ATen by design on cpu: <library>`, which `minicomp explain` groups apart from the ops
+minicomp cannot compute.
 
 It runs first among the cpu target's passes, so the reasons later passes build on (a folded
 batch norm, products fused horizontally) start from it.
@@ -29,6 +30,7 @@ CPU_LIBRARIES = {
     aten.addmm.default: "BLAS GEMM",
     aten.bmm.default: "BLAS batched GEMM",
     aten.baddbmm.default: "BLAS batched GEMM",
+    aten._int_mm.default: "int8 GEMM",
     aten.convolution.default: "convolution (oneDNN)",
     aten._scaled_dot_product_flash_attention_for_cpu.default: "fused attention (flash, for CPU)",
 }

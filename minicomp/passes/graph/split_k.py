@@ -94,8 +94,8 @@ from dataclasses import dataclass
 
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir.compute import Compute, Reduce, TensorInput
-from minicomp.ir.contraction import product_sides
-from minicomp.ir.expr import Cast, Expr, Var, const, minimum, prod, select
+from minicomp.ir.contraction import is_widening, product_sides
+from minicomp.ir.expr import Expr, Var, const, minimum, prod, select
 from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import f32, i64
@@ -360,7 +360,8 @@ def _split_op(op: ComputeOp, names: set[str], sms: int) -> list[ComputeOp] | Non
 
 
 def _guarded(e: Expr, inside: Expr) -> Expr:
-    """`e` where `inside` holds, else 0, selected inside any float-widening casts of `e`."""
-    if isinstance(e, Cast) and e.a.dtype.is_float and e.a.dtype.nbytes <= e.dtype.nbytes:
+    """`e` where `inside` holds, else 0, selected inside any widening casts of `e`
+    (contraction.is_widening: f16 -> f32, i8 -> i32)."""
+    if is_widening(e):
         return e.replace(a=_guarded(e.a, inside))
     return select(inside, e, const(0, e.dtype))

@@ -37,8 +37,9 @@ Chooser = Callable[..., Any]
 
 
 def select_template(problem: MatmulProblem, options: Options | None = None):
-    """The template computing `problem`: tensor cores for f16/bf16 operands when the
-    `tensor_cores` option allows them, else the SIMT template."""
+    """The template computing `problem`: tensor cores for f16/bf16 operands (and 8-bit
+    integers summed in i32) when the `tensor_cores` option allows them, else the SIMT
+    template."""
     allow_tc = options.tensor_cores if options is not None else True
     if allow_tc and matmul_tc.TEMPLATE.applies(problem):
         return matmul_tc.TEMPLATE

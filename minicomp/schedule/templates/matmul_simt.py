@@ -1,4 +1,4 @@
-"""A register-tiled SIMT matmul template (f32 or f64 accumulation, CUDA cores).
+"""A register-tiled SIMT matmul template (f32, f64 or i32 accumulation, CUDA cores).
 
 A block computes a BM x BN tile of C (one batch at a time, batches along gridDim.z), stepping
 over K by BK. Each step the block's threads cooperatively load the A tile (BM x BK) and the B
@@ -28,6 +28,7 @@ import itertools
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.arch import PORTABLE
+from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Select
 from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
@@ -54,7 +55,7 @@ from minicomp.script.lang import (
     threadIdx,
     unroll,
 )
-from minicomp.script.types import i64
+from minicomp.script.types import i64, u32
 
 # Static shared memory a block may have (without opting in; every GPU of the table).
 MAX_SHARED = PORTABLE.shared_per_block
@@ -230,6 +231,11 @@ def _kernel(problem: MatmulProblem, cfg: SimtConfig, a: RegisterCopy, b: Registe
     each thread's TM x TN outer products, the epilogue (see the module doc)."""
     BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
     dt = problem.acc_dtype
+    # i32 products (8-bit integers: _int_mm) multiply and sum in u32: unsigned arithmetic
+    # wraps modulo 2^32 by C's definition, as eager's int32 does, where a signed overflow is
+    # undefined behaviour. The epilogue gets the sum back as i32, the same bits.
+    WRAP = dt == T.i32
+    sum_dt = T.u32 if WRAP else dt
     V = _vector(problem)
     VM, VN = min(V, TM), min(V, TN)
     TX, TY = BN // TN, BM // TM
@@ -260,12 +266,12 @@ def _kernel(problem: MatmulProblem, cfg: SimtConfig, a: RegisterCopy, b: Registe
         b_r = register_tensor(dt, B_REGS)
         a_f = register_tensor(dt, (TM,))
         b_f = register_tensor(dt, (TN,))
-        acc = register_tensor(dt, (TM, TN))
+        acc = register_tensor(sum_dt, (TM, TN))
         bz = i64(blockIdx.z)
         while bz < B:
             for i in unroll(range(TM)):
                 for j in unroll(range(TN)):
-                    acc[i, j] = 0.0
+                    acc[i, j] = 0
             # Registers <- tile 0.
             load_a(a_r, bz, m0, 0)
             load_b(b_r, bz, n0, 0)
@@ -285,7 +291,10 @@ def _kernel(problem: MatmulProblem, cfg: SimtConfig, a: RegisterCopy, b: Registe
                         b_f[j] = b_s[buf, kk, j // VN * SN + tx * VN + j % VN]
                     for i in unroll(range(TM)):
                         for j in unroll(range(TN)):
-                            acc[i, j] += a_f[i] * b_f[j]
+                            if WRAP:
+                                acc[i, j] += u32(a_f[i]) * u32(b_f[j])
+                            else:
+                                acc[i, j] += a_f[i] * b_f[j]
             for i in unroll(range(TM)):
                 for j in unroll(range(TN)):
                     m = m0 + i // VM * SM + ty * VM + i % VM

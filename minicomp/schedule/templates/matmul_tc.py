@@ -1,8 +1,9 @@
-"""A tensor-core matmul template: f16 or bf16 operands, f32 accumulation, mma.sync m16n8k16.
+"""A tensor-core matmul template: f16 or bf16 operands summed in f32 by mma.sync m16n8k16, or
+8-bit integers (i8, u8: _int_mm's) summed in i32 by mma.sync m16n8k32.
 
 A block computes a BM x BN tile of C (one batch at a time, batches along gridDim.z) with
 (BM / WM) x (BN / WN) warps, each owning a WM x WN part as (WM / 16) x (WN / 8) mma tiles of
-f32 accumulators in registers. K advances by BK through STAGES shared buffers: the copy of
+accumulators in registers. K advances by BK through STAGES shared buffers: the copy of
 step t + STAGES - 1 is in flight while step t computes (one cp.async commit group a step, so
 waiting until STAGES - 2 groups are pending leaves step t in shared memory):
 
@@ -16,12 +17,15 @@ waiting until STAGES - 2 groups are pending leaves step t in shared memory):
 Each operand is staged in the layout its memory has: "k" (rows of M / N, each a run of BK
 elements of K) or "mn" (rows of K); the fragments come from either with ldmatrix, or its
 .trans variant. Rows are padded by 16 bytes, which keeps them 16-byte aligned and spreads the
-eight rows an ldmatrix reads over all banks. An operand reaches shared memory one of two
-ways:
+eight rows an ldmatrix reads over all banks. ldmatrix.trans cannot transpose bytes: an 8-bit
+operand staged "mn" (a [K, N] row-major B) is read into its fragments element by element, 24
+shared loads a lane for each m16n8k32 of a 16 x 8 tile where "k" takes one ldmatrix (a
+constant weight is copied K-major at compile time instead: constant_operand_layouts). An
+operand reaches shared memory one of three ways:
 
 - async: a plain strided read of an input (problem.PlainOperand): 16-byte cp.async copies,
   zero-filled past the matrix's edge. They need 16-byte aligned sources: the leading stride
-  a multiple of 8 elements (checked at compile time when static) and the batch's base address
+  a multiple of 16 bytes (checked at compile time when static) and the batch's base address
   aligned, checked at run time once per batch (a uniform flag); where it fails, the block
   loads the same elements synchronously through the prologue macro.
 - gather: a read whose chunks of 8 k are 16-byte runs of an input, or zero
@@ -29,7 +33,7 @@ ways:
   a chunk from an offset computed for it, zero-filled outside the window (and past the run's
   limit, where it has one: passes/graph/small_channels.py); element by element through the
   prologue macro where the buffer's base is not 16-byte aligned.
-- regs: anything else (a fused prologue, or a leading stride that is not a multiple of 8): the
+- regs: anything else (a fused prologue, or a leading stride of no whole chunks): the
   prologue macro loads the step's elements into registers before the mma's, and they are
   stored to shared memory after them, in the operand's narrow type.
 
@@ -108,6 +112,7 @@ from minicomp.script.lang import (
     ldmatrix_x4_trans,
     macro,
     mma_sync_m16n8k16,
+    mma_sync_m16n8k32,
     register_tensor,
     shared_tensor,
     store_vec,
@@ -116,7 +121,7 @@ from minicomp.script.lang import (
     threadIdx,
     unroll,
 )
-from minicomp.script.mma import MMA_TYPES
+from minicomp.script.mma import INT8_MMA_TYPES, MMA_TYPES
 from minicomp.script.types import f32, i32, i64
 from minicomp.script.values import TensorRef
 
@@ -160,6 +165,32 @@ class TcConfig(BlockTile, WarpTiled):
 
 
 @dataclass(frozen=True)
+class Mma:
+    """The mma.sync instruction of a problem's operand types: K of one instruction, the
+    operands' bytes an element, the accumulator type, each lane's A and B elements."""
+
+    k: int
+    elem_bytes: int
+    acc: T.DataType
+    a_elems: int
+    b_elems: int
+
+    @property
+    def chunk(self) -> int:
+        """Operand elements in a 16-byte chunk (a cp.async, an ldmatrix row, a row's pad)."""
+        return tiles.chunk_elems(self.elem_bytes)
+
+
+HALF_MMA = Mma(16, 2, T.f32, 8, 4)  # m16n8k16, f16 or bf16
+INT8_MMA = Mma(32, 1, T.i32, 16, 8)  # m16n8k32, i8 or u8
+
+
+def mma_of(problem: MatmulProblem) -> Mma:
+    """The instruction computing `problem` (which `applies`)."""
+    return INT8_MMA if problem.acc_dtype == T.i32 else HALF_MMA
+
+
+@dataclass(frozen=True)
 class _Operand:
     """How one operand reaches shared memory: mode "async" or "regs", and its layout."""
 
@@ -170,7 +201,7 @@ class _Operand:
 def _operand(problem: MatmulProblem, side: str) -> _Operand:
     plain = problem.plain_a if side == "a" else problem.plain_b
     major = problem.a_major if side == "a" else problem.b_major
-    if plain is not None and plain.ld_multiple_of(tiles.CHUNK) is not False:
+    if plain is not None and plain.ld_multiple_of(mma_of(problem).chunk) is not False:
         return _Operand("async", plain.contiguous)
     if (problem.gather_a if side == "a" else problem.gather_b) is not None:
         return _Operand("gather", "k")
@@ -186,21 +217,23 @@ def staging_pad(wn: int) -> int:
     return next(p for p in range(0, 32, 2) if (wn + p) % 32 in (8, 24))
 
 
-def _tile_elems(rows: int, bk: int, layout: str) -> int:
-    """Shared elements of one stage of an operand tile of `rows` x bk."""
-    return rows * (bk + tiles.PAD) if layout == "k" else bk * (rows + tiles.PAD)
+def _tile_elems(rows: int, bk: int, layout: str, pad: int) -> int:
+    """Shared elements of one stage of an operand tile of `rows` x bk, rows padded by `pad`."""
+    return rows * (bk + pad) if layout == "k" else bk * (rows + pad)
 
 
 def shared_bytes(problem: MatmulProblem, cfg: TcConfig) -> int:
-    a, b = _operand(problem, "a"), _operand(problem, "b")
-    elems = _tile_elems(cfg.bm, cfg.bk, a.layout) + _tile_elems(cfg.bn, cfg.bk, b.layout)
+    a, b, mma = _operand(problem, "a"), _operand(problem, "b"), mma_of(problem)
+    elems = _tile_elems(cfg.bm, cfg.bk, a.layout, mma.chunk)
+    elems += _tile_elems(cfg.bn, cfg.bk, b.layout, mma.chunk)
     staging = cfg.warps * 16 * (cfg.wn + staging_pad(cfg.wn)) * 4
-    return max(cfg.stages * elems * 2, staging)
+    return max(cfg.stages * elems * mma.elem_bytes, staging)
 
 
 def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
     """Whether `cfg` is a consistent tiling within the block limits."""
-    if cfg.bm % cfg.wm or cfg.bn % cfg.wn or cfg.wm % 16 or cfg.wn % 8 or cfg.bk % 16:
+    mma = mma_of(problem)
+    if cfg.bm % cfg.wm or cfg.bn % cfg.wn or cfg.wm % 16 or cfg.wn % 8 or cfg.bk % mma.k:
         return False
     if not 2 <= cfg.stages <= 5 or not 1 <= cfg.warps <= 8:
         return False
@@ -210,7 +243,7 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
     if accumulators > 64 and "regs" in (_operand(problem, "a").mode, _operand(problem, "b").mode):
         return False  # a tile held in registers across the mma's spills beside 128 of them
     for rows in (cfg.bm, cfg.bn):
-        if rows * cfg.bk // tiles.CHUNK < cfg.threads:  # every thread copies at least a chunk
+        if rows * cfg.bk // mma.chunk < cfg.threads:  # every thread copies at least a chunk
             return False
     if cfg.splits > 1 and not _splittable(problem, cfg):
         return False
@@ -218,12 +251,13 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
 
 
 def _splittable(problem: MatmulProblem, cfg: TcConfig) -> bool:
-    """Whether `problem` can be computed in cfg.splits chunks of K inside the kernel: static
-    sizes (the scratch memory is sized at compile time), at most MAX_SPLITS chunks, none of
-    them empty."""
+    """Whether `problem` can be computed in cfg.splits chunks of K inside the kernel: f32
+    sums (the partials are f32), static sizes (the scratch memory is sized at compile time),
+    at most MAX_SPLITS chunks, none of them empty."""
     sizes = problem.static_sizes()
     return (
-        sizes is not None
+        mma_of(problem) is HALF_MMA
+        and sizes is not None
         and cfg.splits <= MAX_SPLITS
         and chunks_fill(ceil_div(sizes[3], cfg.bk), cfg.splits)
     )
@@ -245,14 +279,22 @@ _LEVEL1 = (
     TcConfig(32, 64, 32, 16, 32, 4),
     TcConfig(32, 32, 32, 16, 32, 3),
 )
+# The same tilings for 8-bit integers: K steps of 64, the same 64 bytes of a row.
+_INT8_LEVEL1 = tuple(TcConfig(c.bm, c.bn, 2 * c.bk, c.wm, c.wn, c.stages) for c in _LEVEL1)
+
+
+def level1(problem: MatmulProblem) -> tuple[TcConfig, ...]:
+    """The level-1 tilings for `problem`'s operand types (not all valid for it)."""
+    return _INT8_LEVEL1 if mma_of(problem) is INT8_MMA else _LEVEL1
 
 
 def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
     """The configs to try: level 1 a handful, level 2 every valid tiling of a grid of
     choices (level 0: the heuristic's alone)."""
     sizes, warp_m, warp_n = (32, 64, 128, 256), (16, 32, 64), (8, 16, 32, 64)
-    grid = itertools.product(sizes, sizes, (16, 32, 64), warp_m, warp_n, (2, 3, 4))
-    return search_space(problem, level, heuristic, valid, _LEVEL1, TcConfig, grid)
+    steps = tuple(k * mma_of(problem).k for k in (1, 2, 4))
+    grid = itertools.product(sizes, sizes, steps, warp_m, warp_n, (2, 3, 4))
+    return search_space(problem, level, heuristic, valid, level1(problem), TcConfig, grid)
 
 
 def heuristic(problem: MatmulProblem) -> TcConfig:
@@ -396,23 +438,29 @@ def step_cost(cfg: TcConfig) -> float:
 
 
 def applies(problem: MatmulProblem) -> bool:
-    """f16 x f16 or bf16 x bf16 operands accumulated in f32."""
-    return (
-        problem.acc_dtype == T.f32
-        and problem.a_dtype == problem.b_dtype
-        and problem.a_dtype in MMA_TYPES
-    )
+    """f16 x f16 or bf16 x bf16 operands accumulated in f32, or 8-bit integers (i8 or u8,
+    each operand either) in i32."""
+    a, b = problem.a_dtype, problem.b_dtype
+    if problem.acc_dtype == T.i32:
+        return a in INT8_MMA_TYPES and b in INT8_MMA_TYPES
+    return problem.acc_dtype == T.f32 and a == b and a in MMA_TYPES
 
 
 def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     """The kernel computing `problem` with tiling `cfg` (named after the fused group)."""
     names = tiles.Names()
     a, b = _operand_copy(problem, cfg, "a", names), _operand_copy(problem, cfg, "b", names)
-    mma = _warp_mma(cfg, a.k_major, b.k_major, names)
+    mma = _warp_mma(cfg, mma_of(problem), a.k_major, b.k_major, names)
     store = _store_tile(problem, cfg, names)
     split = _split(problem, cfg, names) if cfg.splits > 1 else None
     kernel = _kernel(problem, cfg, a, b, mma, store, split)
     gathered = problem.gather_a is not None or problem.gather_b is not None
+    scalar_fragments = mma_of(problem) is INT8_MMA and not (a.k_major and b.k_major)
+    if scalar_fragments and cfg.threads == 128 and cfg.wm * cfg.wn == 32 * 32:
+        # 8-bit fragments loaded byte by byte from rows of K keep addresses live: left to
+        # itself, ptxas holds a tiling of four 32x32 warps to 72 registers on sm_89 (seven
+        # blocks an SM) and spills; four blocks an SM let it take what it needs.
+        return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=4)
     if gathered and cfg.threads <= 64:
         # Left to itself, ptxas holds a two-warp tiling of a gathered window to 96 registers
         # and spills (sm_80, sm_90); promising one block an SM lets it take what it needs (a
@@ -451,14 +499,14 @@ class _Copy:
 def _operand_copy(problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles.Names) -> _Copy:
     """The copies of operand `side` ("a" or "b"): cp.async where it is a plain strided read,
     else through registers; guarded where a size is not a multiple of the tile."""
-    op = _operand(problem, side)
+    op, mma = _operand(problem, side), mma_of(problem)
     mn, size = (cfg.bm, problem.m) if side == "a" else (cfg.bn, problem.n)
     k_major = op.layout == "k"
     rows, cols = (mn, cfg.bk) if k_major else (cfg.bk, mn)
-    shape = (cfg.stages, rows, cols + tiles.PAD)
+    shape = (cfg.stages, rows, cols + mma.chunk)
     if op.mode == "regs":
         regs = register_copy(
-            problem, side, mn, cfg.bk, cfg.threads, names, width=tiles.CHUNK, narrow=True
+            problem, side, mn, cfg.bk, cfg.threads, names, width=mma.chunk, narrow=True
         )
         return _Copy(False, k_major, shape, regs.load, regs.store, regs.regs)
     if op.mode == "gather":
@@ -472,9 +520,10 @@ def _operand_copy(problem: MatmulProblem, cfg: TcConfig, side: str, names: tiles
         plain.ref, plain.ld, rows_ext, cols_ext, wide=tiles.wide_offsets(plain.ref)
     )
     element = operand_element(problem, side, k_major, mn, cfg.bk, narrow=True)
-    copy = tiles.async_copy(
-        names, side, tiles.Tile(rows, cols, cfg.threads, phase_columns=True), (matrix,), element
+    tile = tiles.Tile(
+        rows, cols, cfg.threads, mma.chunk, phase_columns=True, elem_bytes=mma.elem_bytes
     )
+    copy = tiles.async_copy(names, side, tile, (matrix,), element)
 
     def issue(dst, base, fast, bz, mn0, k0):
         row0, col0 = (mn0, k0) if k_major else (k0, mn0)
@@ -509,46 +558,71 @@ def _gather_copy(
     return _Copy(True, True, shape, macro(issue), ref=gathered.ref, ld=0, base_of=base_of)
 
 
-def _warp_mma(cfg: TcConfig, a_k: bool, b_k: bool, names: tiles.Names) -> Macro:
+def _warp_mma(cfg: TcConfig, mma: Mma, a_k: bool, b_k: bool, names: tiles.Names) -> Macro:
     """Macro `mma(a, b, a_frag, b_frag, acc, warp_m, warp_n, lane)`: acc += this warp's part of
-    one K step, its fragments loaded by ldmatrix from stage views a and b."""
-    BK, WM, WN = cfg.bk, cfg.wm, cfg.wn
+    one K step, its fragments loaded by ldmatrix from stage views a and b (element by element
+    for an 8-bit operand staged as rows of K)."""
+    BK, WM, WN, MK = cfg.bk, cfg.wm, cfg.wn, mma.k
     MI, NI = WM // 16, WN // 8
+    INT8 = mma is INT8_MMA
+    # 16 bytes of K an ldmatrix row: 8 halves, or 16 bytes.
+    CH = mma.chunk
+    A_SCALAR, B_SCALAR = INT8 and not a_k, INT8 and not b_k
 
     def step(a, b, a_frag, b_frag, acc, warp_m, warp_n, lane):
         @script
         def warp_mma():
-            for kk in unroll(range(0, BK, 16)):
+            g = lane // 4
+            t = lane % 4
+            for kk in unroll(range(0, BK, MK)):
                 for i in unroll(range(MI)):
                     if a_k:
-                        # Lanes 0-15 name rows 0-15 at k, lanes 16-31 the same at k + 8.
+                        # Lanes 0-15 name rows 0-15 at k, lanes 16-31 the same 16 bytes on.
                         row = warp_m + i * 16 + lane % 16
-                        ldmatrix_x4(a_frag[i], a[row, kk + lane // 16 * 8])
+                        ldmatrix_x4(a_frag[i], a[row, kk + lane // 16 * CH])
+                    elif A_SCALAR:
+                        # The m16n8k32 A layout, from rows of K.
+                        for e in unroll(range(16)):
+                            kr = kk + t * 4 + e % 4 + e // 8 * 16
+                            a_frag[i, e] = a[kr, warp_m + i * 16 + g + e // 4 % 2 * 8]
                     else:
                         # Rows of K: matrix j (lanes 8j..) is rows k + j // 2 * 8 at column
                         # m + j % 2 * 8.
                         kr = kk + lane % 8 + lane // 16 * 8
                         col = warp_m + i * 16 + lane // 8 % 2 * 8
                         ldmatrix_x4_trans(a_frag[i], a[kr, col])
-                if NI % 2 == 0:
-                    for j in unroll(range(0, NI, 2)):
-                        # Two n-tiles at once: lanes 16-31 name the next 8 columns.
-                        if b_k:
-                            row = warp_n + j * 8 + lane // 16 * 8 + lane % 8
-                            ldmatrix_x4(b_frag[j, 0], b[row, kk + lane // 8 % 2 * 8])
-                        else:
-                            col = warp_n + j * 8 + lane // 16 * 8
-                            ldmatrix_x4_trans(b_frag[j, 0], b[kk + lane % 16, col])
+                if B_SCALAR:
+                    # The m16n8k32 B layout, from rows of K: one n-tile's fragment at a time,
+                    # used by the MI mma's at once (fewer registers live).
+                    for j in unroll(range(NI)):
+                        for e in unroll(range(8)):
+                            kr = kk + t * 4 + e % 4 + e // 4 * 16
+                            b_frag[j, e] = b[kr, warp_n + j * 8 + g]
+                        for i in unroll(range(MI)):
+                            mma_sync_m16n8k32(acc[i, j], a_frag[i], b_frag[j], acc[i, j])
                 else:
-                    for j in unroll(range(NI)):
-                        if b_k:
-                            row = warp_n + j * 8 + lane % 8
-                            ldmatrix_x2(b_frag[j], b[row, kk + lane // 8 % 2 * 8])
-                        else:
-                            ldmatrix_x2_trans(b_frag[j], b[kk + lane % 16, warp_n + j * 8])
-                for i in unroll(range(MI)):
-                    for j in unroll(range(NI)):
-                        mma_sync_m16n8k16(acc[i, j], a_frag[i], b_frag[j], acc[i, j])
+                    if NI % 2 == 0:
+                        for j in unroll(range(0, NI, 2)):
+                            # Two n-tiles at once: lanes 16-31 name the next 8 columns.
+                            if b_k:
+                                row = warp_n + j * 8 + lane // 16 * 8 + lane % 8
+                                ldmatrix_x4(b_frag[j, 0], b[row, kk + lane // 8 % 2 * CH])
+                            else:
+                                col = warp_n + j * 8 + lane // 16 * 8
+                                ldmatrix_x4_trans(b_frag[j, 0], b[kk + lane % 16, col])
+                    else:
+                        for j in unroll(range(NI)):
+                            if b_k:
+                                row = warp_n + j * 8 + lane % 8
+                                ldmatrix_x2(b_frag[j], b[row, kk + lane // 8 % 2 * CH])
+                            else:
+                                ldmatrix_x2_trans(b_frag[j], b[kk + lane % 16, warp_n + j * 8])
+                    for i in unroll(range(MI)):
+                        for j in unroll(range(NI)):
+                            if INT8:
+                                mma_sync_m16n8k32(acc[i, j], a_frag[i], b_frag[j], acc[i, j])
+                            else:
+                                mma_sync_m16n8k16(acc[i, j], a_frag[i], b_frag[j], acc[i, j])
 
         return warp_mma
 
@@ -560,6 +634,7 @@ def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Ma
     row0..., columns col0... of C), 16 rows at a time through its staging rows `rows`, its
     lanes along the rows (coalesced), one element an iteration."""
     MI, NI, WN = cfg.wm // 16, cfg.wn // 8, cfg.wn
+    ACC = mma_of(problem).acc
     store_c = problem.store_c(
         check_m=needs_check(problem.m, cfg.bm), check_n=needs_check(problem.n, cfg.bn)
     )
@@ -569,7 +644,7 @@ def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Ma
         def store_tile():
             g = lane // 4
             tq = lane % 4
-            pair = register_tensor(f32, 2)
+            pair = register_tensor(ACC, 2)
             for i in unroll(range(MI)):
                 for j in unroll(range(NI)):
                     for h in unroll(range(2)):
@@ -668,7 +743,8 @@ def _kernel(
     and the epilogue (see the module doc); with `split`, the block's chunk of K and the
     partials' round trip before the epilogue."""
     BM, BN, BK, WM, WN, STAGES = cfg.bm, cfg.bn, cfg.bk, cfg.wm, cfg.wn, cfg.stages
-    dt = problem.a_dtype
+    A_DT, B_DT, MMA = problem.a_dtype, problem.b_dtype, mma_of(problem)
+    ACC, CHUNK, A_ELEMS, B_ELEMS = MMA.acc, MMA.chunk, MMA.a_elems, MMA.b_elems
     WARPS_N, WARPS, THREADS = BN // WN, cfg.warps, cfg.threads
     MI, NI = WM // 16, WN // 8
     STAGING_ROW = WN + staging_pad(WN)
@@ -678,7 +754,7 @@ def _kernel(
     GRID = launch_grid(problem, BM, BN)
     S = cfg.splits
     SPLIT = split is not None
-    CHUNK = -(-STEPS // S) if SPLIT else STEPS
+    SPAN = -(-STEPS // S) if SPLIT else STEPS  # steps of a chunk of K
     TILES = GRID[0]
     params, SCRATCH = problem.params, ()
     if SPLIT:
@@ -711,33 +787,33 @@ def _kernel(
             # The S blocks of a tile are consecutive: chunk `part` of K is theirs.
             part = blockIdx.x % S
             pid = blockIdx.x // S
-            first = part * CHUNK
-            steps = min(STEPS - first, CHUNK)
+            first = part * SPAN
+            steps = min(STEPS - first, SPAN)
             arrived = shared_tensor(i32, 1)
         m0 = row0(pid)
         n0 = col0(pid)
-        a_s = dynamic_shared_tensor(dt, A_SHAPE)
-        b_s = dynamic_shared_tensor(dt, B_SHAPE)
-        c_s = dynamic_shared_tensor(f32, (WARPS, 16, STAGING_ROW), at=0)
-        a_frag = register_tensor(dt, (MI, 8))
-        b_frag = register_tensor(dt, (NI, 4))
-        acc = register_tensor(f32, (MI, NI, 4))
+        a_s = dynamic_shared_tensor(A_DT, A_SHAPE)
+        b_s = dynamic_shared_tensor(B_DT, B_SHAPE)
+        c_s = dynamic_shared_tensor(ACC, (WARPS, 16, STAGING_ROW), at=0)
+        a_frag = register_tensor(A_DT, (MI, A_ELEMS))
+        b_frag = register_tensor(B_DT, (NI, B_ELEMS))
+        acc = register_tensor(ACC, (MI, NI, 4))
         if not A_ASYNC:
-            a_r = register_tensor(dt, A_REGS)
+            a_r = register_tensor(A_DT, A_REGS)
         if not B_ASYNC:
-            b_r = register_tensor(dt, B_REGS)
+            b_r = register_tensor(B_DT, B_REGS)
         bz = i64(blockIdx.z)
         while bz < B:
             if A_ASYNC:
                 a_off = a_base(bz)
-                a_fast = is_aligned(A_G[a_off], 16) and LDA % tiles.CHUNK == 0
+                a_fast = is_aligned(A_G[a_off], 16) and LDA % CHUNK == 0
             if B_ASYNC:
                 b_off = b_base(bz)
-                b_fast = is_aligned(B_G[b_off], 16) and LDB % tiles.CHUNK == 0
+                b_fast = is_aligned(B_G[b_off], 16) and LDB % CHUNK == 0
             for i in unroll(range(MI)):
                 for j in unroll(range(NI)):
                     for e in unroll(range(4)):
-                        acc[i, j, e] = 0.0
+                        acc[i, j, e] = 0
             # Iteration `it` issues step `it` into buffer it % STAGES (which step it - STAGES,
             # computed one iteration earlier, used) and computes step it - (STAGES - 1).
             # (Whole, the loop's bounds are constants, which the index simplifier uses.)

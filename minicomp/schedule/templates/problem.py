@@ -16,7 +16,8 @@ of the kernel's buffers:
 
 A template asks for a macro with the guards its tiling needs (none where a static size is a
 multiple of the tile) and, for tensor cores, the operand in its narrow type: an operand that is
-a widening cast of f16/bf16 is loaded without the cast.
+a widening cast of f16/bf16 (or of i8/u8 to the i32 of an integer product) is loaded without
+the cast.
 
 `plain_a` / `plain_b` describe an operand that is a bare strided read of one input buffer (no
 computation besides a widening cast) with unit stride along K ("k": rows of M or N are
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorElement
-from minicomp.ir.contraction import Axis, Contraction
+from minicomp.ir.contraction import Axis, Contraction, strip_widening
 from minicomp.ir.expr import (
     Binary,
     Cast,
@@ -66,14 +67,14 @@ from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.stmt import If, Stmt, Store, seq
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
 from minicomp.schedule.templates.fragments import Names, expression
-from minicomp.schedule.templates.tiles import CHUNK, Tile, load_regs, store_regs
+from minicomp.schedule.templates.tiles import CHUNK, CHUNK_BYTES, Tile, load_regs, store_regs
 from minicomp.script.function import script
 from minicomp.script.lang import Macro, macro
 from minicomp.script.types import i64
 from minicomp.script.values import TensorRef
 
-# Accumulator types the templates compute in.
-ACC_TYPES = (T.f32, T.f64)
+# Accumulator types the templates compute in (i32: products of 8-bit integers, _int_mm's).
+ACC_TYPES = (T.f32, T.f64, T.i32)
 # Rows of tiles rasterised together (blocks running at once share A and B tiles in L2).
 GROUP_M = 8
 # The largest gridDim.z; a kernel loops over more batches.
@@ -146,13 +147,6 @@ def unravel(flat: Expr, axes: tuple[Axis, ...]) -> dict[Var, Expr]:
         e = flat if is_unit(below) else flat // dim_expr(below)
         out[v] = e % dim_expr(x) if i > 0 else e
     return out
-
-
-def strip_widening(e: Expr) -> Expr:
-    """`e` without the float-widening casts around it (f16 -> f32 ...)."""
-    while isinstance(e, Cast) and e.a.dtype.is_float and e.a.dtype.nbytes <= e.dtype.nbytes:
-        e = e.a
-    return e
 
 
 def _dim_add(a: Dim, b: Dim) -> Dim:
@@ -269,7 +263,7 @@ class MatmulProblem:
     @classmethod
     def from_contraction(cls, c: Contraction, layouts: Mapping[str, Strides], sms: int = H100_SMS):
         """The problem of contraction `c` on a GPU of `sms` SMs, or None when no template
-        computes it (an accumulator other than f32/f64, or a product computed in another
+        computes it (an accumulator other than f32/f64/i32, or a product computed in another
         type)."""
         body_dtype = T.promote(c.a.dtype, c.b.dtype)
         if c.acc_dtype not in ACC_TYPES or body_dtype != c.acc_dtype:
@@ -376,7 +370,7 @@ class MatmulProblem:
         extent: Dim = 1
         for size, stride in zip(value.shape, strides):
             extent = _dim_add(extent, _dim_mul(_dim_add(size, -1), stride))
-        if isinstance(extent, int) and extent < 8:
+        if isinstance(extent, int) and extent * value.dtype.nbytes < CHUNK_BYTES:
             return None  # too small for 16-byte copies; the register path handles it
         ref = TensorRef(value.name, buf, (extent,))
         batch_strides = tuple(coeff.get(v, 0) for v, _ in c.batch)

@@ -74,6 +74,12 @@ CHUNK = 8
 PAD = 8
 
 
+def chunk_elems(nbytes: int) -> int:
+    """Elements of `nbytes` bytes in a 16-byte chunk (and in a shared row's padding): CHUNK
+    and PAD for f16/bf16, 16 for 8-bit integers."""
+    return CHUNK_BYTES // nbytes
+
+
 @dataclass(frozen=True)
 class Tile:
     """A rows x cols tile (cols contiguous) moved by `threads` threads in chunks of `width`
@@ -88,6 +94,8 @@ class Tile:
     apart (one base address a thread) instead of computing both from the chunk index."""
     phase_columns: bool = False
     """Give the 8 lanes of a 16-byte shared access one column of 8 rows (see the module doc)."""
+    elem_bytes: int = 2
+    """Bytes of an element: a 16-byte chunk is 8 f16/bf16 elements, 16 of 8-bit integers."""
 
     @property
     def per_row(self) -> int:
@@ -100,7 +108,8 @@ class Tile:
     @property
     def column_phases(self) -> bool:
         """Whether each 8 consecutive chunks are one column of 8 rows (see the module doc)."""
-        rows_of_two_or_four = self.width == CHUNK and self.per_row in (2, 4)
+        sixteen_bytes = self.width * self.elem_bytes == CHUNK_BYTES
+        rows_of_two_or_four = sixteen_bytes and self.per_row in (2, 4)
         return self.phase_columns and rows_of_two_or_four and self.rows % 8 == 0
 
     @property
