@@ -34,6 +34,7 @@ from minicomp.passes.graph.fusion import fuse
 from minicomp.passes.graph.group_fallback import failed, failing_subset
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.graph.reinplace import reinplace_convolutions, reinplace_scatters
+from minicomp.passes.graph.shared_views import duplicate_shared_views
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.passes.pipeline import run_passes
 from minicomp.record import CompileRecord
@@ -92,7 +93,9 @@ def lower(
     record.options = options
     trace = record.passes if record.trace else None
 
-    graph = unfused = run_passes(graph, target.passes_for(graph, options), trace=trace)
+    # Every target's passes, then views given to each of their readers: fusion's input.
+    passes = [*target.passes_for(graph, options), duplicate_shared_views]
+    graph = unfused = run_passes(graph, passes, trace=trace)
     graph = run_passes(graph, [fuse], trace=trace)
     graph = record.graph = place_constants(graph, target)
     layouts = layouts_for(graph)

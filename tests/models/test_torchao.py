@@ -7,6 +7,7 @@ import torch
 from helpers import check_compiled
 
 import minicomp
+from minicomp.ir.graph import FusedOp
 
 torchao = pytest.importorskip("torchao")
 quantization = pytest.importorskip("torchao.quantization")
@@ -70,3 +71,31 @@ def test_float8_weight_only_is_one_kernel_per_linear_on_the_cuda_targets(target)
     # The e4m3 weight is widened and scaled inside the matmul template's operand loads.
     assert report.aten_call_count == 0
     assert len(report.fused_groups) == 2, report.fused_groups
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_dequantization_runs_inside_the_matmul_on_the_cuda_targets(config, target):
+    """No kernel writes a weight out (dequantized, or transposed as an int8 copy): the weight
+    is read in its stored type by the matmul template's operand loads; no ATen call but
+    zero-copy views."""
+    if target == "cpu":
+        pytest.skip("on the cpu target products are ATen calls (BLAS, int8 GEMM) by design")
+    model = quantized_mlp(config, target)
+    with torch.no_grad():
+        report = minicomp.explain(
+            model,
+            torch.randn(16, 256).to(torch.bfloat16).to(_device(target)),
+            options={"target": target},
+        )
+    assert set(report.fallbacks.values()) <= {"a view of its input's memory"}, report.fallbacks
+    weights = {(512, 256), (256, 512), (128, 512), (512, 128)}
+    written = [
+        (v.name, v.shape)
+        for r in report.records
+        for n in r.graph.nodes
+        if isinstance(n, FusedOp)
+        for v in n.outputs
+    ]
+    assert not [w for w in written if w[1] in weights], written
+    products = [k.attrs.template for r in report.records for k in r.kernels]
+    assert sum(1 for t in products if t and t.startswith("matmul_tc")) == 2, products

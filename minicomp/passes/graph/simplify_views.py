@@ -27,7 +27,7 @@ def simplify_views(graph: Graph) -> Graph:
     changed = False
     for n in graph.nodes:
         n = rename_op(n, mapping)
-        if _is_view(n):
+        if is_view(n):
             producer = views.get(n.inputs[0])
             if producer is not None:
                 n = _compose(n, producer)
@@ -43,7 +43,7 @@ def simplify_views(graph: Graph) -> Graph:
     return rename_values(graph.replace(nodes=tuple(nodes)), mapping)
 
 
-def _is_view(n: Op) -> bool:
+def is_view(n: Op) -> bool:
     """Whether `n` reads one element of its single input per output element, at indices that
     depend on the output position only."""
     if not isinstance(n, ComputeOp) or len(n.inputs) != 1:
