@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from minicomp.ir.collectives import is_collective
+from minicomp.ir.collectives import is_collective, is_wait
 from minicomp.runtime.plan import (
     CheckErrorFlag,
     ExternStep,
@@ -167,7 +167,10 @@ class _Captured:
                 self.segments.append(_Segment(graph, steps, {}))
             else:
                 plan.run(steps, self.slots, self.env)
-                outs = {k for s in steps for k in s.outputs}
+                # A collective's result is not ready before its wait (an eager step too, the
+                # only reader): copying it for later graphs would read it early, and the wait
+                # would then wait on a copy c10d does not know.
+                outs = {k for s in steps if not _unready(s) for k in s.outputs}
                 fixed = {k: self.slots[k] for k in outs if isinstance(self.slots[k], torch.Tensor)}
                 self.segments.append(_Segment(None, steps, fixed))
         storages = _output_storages(plan.collect(self.slots, self.env), owned)
@@ -280,6 +283,11 @@ class GraphedPlan:
                 log.info("minicomp: a caller keeps results across calls; outputs are copied")
             return self.plan(*args)
         return self.captured.replay(args, copy=not self.direct)
+
+
+def _unready(step: Step) -> bool:
+    """Whether `step` is a collective whose results its wait makes ready."""
+    return isinstance(step, ExternStep) and is_collective(step.target) and not is_wait(step.target)
 
 
 def collectives_note(plan: Plan) -> str:

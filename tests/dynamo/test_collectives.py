@@ -121,6 +121,36 @@ def test_cuda_graphs_leave_collectives_out_of_the_capture(group):
     assert any("collective steps" in m for m in messages)
 
 
+class ReplayGraph:
+    """A stand-in CUDA graph whose replay runs again what it captured, on the same tensors."""
+
+    def capture(self, fn):
+        self.fn = fn
+
+    def replay(self):
+        self.fn()
+
+
+def test_replays_wait_on_the_collectives_results_themselves(group):
+    # cuda-emu's plan through GraphedPlan with a stand-in graph: the kernels are captured,
+    # the collectives run between replays. A collective's result must reach its wait as c10d
+    # returned it, not copied into a tensor of the capture (read before the wait).
+    fn = program(group)
+    plan, _ = compiled(fn, "cuda-emu", torch.randn(5, 3), torch.randn(5, 3))
+    graphed = cuda_graphs.GraphedPlan(plan, new_graph=ReplayGraph)
+    for _ in range(4):  # warm-up, capture, replays
+        args = (torch.randn(5, 3), torch.randn(5, 3))
+        assert_same(tuple(graphed(*clone_inputs(args))), fn(*args))
+    segments = graphed.captured.segments
+    assert any(seg.graph is not None for seg in segments)
+    for seg in segments:
+        for step in seg.steps:
+            if isinstance(step, ExternStep) and is_collective(step.target):
+                assert seg.graph is None
+                if not is_wait(step.target):
+                    assert not set(step.outputs) & set(seg.fixed)
+
+
 def test_dtensor_device_mesh_inputs_pass_around_the_plan(group, target, monkeypatch):
     # A tensor-parallel module on a mesh of one: AOTAutograd gives each DTensor parameter's
     # graph its DeviceMesh as an input, which the backward returns beside the gradients.

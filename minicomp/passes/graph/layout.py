@@ -48,8 +48,9 @@ def layout_constraint(n: ExternOp) -> str:
     if is_wait(fn):
         # Its input is a collective's result, not ready before it: never copied.
         return "flexible"
-    if is_collective(fn):
-        # c10d sends the input's storage as it is (all_gather and reduce_scatter check).
+    if is_collective(fn) and not fn._schema.is_mutable:
+        # c10d sends the input's storage as it is (all_gather and reduce_scatter check). An
+        # in-place collective is left alone: a copy would take its result.
         return "contiguous"
     if fn.namespace == "aten" and str(fn).removeprefix("aten.") in _CHECKS_CONTIGUOUS:
         return "contiguous"
