@@ -39,10 +39,13 @@ def program(group: str):
         r2 = c10d.all_reduce(y, "sum", group)
         r3 = c10d.all_reduce(y, "sum", group)  # the same call again: not merged
         unused = c10d.all_reduce(x, "sum", group)  # its result unread: still issued
+        gathered = c10d.all_gather_into_tensor(x.t(), 1, group)  # a transposed input
+        scattered = c10d.reduce_scatter_tensor(y * 3, "sum", 1, group)
         b = torch.sin(a) + 1  # after the collectives, independent of them
         w1, w2, w3 = (c10d.wait_tensor(r) for r in (r1, r2, r3))
         c10d.wait_tensor(unused)
-        return w1 * b, (w2 + w3).t()
+        w4, w5 = c10d.wait_tensor(gathered), c10d.wait_tensor(scattered)
+        return w1 * b, (w2 + w3).t(), w4 + 1, w5
 
     return fn
 
@@ -64,8 +67,9 @@ def test_collectives_run_in_program_order_and_nothing_fuses_across_them(group, t
     calls = [(k, n) for k, n in enumerate(nodes) if isinstance(n, ExternOp)]
     collectives = [(k, n) for k, n in calls if is_collective(n.target)]
     names = [n.target.__name__.split(".")[0] for _, n in collectives]
-    # Four issued, then four waits, as written; none merged (two read y) or dropped.
-    assert names == ["all_reduce"] * 4 + ["wait_tensor"] * 4
+    # Six issued, then six waits, as written; none merged (two read y) or dropped.
+    issued = ["all_reduce"] * 4 + ["all_gather_into_tensor", "reduce_scatter_tensor"]
+    assert names == issued + ["wait_tensor"] * 6
     first, second = (k for k, n in collectives[:2])
     assert collectives[0][1].inputs != collectives[1][1].inputs
     kernels = {k: n for k, n in enumerate(nodes) if isinstance(n, FusedOp)}
@@ -73,8 +77,12 @@ def test_collectives_run_in_program_order_and_nothing_fuses_across_them(group, t
     sine = [k for k, n in kernels.items() if any(m.startswith("sin") for m in n.members)]
     # x * 2 is computed before the first collective; sin(a) + 1, which would otherwise fuse
     # with it (and move before every collective), after the last one issued.
-    assert doubling and sine and doubling[0] < first and sine[0] > collectives[3][0]
+    assert doubling and sine and doubling[0] < first and sine[0] > collectives[5][0]
     assert not set(doubling) & set(sine)
+    # The all-gather reads a row-major copy of x.t(), made before it.
+    gather = collectives[4][1]
+    assert record.graph.producers()[gather.inputs[0]] in nodes[: collectives[4][0]]
+    assert gather.inputs[0].type.strides == (5, 1)
 
 
 def test_collective_inputs_get_memory_of_their_own_and_results_are_not_copied(group, target):
@@ -104,7 +112,7 @@ def test_cuda_graphs_leave_collectives_out_of_the_capture(group):
         )
     assert [ok for ok, _ in cut].count(True) >= 2  # kernels before and after the collectives
     note = cuda_graphs.collectives_note(plan)
-    assert note.startswith("8 collective steps") and "run outside CUDA graphs" in note
+    assert note.startswith("12 collective steps") and "run outside CUDA graphs" in note
 
     messages = []
     handler = logging.Handler()
