@@ -7,11 +7,13 @@ a `torch.backends` one; importing minicomp is only needed for its API.
 
 from minicomp import config, logs, script
 from minicomp.dynamo.backend import FallbackWarning, KernelFallbackWarning
+from minicomp.dynamo.fsdp import compile_builtin_fsdp_modules
 from minicomp.explain import Explanation, explain, explain_file
 
 logs.register()  # where no entry point did while torch was imported (minicomp/logs.py)
 
 __all__ = [
+    "compile_builtin_fsdp_modules",
     "config",
     "explain",
     "explain_file",

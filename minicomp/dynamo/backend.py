@@ -18,6 +18,7 @@ from minicomp.dynamo import diagnostics
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.eager_strides import restride_like_eager
 from minicomp.dynamo.importer import import_graph
+from minicomp.dynamo.opaque_inputs import kept_positions, passing_opaque, split_opaque_inputs
 from minicomp.dynamo.output_aliases import (
     input_views,
     share_storages,
@@ -84,6 +85,24 @@ def compile_aten_graph(
     neither mutates nor returns an alias of become constants of the graph (see FrozenRunner).
     """
     static = _static_inputs() if kind != "backward" else ()
+    inner, opaque = split_opaque_inputs(gm)
+    if not opaque.positions:
+        return _compile_graph(gm, options, kind, records, freeze, static)
+    # The graph without them; AOTAutograd's metadata still counts them, so nothing of it is
+    # frozen (_frozen_inputs finds other inputs than its metadata describes).
+    static = kept_positions(static, opaque, _placeholder_count(gm))
+    call = _compile_graph(inner, options, kind, records, freeze, static)
+    return passing_opaque(call, opaque)
+
+
+def _compile_graph(
+    gm: torch.fx.GraphModule,
+    options: config.Options,
+    kind: str,
+    records: list | None,
+    freeze: Mapping[int, torch.Tensor] | None,
+    static: Sequence[int],
+) -> Callable:
     frozen = _frozen_inputs(gm, freeze) if freeze is not None else {}
     plan = _compile(gm, options, kind, records, frozen, static)
     if plan is None:

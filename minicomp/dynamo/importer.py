@@ -11,8 +11,11 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from minicomp.dynamo.opaque_inputs import is_opaque, opaque_kind
 from minicomp.dynamo.symbolic import from_sympy, shape_of
 from minicomp.ir import types as T
+from minicomp.ir.collectives import is_collective
+from minicomp.ir.collectives import reason_for as collective_reason
 from minicomp.ir.compute import Compute, TensorElement, TensorInput, TensorNode, inputs_of
 from minicomp.ir.expr import Expr, Var
 from minicomp.ir.functor import Mutator, collect
@@ -182,6 +185,14 @@ class Importer:
                 var = Var(self.fresh(n.name), T.i64)
                 self.inputs.append(var)
             self.env[n] = e
+        elif is_opaque(val):
+            # split_opaque_inputs took out those only the output reads.
+            readers = ", ".join(str(u.target) for u in n.users if u.op != "output")
+            raise NotImplementedError(
+                f"graph input {n.name} is an opaque object ({opaque_kind(val)}) that {readers} "
+                "reads: minicomp passes such objects through a graph, it does not call ops "
+                "on them"
+            )
         else:
             raise NotImplementedError(f"graph input {n.name} of type {type(val).__name__}")
 
@@ -246,6 +257,9 @@ class Importer:
         if binds:
             # Its output's size is known only once it ran (nonzero, a boolean mask index).
             self.extern(n, outs, UNBACKED_REASON, binds=binds)
+            return
+        if is_collective(n.target):
+            self.extern(n, outs, collective_reason(n.target))
             return
         if registered_op(n.target) is not None:
             # Whether the plan launches the kernel itself depends on the target, known later.

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from minicomp.ir.collectives import is_collective
 from minicomp.ir.compute import Compute
 from minicomp.ir.expr import Dim, Expr, Var, prod
 from minicomp.ir.func import Function
@@ -99,9 +100,14 @@ class ExternOp(Op):
     @property
     def has_effects(self) -> bool:
         """Whether the call matters beyond its results (it mutates, returns nothing, binds
-        size symbols other operators use, or PyTorch says it has side effects)."""
+        size symbols other operators use, communicates with other processes, or PyTorch says
+        it has side effects)."""
         return bool(
-            not self.outputs or self.binds or self.mutates or declared_effectful(self.target)
+            not self.outputs
+            or self.binds
+            or self.mutates
+            or is_collective(self.target)
+            or declared_effectful(self.target)
         )
 
     @property

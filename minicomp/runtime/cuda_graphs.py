@@ -7,10 +7,10 @@ captures it and replays it, and every later call replays:
   address captures again (at most MAX_CAPTURES times, then the plan runs uncaptured);
 - the workspace and the kernels' output tensors are allocated once, outside the capture;
 - steps that cannot be captured (an ATen op that synchronises with the host, touches CPU
-  tensors or has host effects; the check of the integer division error flag, which reads it
-  on the host) split the plan into segments: each run of capturable steps is one graph, the
-  others run eagerly between replays and their results are copied into the tensors the next
-  graph was captured with;
+  tensors or has host effects; a collective or its wait; the check of the integer division
+  error flag, which reads it on the host) split the plan into segments: each run of
+  capturable steps is one graph, the others run eagerly between replays and their results are
+  copied into the tensors the next graph was captured with;
 - outputs are the graph's own tensors, not copies, while callers let go of each call's results
   before the next call (a training step: the activations saved for backward are freed by it).
   Before a replay, the use counts of the output storages say whether a result, or a view of
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from minicomp.ir.collectives import is_collective, is_wait
 from minicomp.runtime.plan import (
     CheckErrorFlag,
     ExternStep,
@@ -81,6 +82,10 @@ def capturable(step: Step, devices: Sequence[str]) -> bool:
     if not isinstance(target, torch._ops.OpOverload):
         return False  # higher-order ops (with_effects...) and Python callables
     if target._schema.name.split("::")[-1] in SYNCING_OPS:
+        return False
+    if is_collective(target):
+        # c10d keeps per-call state on the host (the work a wait looks up by tensor), which
+        # a replay would not redo: collectives and waits run eagerly between segments.
         return False
     touched = set(step.reads) | set(step.outputs)
     return all(devices[k] != "cpu" for k in touched)
@@ -162,7 +167,10 @@ class _Captured:
                 self.segments.append(_Segment(graph, steps, {}))
             else:
                 plan.run(steps, self.slots, self.env)
-                outs = {k for s in steps for k in s.outputs}
+                # A collective's result is not ready before its wait (an eager step too, the
+                # only reader): copying it for later graphs would read it early, and the wait
+                # would then wait on a copy c10d does not know.
+                outs = {k for s in steps if not _unready(s) for k in s.outputs}
                 fixed = {k: self.slots[k] for k in outs if isinstance(self.slots[k], torch.Tensor)}
                 self.segments.append(_Segment(None, steps, fixed))
         storages = _output_storages(plan.collect(self.slots, self.env), owned)
@@ -239,6 +247,10 @@ class GraphedPlan:
         self.captures = 0
         self.captured: _Captured | None = None
         self.enabled, self.reason = _supported(plan)
+        if self.enabled:
+            note = collectives_note(plan)
+            if note:
+                log.info("minicomp: %s", note)
         # Hand out the graph's own outputs (no copy) until a caller keeps one across calls.
         self.direct = hasattr(torch._C, "_storage_Use_Count")
 
@@ -271,6 +283,26 @@ class GraphedPlan:
                 log.info("minicomp: a caller keeps results across calls; outputs are copied")
             return self.plan(*args)
         return self.captured.replay(args, copy=not self.direct)
+
+
+def _unready(step: Step) -> bool:
+    """Whether `step` is a collective whose results its wait makes ready."""
+    return isinstance(step, ExternStep) and is_collective(step.target) and not is_wait(step.target)
+
+
+def collectives_note(plan: Plan) -> str:
+    """What CUDA graphs do with a plan's collective steps ("" for a plan without any): they
+    run eagerly, and the steps between them are captured as separate graphs."""
+    count = sum(isinstance(s, ExternStep) and is_collective(s.target) for s in plan.steps)
+    if not count:
+        return ""
+    devices = [info.device for info in plan.slots]
+    cut = segments(plan.steps, devices)
+    graphs = sum(ok for ok, _ in cut)
+    return (
+        f"{count} collective steps (collectives and waits) run outside CUDA graphs; the plan "
+        f"is captured as {graphs} graphs between them and its other eager steps"
+    )
 
 
 def _capturing() -> bool:

@@ -10,6 +10,7 @@ import torch
 
 from minicomp.backends.c_like import narrow_bits
 from minicomp.ir import types as T
+from minicomp.ir.collectives import is_collective, is_wait
 from minicomp.ir.expr import Const, Expr, Var
 from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, KernelOp, Value
 from minicomp.ir.scratch import Scratch
@@ -176,8 +177,11 @@ class PlanBuilder:
     def extern_step(self, n: ExternOp) -> ExternStep:
         reads = [self.slot[v.name] for v in n.inputs]
         args_fn = _args_builder(n, reads)
+        # A collective's result is not ready before its wait: it is taken as c10d makes it.
+        restrided = not (is_collective(n.target) and not is_wait(n.target))
         expected = [
-            dims_fn(v.type.strides) if v.type.strides is not None else None for v in n.outputs
+            dims_fn(v.type.strides) if v.type.strides is not None and restrided else None
+            for v in n.outputs
         ]
         return ExternStep(
             n.name,
@@ -193,9 +197,14 @@ class PlanBuilder:
 
 
 def escaping_values(graph: Graph) -> set[Value]:
-    """The values whose memory the graph returns: its outputs, and the memory under the ones
-    that an ATen call returning a view of its first argument (or writing into it) made."""
+    """The values whose memory the graph returns, or that c10d may read after the step that
+    passed it: its outputs and the inputs of collectives (minicomp.ir.collectives), and the
+    memory under the ones that an ATen call returning a view of its first argument (or writing
+    into it) made."""
     escaping = set(graph.output_values())
+    for n in graph.nodes:
+        if isinstance(n, ExternOp) and is_collective(n.target) and not is_wait(n.target):
+            escaping.update(n.inputs)
     for n in reversed(graph.nodes):
         if isinstance(n, ExternOp) and n.returns_views and escaping.intersection(n.outputs):
             first = n.args[0] if n.args else None

@@ -3,20 +3,22 @@
 Groups merge greedily, each op's producers into its group in graph order, while the merged
 group has a loop nest (passes/graph/loop_nest.py) and the groups stay a DAG
 (passes/graph/group_dag.py; an op using a data-dependent size follows the ATen call binding
-it). One more rule keeps matrix products whole: a group that is a contraction
-(minicomp.ir.contraction: one sum of a product, which the matmul and convolution
-templates compute) never merges with another group holding a reduction. Two sibling
-products over equal K extents (`x @ w1 + x @ w2`, a ResNet block's last convolution and its
-projection shortcut) would otherwise share a loop nest with two sums, which is no contraction
-and runs as slow row reductions; with the rule their joint consumer fuses into the later
-product's group as its epilogue and the earlier product is a kernel of its own. Groups of
-several reductions that are no contractions (softmax, layer norm) fuse as before.
+it; the ops between two collectives stay between them, minicomp.ir.collectives). One more
+rule keeps matrix products whole: a group that is a contraction (minicomp.ir.contraction: one
+sum of a product, which the matmul and convolution templates compute) never merges with
+another group holding a reduction. Two sibling products over equal K extents (`x @ w1 + x @
+w2`, a ResNet block's last convolution and its projection shortcut) would otherwise share a
+loop nest with two sums, which is no contraction and runs as slow row reductions; with the
+rule their joint consumer fuses into the later product's group as its epilogue and the
+earlier product is a kernel of its own. Groups of several reductions that are no
+contractions (softmax, layer norm) fuse as before.
 """
 
 from __future__ import annotations
 
 import logging
 
+from minicomp.ir.collectives import barrier_edges, is_collective
 from minicomp.ir.contraction import match_contraction
 from minicomp.ir.expr import Var
 from minicomp.ir.functor import collect
@@ -46,7 +48,7 @@ class _Groups:
                     continue
                 self.readers.setdefault(v, set()).add(j)
                 self.add_edge(i, j)
-        for i, j in _symbol_edges(self.ops):
+        for i, j in _symbol_edges(self.ops) + _collective_edges(self.ops):
             self.add_edge(i, j)
         self.producer = producer
         self.dag = GroupDag(
@@ -176,6 +178,16 @@ def _symbol_edges(ops: list[Op]) -> list[tuple[int, int]]:
             if binder[name] < j:
                 edges.append((binder[name], j))
     return edges
+
+
+def _collective_edges(ops: list[Op]) -> list[tuple[int, int]]:
+    """Edges that keep every op between the collectives around it in program order (see
+    minicomp.ir.collectives): no group spans a collective, and collectives and waits keep
+    their order."""
+    collectives = [
+        i for i, op in enumerate(ops) if isinstance(op, ExternOp) and is_collective(op.target)
+    ]
+    return barrier_edges(collectives, len(ops)) if collectives else []
 
 
 def _short(ops: list[ComputeOp]) -> str:

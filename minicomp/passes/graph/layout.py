@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from minicomp.ir.collectives import is_collective, is_wait
 from minicomp.ir.compute import TensorInput, compute
 from minicomp.ir.expr import Dim, Expr, binary, dim_expr
 from minicomp.ir.graph import ComputeOp, ExternOp, Graph, KernelOp, Op, TensorType, Value
@@ -32,9 +33,10 @@ _CHECKS_CONTIGUOUS = ("native_group_norm.default", "native_group_norm_backward.d
 def layout_constraint(n: ExternOp) -> str:
     """What an ATen call needs of its tensor arguments' strides: "exact" (eager's: as_strided
     reads storage, and ops tagged needs_exact_strides or needs_fixed_stride_order, custom ops
-    by default), "contiguous" (tagged needs_contiguous_strides, or kernels that check
-    contiguity: _CHECKS_CONTIGUOUS) or "flexible". A callable that is no ATen op says so
-    with a `layout_constraint` attribute (a prepacked oneDNN convolution: "exact")."""
+    by default), "contiguous" (tagged needs_contiguous_strides, kernels that check
+    contiguity: _CHECKS_CONTIGUOUS, and collectives) or "flexible". A callable that is no ATen
+    op says so with a `layout_constraint` attribute (a prepacked oneDNN convolution:
+    "exact")."""
     import torch
     from torch._library.utils import get_layout_constraint_tag
 
@@ -43,6 +45,13 @@ def layout_constraint(n: ExternOp) -> str:
         return "exact"
     if not isinstance(fn, torch._ops.OpOverload):
         return getattr(fn, "layout_constraint", "flexible")
+    if is_wait(fn):
+        # Its input is a collective's result, not ready before it: never copied.
+        return "flexible"
+    if is_collective(fn) and not fn._schema.is_mutable:
+        # c10d sends the input's storage as it is (all_gather and reduce_scatter check). An
+        # in-place collective is left alone: a copy would take its result.
+        return "contiguous"
     if fn.namespace == "aten" and str(fn).removeprefix("aten.") in _CHECKS_CONTIGUOUS:
         return "contiguous"
     tag = get_layout_constraint_tag(fn)
