@@ -7,12 +7,14 @@ a `torch.backends` one; importing minicomp is only needed for its API.
 
 from minicomp import config, logs, script
 from minicomp.dynamo.backend import FallbackWarning, KernelFallbackWarning
+from minicomp.dynamo.ddp import DistributedWarning
 from minicomp.explain import Explanation, explain, explain_file
 
 logs.register()  # where no entry point did while torch was imported (minicomp/logs.py)
 
 __all__ = [
     "config",
+    "DistributedWarning",
     "explain",
     "explain_file",
     "Explanation",
