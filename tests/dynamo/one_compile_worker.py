@@ -15,6 +15,7 @@ import torch
 
 from minicomp.backends import cache
 from minicomp.backends.cpu import compiler
+from minicomp.backends.cuda import nvrtc
 from minicomp.dynamo import backend
 from minicomp.record import builds
 
@@ -38,7 +39,8 @@ def main(target, folder):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     warnings.simplefilter("error", backend.FallbackWarning)
     warnings.simplefilter("error", backend.KernelFallbackWarning)
-    x, w = torch.randn(6, 5), torch.randn(5, 7)
+    device = "cuda" if target == "cuda" else "cpu"
+    x, w = torch.randn(6, 5, device=device), torch.randn(5, 7, device=device)
     compiled = torch.compile(step, backend="minicomp", options={"target": target})
     wait_for_everyone(folder, rank, world)
     records = []
@@ -49,8 +51,11 @@ def main(target, folder):
     result = {
         "rank": rank,
         "builder": cache.builder(),
-        "library_builds": stats.misses,
-        "header_builds": stats.header_builds,
+        "builds": {
+            "library": stats.misses,
+            "header": stats.header_builds,
+            "cubin": nvrtc.compile_stats()["compiles"],
+        },
         "graphs": [{"cache": r.cache, "binaries": builds(r)} for r in records],
     }
     with open(os.path.join(folder, f"rank{rank}.json"), "w", encoding="utf-8") as f:
