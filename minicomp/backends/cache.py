@@ -372,9 +372,17 @@ def build_lock(cache_dir: str, final_dir: str, *, timeout: float = LOCK_TIMEOUT)
     """
     kind = os.path.basename(os.path.dirname(os.path.dirname(final_dir)))
     folder = os.path.join(cache_dir, LOCKS)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, f"{kind}-{os.path.basename(final_dir)}.lock")
-    fd = _acquire(path, time.monotonic() + timeout)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = _acquire(path, time.monotonic() + timeout)
+        unlockable = None
+    except OSError as err:  # a read-only cache: its builds fail (or hit) on their own
+        fd, unlockable = None, err
+    if unlockable is not None:
+        log.debug("minicomp: no lock for %s (%s)", final_dir, unlockable)
+        yield False
+        return
     if fd is None:
         log.warning(
             "minicomp: waited %.0f s for another process's build of %s; building it here",

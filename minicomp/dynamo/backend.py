@@ -189,23 +189,24 @@ def _import_and_compile(
     # again, to show them.
     if key is None or record.trace:
         return _compile_and_keep(gm, options, record, frozen, static, device_index, key)
-    # One compile for all the processes sharing the cache (a job's ranks): the first compiles
-    # the graph, the others wait for it and link what it kept.
-    with graph_cache.compiling(options, key):
-        kept = graph_cache.load(options, key)
-        if kept is not None:
-            record.times["graph cache"] = time.perf_counter() - t0
-            try:
-                plan = link(kept.lowered, record, device_index, static)
-            except Exception as e:  # noqa: BLE001 - whatever went stale: compile it again
-                log.info("minicomp: a cached graph does not link (%s); compiling it", e)
-            else:
-                for message in kept.warnings:
-                    warn_user(message, KernelFallbackWarning)
-                who = graph_cache.compiled_by(options, key)
-                record.cache = f"hit ({key[:16]}, compiled by {who})"
-                return plan
+    kept = graph_cache.load(options, key)
+    if kept is None:
+        # One compile for all the processes sharing the cache (a job's ranks): the first
+        # compiles the graph, the others wait for it and link what it kept.
+        with graph_cache.compiling(options, key):
+            kept = graph_cache.load(options, key)
+            if kept is None:
+                return _compile_and_keep(gm, options, record, frozen, static, device_index, key)
+    record.times["graph cache"] = time.perf_counter() - t0
+    try:
+        plan = link(kept.lowered, record, device_index, static)
+    except Exception as e:  # noqa: BLE001 - whatever went stale: compile it again
+        log.info("minicomp: a cached graph does not link (%s); compiling it", e)
         return _compile_and_keep(gm, options, record, frozen, static, device_index, key)
+    for message in kept.warnings:
+        warn_user(message, KernelFallbackWarning)
+    record.cache = f"hit ({key[:16]}, compiled by {graph_cache.compiled_by(options, key)})"
+    return plan
 
 
 def _compile_and_keep(

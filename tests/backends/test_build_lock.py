@@ -69,3 +69,10 @@ def test_meta_records_who_built_an_entry(tmp_path, monkeypatch):
     assert cache.describe_builder(other) == f"rank 3 (pid {who['pid'] + 1})"
     assert cache.describe_builder({**other, "host": "elsewhere"}).endswith(" on elsewhere")
     assert cache.describe_builder(None) == "an unknown process"
+
+
+def test_a_cache_where_no_lock_can_be_made_builds_without_one(tmp_path):
+    root, entry = _entry(tmp_path)
+    (tmp_path / cache.BUILDING).write_text("not a folder")  # as a read-only cache would fail
+    with cache.build_lock(root, entry) as held:
+        assert not held
