@@ -122,6 +122,20 @@ def main(rank, world, store, target, out):
         results["outer"] = train(outer, DDP(reference, bucket_cap_mb=BUCKET_MB), rank)
     results["outer"]["graphs"] = compiled_graphs(records)
 
+    # Around DDP in the python_reducer mode: one graph with DDP's forward inlined, each
+    # gradient all-reduced by a hook. Last: the mode changes Dynamo's rules for the process.
+    torch._dynamo.reset()
+    model, reference = models(Net)
+    eager = DDP(reference, bucket_cap_mb=BUCKET_MB)  # the usual reducer
+    torch._dynamo.config.optimize_ddp = "python_reducer"
+    records = []
+    with backend.recording(records):
+        whole = torch.compile(
+            DDP(model, bucket_cap_mb=BUCKET_MB), backend="minicomp", options=options
+        )
+        results["python_reducer"] = train(whole, eager, rank)
+    results["python_reducer"]["graphs"] = compiled_graphs(records)
+
     dist.destroy_process_group()
     with open(out, "w", encoding="utf-8") as f:
         json.dump(results, f)

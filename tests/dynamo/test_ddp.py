@@ -1,8 +1,8 @@
 """DistributedDataParallel over two CPU processes (gloo) with minicomp compiling the model:
 both forms (`DDP(torch.compile(model))`, `torch.compile(DDP(model))`) train with eager DDP's
-losses, gradients and weights, every bucket's graph compiled (none run eagerly), and the form
-that compiles nothing (a model whose forward is PyTorch's own) warns. The ranks run
-ddp_worker.py."""
+losses, gradients and weights, every bucket's graph compiled (none run eagerly), and so does
+the second in Dynamo's python_reducer mode (one graph); the second form where it compiles
+nothing (a model whose forward is PyTorch's own) warns. The ranks run ddp_worker.py."""
 
 import json
 import os
@@ -49,6 +49,13 @@ def test_ddp_trains_like_eager_ddp_in_both_forms(ddp_results):
             assert kinds == ["backward", "backward", "forward", "forward"], (where, graphs)
             assert all(g["error"] == "" for g in graphs), (where, graphs)
             assert sum(g["kernels"] for g in graphs) > 0, (where, graphs)
+        # The python_reducer mode: DDP's forward and the model's, one graph each way.
+        run = result["python_reducer"]
+        assert run["losses"] == pytest.approx(run["eager_losses"], rel=1e-5, abs=1e-6), rank
+        assert max(run["grad_diffs"]) < 1e-5 and run["weight_diff"] < 1e-5, rank
+        kinds = sorted(g["kind"] for g in run["graphs"])
+        assert kinds == ["backward", "forward"], (rank, run["graphs"])
+        assert all(g["error"] == "" for g in run["graphs"]), (rank, run["graphs"])
     # Each rank trained on its own data: the gradients were averaged across ranks.
     assert ddp_results[0]["inner"]["losses"] != ddp_results[1]["inner"]["losses"]
 
