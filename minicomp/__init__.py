@@ -7,6 +7,7 @@ a `torch.backends` one; importing minicomp is only needed for its API.
 
 from minicomp import config, logs, script
 from minicomp.dynamo.backend import FallbackWarning, KernelFallbackWarning
+from minicomp.dynamo.ddp import DistributedWarning
 from minicomp.dynamo.fsdp import compile_builtin_fsdp_modules
 from minicomp.explain import Explanation, explain, explain_file
 
@@ -15,6 +16,7 @@ logs.register()  # where no entry point did while torch was imported (minicomp/l
 __all__ = [
     "compile_builtin_fsdp_modules",
     "config",
+    "DistributedWarning",
     "explain",
     "explain_file",
     "Explanation",

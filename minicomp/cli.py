@@ -142,7 +142,9 @@ def _builds(root: str) -> list[_Build]:
         for fan in _folders(os.path.join(root, kind)):
             found += [(e, e.name.startswith(".tmp-")) for e in _folders(fan.path)]
     found += [(e, False) for e in _folders(os.path.join(root, build_cache.QUARANTINE))]
-    found += [(e, True) for e in _folders(os.path.join(root, build_cache.BUILDING))]
+    building = _folders(os.path.join(root, build_cache.BUILDING))
+    # Not the locks' folder: removing a lock file someone holds would let a second builder in.
+    found += [(e, True) for e in building if e.path != os.path.join(root, build_cache.LOCKS)]
     builds = []
     for entry, temporary in found:
         with contextlib.suppress(OSError):
@@ -641,7 +643,7 @@ $MINICOMP_CACHE_DIR, else ~/.cache/minicomp):
   headers/            precompiled headers the cuda-emu builds include; cheap to redo
   graphs/             compiled graphs (each graph's IR after minicomp's passes and its kernel
                       functions), so that compiling a graph again skips minicomp's work
-  building/           builds in progress: `clear` and `prune` leave them alone
+  building/           builds in progress and their locks: `clear` and `prune` leave them alone
   quarantine/         damaged builds moved aside (and built again), kept for a look
   tuning.sqlite       the tuning database: the parameters each template tuned to
 

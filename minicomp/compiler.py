@@ -25,6 +25,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+from minicomp.backends import cache as build_cache
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function
@@ -173,9 +174,11 @@ def _build(lowered: Lowered, record: CompileRecord, device_index: int | None) ->
     t0 = time.perf_counter()
     options = lowered.options
     target = resolve_target(options.target, graph_devices(lowered.graph))
-    fns, record.source = target.build(
-        [*lowered.kernels, *lowered.launched], options, device_index, lowered.device_functions
-    )
+    with build_cache.observing() as events:
+        fns, record.source = target.build(
+            [*lowered.kernels, *lowered.launched], options, device_index, lowered.device_functions
+        )
+    record.builds.extend(events)
     record.times["build"] = record.times.get("build", 0.0) + time.perf_counter() - t0
     return fns
 

@@ -32,6 +32,7 @@ from minicomp.passes.graph.library_calls import BY_DESIGN
 from minicomp.record import (
     HEADER_MARK,
     CompileRecord,
+    builds,
     graph_files,
     header_elided,
     report,
@@ -240,6 +241,8 @@ class Explanation:
             lines += _aten_calls(r)
         if r.cache:
             lines.append(_field("graph cache", r.cache))
+        if r.builds:
+            lines.append(_field("binaries", builds(r)))
         if r.times:
             total = sum(r.times.values())
             stages = ", ".join(f"{stage} {s * 1e3:.1f}" for stage, s in r.times.items())

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from minicomp.backends.cache import describe_builder
 from minicomp.config import Options
 from minicomp.ir.func import Function
 from minicomp.ir.graph import ExternOp, FusedOp, Graph
@@ -39,6 +41,7 @@ class CompileRecord:
     tuning: list = field(default_factory=list)  # (group, template, tune.tuner.Choice)
     estimates: dict[str, str] = field(default_factory=dict)  # kernel -> the lens's estimate
     cache: str = ""  # what the whole-graph cache did: hit, stored, off or not kept (why)
+    builds: list = field(default_factory=list)  # backends.cache.BuildEvent of each binary
 
     @property
     def fallbacks(self) -> dict[str, str]:
@@ -57,6 +60,18 @@ def fused_groups(r: CompileRecord) -> str:
 def aten_calls(r: CompileRecord) -> str:
     """One line per op of the compiled graph run as an ATen call, and why."""
     return "\n".join(f"{name}: {reason}" for name, reason in r.fallbacks.items()) or "(none)"
+
+
+def builds(r: CompileRecord) -> str:
+    """Where the graph's binaries came from: built by this process or found in the build
+    cache, and by whom (the rank, in a distributed job); "" when nothing was built."""
+    counts = Counter(
+        "built by " + describe_builder(e.builder)
+        if e.built
+        else "from the cache, built by " + describe_builder(e.builder)
+        for e in r.builds
+    )
+    return ", ".join(f"{n} {text}" for text, n in counts.items())
 
 
 def tuning(r: CompileRecord) -> str:
@@ -134,6 +149,8 @@ def report(r: CompileRecord) -> str:
         parts.append(_section("generated source", r.source))
     if r.cache:
         parts.append(_section("graph cache", r.cache))
+    if r.builds:
+        parts.append(_section("binaries", builds(r)))
     if r.times:
         parts.append(
             _section(

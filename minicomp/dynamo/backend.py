@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from minicomp import config
 from minicomp.dynamo import diagnostics
+from minicomp.dynamo.ddp import watch_ddp
 from minicomp.dynamo.decompositions import decomposition_table
 from minicomp.dynamo.eager_strides import restride_like_eager
 from minicomp.dynamo.importer import import_graph
@@ -193,30 +194,53 @@ def _import_and_compile(
     restride_like_eager(gm)  # before the key: the graph as the importer reads it
     device_index = _cuda_index(gm)
     key = None
+    t0 = time.perf_counter()
     if not options.graph_cache:
         record.cache = "off (the graph_cache option)"
     elif frozen:
         record.cache = "not kept: its weights are frozen into it"
     else:
-        t0 = time.perf_counter()
         try:
             key = graph_cache.graph_key(gm, options, record.kind, static, device_index)
         except graph_cache.Uncacheable as e:
             record.cache = f"not kept: {e}"
-        # A graph traced for explain or diagnostics (diagnostics.wants_passes) runs every pass
-        # again, to show them.
-        kept = graph_cache.load(options, key) if key and not record.trace else None
-        if kept is not None:
-            record.times["graph cache"] = time.perf_counter() - t0
-            try:
-                plan = link(kept.lowered, record, device_index, static)
-            except Exception as e:  # noqa: BLE001 - whatever went stale: compile it again
-                log.info("minicomp: a cached graph does not link (%s); compiling it", e)
-            else:
-                for message in kept.warnings:
-                    warn_user(message, KernelFallbackWarning)
-                record.cache = f"hit ({key[:16]})"
-                return plan
+    # A graph traced for explain or diagnostics (diagnostics.wants_passes) runs every pass
+    # again, to show them.
+    if key is None or record.trace:
+        return _compile_and_keep(gm, options, record, frozen, static, device_index, key)
+    kept = graph_cache.load(options, key)
+    if kept is None:
+        # One compile for all the processes sharing the cache (a job's ranks): the first
+        # compiles the graph, the others wait for it and link what it kept.
+        with graph_cache.compiling(options, key):
+            kept = graph_cache.load(options, key)
+            if kept is None:
+                return _compile_and_keep(gm, options, record, frozen, static, device_index, key)
+    record.times["graph cache"] = time.perf_counter() - t0
+    try:
+        plan = link(kept.lowered, record, device_index, static)
+    except Exception as e:  # noqa: BLE001 - whatever went stale: compile it again
+        log.info("minicomp: a cached graph does not link (%s); compiling it", e)
+        return _compile_and_keep(gm, options, record, frozen, static, device_index, key)
+    for message in kept.warnings:
+        warn_user(message, KernelFallbackWarning)
+    record.cache = f"hit ({key[:16]}, compiled by {graph_cache.compiled_by(options, key)})"
+    return plan
+
+
+def _compile_and_keep(
+    gm: torch.fx.GraphModule,
+    options: config.Options,
+    record: CompileRecord,
+    frozen: Mapping[int, torch.Tensor],
+    static: Sequence[int],
+    device_index: int | None,
+    key: str | None,
+) -> Callable:
+    """`gm` compiled, and kept in the whole-graph cache under `key` (unless None)."""
+    from minicomp.compiler import link  # lazy: see _import_and_compile
+    from minicomp.dynamo import graph_cache
+
     messages: list[str] = []
     lowered, fns = _lower_with_fallbacks(gm, options, record, frozen, device_index, messages)
     if key is not None:
@@ -558,6 +582,7 @@ def minicomp_backend(
     torch.compile calls it with ``mode=`` when a mode other than "default" is given (see
     config.from_torch_mode); explicitly set options win over the mode's preset.
     """
+    watch_ddp()  # again after a torch._dynamo.reset(), which drops it
     resolved = config.resolve(options, mode=mode)
     return make_backend(resolved)(gm, example_inputs)
 
@@ -567,3 +592,9 @@ def ensure_registered() -> None:
     PYTHONPATH that was never installed)."""
     if "minicomp" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(minicomp_backend, name="minicomp")
+
+
+# Where torch.compile(DDP(model)) compiles nothing, Dynamo never calls the backend: the
+# warning comes from a callback Dynamo calls after each frame compile (ddp.py), registered when
+# torch.compile loads the backend.
+watch_ddp()

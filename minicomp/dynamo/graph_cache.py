@@ -19,6 +19,7 @@ to cover the user's kernel source), and entries above MAX_ENTRY_BYTES.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -124,6 +125,25 @@ def load(options: Options, key: str) -> CachedGraph | None:
         return None
     os.utime(folder)  # prune removes the least recently used first
     return kept
+
+
+@contextlib.contextmanager
+def compiling(options: Options, key: str) -> Iterator[None]:
+    """Hold the lock of `key`'s entry while compiling the graph: processes sharing the cache
+    (a job's ranks) compile a graph once, the others wait, then link it from the entry."""
+    root = build_cache.trusted_root(options.cache_dir)
+    with build_cache.build_lock(root, build_cache.entry_dir(root, KIND, key)):
+        yield
+
+
+def compiled_by(options: Options, key: str) -> str:
+    """Who compiled `key`'s entry, in words (see backends.cache.describe_builder)."""
+    root = build_cache.trusted_root(options.cache_dir)
+    try:
+        with open(os.path.join(build_cache.entry_dir(root, KIND, key), build_cache.META_NAME)) as f:
+            return build_cache.describe_builder(json.load(f).get("built_by"))
+    except (OSError, ValueError, AttributeError):
+        return build_cache.describe_builder(None)
 
 
 def store(options: Options, key: str, kept: CachedGraph, summary: dict) -> None:

@@ -114,18 +114,16 @@ def test_missing_compiler_raises_compile_error(tmp_path):
 
 
 def _slow_compiler(tmp_path) -> str:
-    """A cc wrapper that waits until two builds are running, so both processes really race."""
+    """A cc wrapper that notes each build and takes a second over it, so that a process
+    starting at the same time finds the build under way."""
     arrivals = tmp_path / "arrivals"
     arrivals.mkdir()
-    script = tmp_path / "racing-cc"
+    script = tmp_path / "slow-cc"
     script.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = --version ]; then exec cc --version; fi\n'
         f'touch "{arrivals}/$$"\n'
-        "i=0\n"
-        f'while [ "$(ls "{arrivals}" | wc -l)" -lt 2 ] && [ "$i" -lt 200 ]; do\n'
-        "    sleep 0.05; i=$((i + 1))\n"
-        "done\n"
+        "sleep 1\n"
         'exec cc "$@"\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
@@ -133,6 +131,8 @@ def _slow_compiler(tmp_path) -> str:
 
 
 def test_concurrent_processes_share_one_build(tmp_path):
+    """Two processes (a job's ranks) missing the same build at once: one builds, the other
+    waits for it (the entry's lock) and loads it."""
     cc = _slow_compiler(tmp_path)
     source = ADD_SOURCE.replace("add(", "add_concurrently(")
     kwargs = {"cc": cc, "cflags": FLAGS, "cache_dir": str(tmp_path / "cache")}
@@ -140,11 +140,12 @@ def test_concurrent_processes_share_one_build(tmp_path):
         results = [pool.apply_async(compiler.compile_c, (source,), kwargs) for _ in range(2)]
         paths = [result.get(timeout=120) for result in results]
     assert paths[0] == paths[1]
-    assert len(os.listdir(tmp_path / "arrivals")) == 2  # both processes compiled
+    assert len(os.listdir(tmp_path / "arrivals")) == 1  # one process compiled
     builds = [root for root, _, files in os.walk(tmp_path / "cache") if "lib.so" in files]
     assert builds == [os.path.dirname(paths[0])]
     leftovers = [n for _, dirs, _ in os.walk(tmp_path / "cache") for n in dirs if "tmp" in n]
     assert leftovers == []
+    assert os.listdir(tmp_path / "cache" / "building" / "locks") == []
     assert ctypes.CDLL(paths[0]).add_concurrently(2, 40) == 42
 
 

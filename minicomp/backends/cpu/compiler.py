@@ -42,8 +42,9 @@ class CacheStats:
 
     memory_hits: int
     disk_hits: int
-    misses: int
+    misses: int  # libraries this process built
     compile_seconds: float
+    header_builds: int = 0  # precompiled headers this process built
 
     @property
     def hits(self) -> int:
@@ -81,6 +82,7 @@ def cache_stats() -> CacheStats:
             disk_hits=int(_counters.get("disk_hits", 0)),
             misses=int(_counters.get("misses", 0)),
             compile_seconds=float(_counters.get("compile_seconds", 0.0)),
+            header_builds=int(_counters.get("header_builds", 0)),
         )
 
 
@@ -222,7 +224,9 @@ def compile_library(
         library = _libraries.get(path) if path is not None else None
         if library is not None:
             _counters["memory_hits"] = _counters.get("memory_hits", 0) + 1
-            return library
+    if library is not None:
+        cache.note_found(os.path.dirname(path))
+        return library
     compiler = _find_compiler(cc, source)
     flags = shlex.split(cflags)
     key = _key(source, compiler, flags)
@@ -233,7 +237,12 @@ def compile_library(
         if cache.lookup(cache_dir, final_dir, _LIBRARY_NAME) is not None:
             _count("disk_hits")
         else:
-            _build(source, compiler, flags, cache_dir, final_dir, name, headers)
+            # Processes sharing the cache (a job's ranks) build it once: the others wait.
+            with cache.build_lock(cache_dir, final_dir):
+                if cache.lookup(cache_dir, final_dir, _LIBRARY_NAME) is not None:
+                    _count("disk_hits")
+                else:
+                    _build(source, compiler, flags, cache_dir, final_dir, name, headers)
         try:
             library = load_library(path)
             break
@@ -272,6 +281,7 @@ def precompiled_header(
     with _lock:
         path = _headers.get(memo_key)
     if path is not None and os.path.isfile(path):  # a cache clean-up may have removed it
+        cache.note_found(os.path.dirname(path))
         return path
     compiler = _find_compiler(cc, text)
     flags = shlex.split(cflags)
@@ -279,20 +289,29 @@ def precompiled_header(
     final_dir = cache.entry_dir(cache_dir, "headers", _key(text, compiler, flags))
     path = os.path.join(final_dir, _HEADER_NAME)
     if cache.lookup(cache_dir, final_dir, _HEADER_NAME) is None:
-        with cache.build_dir(cache_dir, name) as tmp_dir:
-            with open(os.path.join(tmp_dir, _HEADER_NAME), "w", encoding="utf-8") as f:
-                f.write(text)
-            start = time.perf_counter()
-            command = [compiler, _HEADER_NAME, "-o", _HEADER_NAME + ".gch", *flags]
-            if _run(command, cwd=tmp_dir).returncode != 0:
-                # The header still works as text; only the time it saves is lost.
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(tmp_dir, _HEADER_NAME + ".gch"))
-            _count("compile_seconds", time.perf_counter() - start)
-            cache.publish(tmp_dir, final_dir)
+        with cache.build_lock(cache_dir, final_dir):
+            if cache.lookup(cache_dir, final_dir, _HEADER_NAME) is None:
+                _build_header(text, compiler, flags, cache_dir, final_dir, name)
     with _lock:
         _headers[memo_key] = path
     return path
+
+
+def _build_header(
+    text: str, compiler: str, flags: list[str], cache_dir: str, final_dir: str, name: str
+) -> None:
+    with cache.build_dir(cache_dir, name) as tmp_dir:
+        with open(os.path.join(tmp_dir, _HEADER_NAME), "w", encoding="utf-8") as f:
+            f.write(text)
+        start = time.perf_counter()
+        command = [compiler, _HEADER_NAME, "-o", _HEADER_NAME + ".gch", *flags]
+        if _run(command, cwd=tmp_dir).returncode != 0:
+            # The header still works as text; only the time it saves is lost.
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(tmp_dir, _HEADER_NAME + ".gch"))
+        _count("compile_seconds", time.perf_counter() - start)
+        _count("header_builds")
+        cache.publish(tmp_dir, final_dir)
 
 
 def _place_headers(headers: Sequence[str], tmp_dir: str) -> set[str]:

@@ -286,19 +286,28 @@ def compile_cuda(
         binary = _built.get(memo_key)
         if binary is not None:
             _stats.memory_hits += 1
-            return binary
+    if binary is not None:
+        cache.note_found(cache.entry_dir(cache_dir, "cubins", binary.key))
+        return binary
     _nvrtc(library)
     check_arch(arch)
     key = cache_key(source, arch=arch, extra_flags=extra)
     cache.trusted_root(cache_dir)
     final_dir = cache.entry_dir(cache_dir, "cubins", key)
     binary = _load(cache_dir, final_dir, key)
-    if binary is not None:
+    if binary is None:
+        # Processes sharing the cache (a job's ranks) compile it once: the others wait.
+        with cache.build_lock(cache_dir, final_dir):
+            binary = _load(cache_dir, final_dir, key)
+            if binary is None:
+                binary = _build(source, arch, _options(arch, extra), name, key)
+                _store(binary, source, cache_dir, final_dir, name)
+            else:
+                with _lock:
+                    _stats.disk_hits += 1
+    else:
         with _lock:
             _stats.disk_hits += 1
-    else:
-        binary = _build(source, arch, _options(arch, extra), name, key)
-        _store(binary, source, cache_dir, final_dir, name)
     with _lock:
         _built[memo_key] = binary
     return binary
