@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(LENS_FAMILIES))
     parser.add_argument("--tiers", default="1")
-    parser.add_argument("--dtypes", default="f16", help="f16, bf16, f32, i8 (comma separated)")
+    parser.add_argument("--dtypes", default="f16", help="f16, bf16, f32, i8, f8 (comma separated)")
     parser.add_argument("--device", default="h100")
     parser.add_argument("--match", default="", help="only cases whose label contains this")
     parser.add_argument("--out", default="")

@@ -91,6 +91,8 @@ def lower(
     record.target = target.name
     if options.sm_count is None:  # resolved once: every pass and scheduler sizes for it
         options = dataclasses.replace(options, sm_count=target.sm_count(options, device_index))
+    if options.arch is None and target.runs_cuda:  # what the templates may use (float8 mma)
+        options = dataclasses.replace(options, arch=target.arch(options, device_index))
     record.options = options
     trace = record.passes if record.trace else None
 

@@ -97,7 +97,10 @@ class Options:
         False, "Treat parameters and buffers as constants, so they can be folded (inference only)."
     )
     arch: str | None = _option(
-        None, "CUDA architecture to compile for, such as sm_90; unset: the current device's."
+        None,
+        "CUDA architecture to compile for, such as sm_90, which also decides what the templates "
+        "may use (float8 mma: sm_89+). Unset: the target's device's (cuda: the GPU's own; "
+        "cuda-emu: lens_device's).",
     )
     sm_count: int | None = _option(
         None,

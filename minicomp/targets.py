@@ -97,6 +97,12 @@ class Target:
         never read it, and the count stays one every target can give."""
         return get_device(options.lens_device).sms
 
+    def arch(self, options: Options, device_index: int | None) -> str:
+        """The CUDA architecture the graph's kernels compile for, which decides what the
+        templates may use (the `arch` option when unset). This base class's: the lens's
+        described GPU's (`lens_device`), as for `sm_count`."""
+        return get_device(options.lens_device).arch
+
     def schedule(
         self, op: FusedOp, layouts: dict, choose: Callable | None, options: Options | None
     ) -> Function:
@@ -205,6 +211,8 @@ class CudaSourceTarget(Target):
         if options is not None and options.sm_count is not None:
             sized = {split_k, lower_attention}  # the passes that fill the GPU's SMs
             passes = [configured(p, sms=options.sm_count) if p in sized else p for p in passes]
+        if options is not None and options.arch is not None:  # _scaled_mm needs sm_89 on CUDA
+            passes = [configured(p, arch=options.arch) if p is lower_anchors else p for p in passes]
         if not has_script_ops(graph):
             return passes
         # Script-kernel ops launch first, so the default passes see their tensors; their
@@ -271,6 +279,12 @@ class CudaTarget(CudaSourceTarget):
         """CUDA device `device_index`'s SMs (the current device when None); `get_properties`
         stands in for torch.cuda.get_device_properties."""
         return device_sm_count(device_index, get_properties=get_properties)
+
+    def arch(self, options, device_index):
+        """What NVRTC compiles for on CUDA device `device_index` (the current one when None):
+        the device's own architecture, or the newest NVRTC has of the same major version."""
+        index = torch.cuda.current_device() if device_index is None else device_index
+        return cuda_module.pick_arch(index, library=options.nvrtc_library)
 
     def build(self, kernels, options, device_index=None, device_functions=()):
         if not kernels:

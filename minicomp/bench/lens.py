@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from minicomp.backends.cuda.arch import float8_mma_unpacks
 from minicomp.bench.kernels.cases import Case
 from minicomp.bench.kernels.families import FAMILIES
 from minicomp.lens.devices import DEVICES, Device, get_device
@@ -96,10 +97,14 @@ class LensRow:
 
 def problem_roofline(case: Case, device: Device) -> float:
     """Seconds `case` needs at best on `device`: its flops on tensor cores (mma.sync) for
-    16-bit operands (int8: twice the f16 rate) or on FP32 FMAs for float32, or its minimum
-    bytes at DRAM speed."""
+    16-bit operands (int8: twice the f16 rate; float8: the f16 rate where mma.sync unpacks
+    it to f16, sm_90, twice elsewhere) or on FP32 FMAs for float32, or its minimum bytes at
+    DRAM speed."""
     if case.dtype in ("float16", "bfloat16"):
         compute = case.flops / (device.mma_sync_tflops_f16 * 1e12)
+    elif case.dtype == "float8_e4m3fn":
+        rate = 1 if float8_mma_unpacks(device.arch) else 2
+        compute = case.flops / (rate * device.mma_sync_tflops_f16 * 1e12)
     elif case.dtype == "int8":
         compute = case.flops / (2 * device.mma_sync_tflops_f16 * 1e12)
     else:

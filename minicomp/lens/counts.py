@@ -15,7 +15,9 @@ WARP = 32
 MMA_FLOPS = 2 * 16 * 8 * 16
 """The floating-point operations of one m16n8k16 tensor-core instruction. An int8 m16n8k32
 counts as one mma too: twice the operations, at twice the f16 rate on every GPU of the
-device table, so the same tensor-core time (its operations are reported at half)."""
+device table, so the same tensor-core time (its operations are reported at half). A float8
+m16n8k32 counts as two: sm_90 runs it as two f16 m16n8k16 (sm_89 would run it as one QMMA, at
+twice the f16 rate; no device of the table is an sm_89)."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ ASSUMPTIONS = (
     "read from L2 (no DRAM bytes, and none in the roofline's minimum)",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
     "the device's mma.sync rate, and so is an int8 m16n8k32 (twice the operations at twice the "
-    "rate)",
+    "rate); a float8 m16n8k32 is two of them (sm_90 unpacks its bytes to f16)",
     f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "
     f"constant, 2 or 3), a 64-bit integer operation {INT64_INSTRUCTIONS}, a transcendental call "
     "one special-function slot; integer work is free where the compiler folds it (constants in "

@@ -44,7 +44,11 @@ of the value they meet (alone: i32, f32, bool); arithmetic promotes like C (floa
 ints, wider beats narrower) and wraps; `/` needs a float operand; `//` and `%` are integer
 operators that truncate toward zero like C (-7 // 2 == -3, also in compile-time arithmetic);
 implicit conversions only widen (i32 to i64, f16 to f32...); everything else needs a cast
-such as `f16(x)` or `i32(x)`. Comparisons chain; `and`/`or`/`not` are logical; `a if c else
+such as `f16(x)` or `i32(x)`. The float8 formats are `float8_e4m3fn`, `float8_e5m2` and
+their fnuz variants (or `f8e4m3fn`... as the printer writes them): one byte each, loaded,
+stored and converted bit for bit as PyTorch does (`f32(x)`, `float8_e4m3fn(y)`; they widen
+implicitly to f16, bf16, f32), their arithmetic rounded to float8 like f16's to f16 (widen
+first to compute in f32). Comparisons chain; `and`/`or`/`not` are logical; `a if c else
 b` selects.
 
 Primitives: `threadIdx`, `blockIdx`, `blockDim`, `gridDim` (.x .y .z, i32), `syncthreads()`,
@@ -68,7 +72,8 @@ kernel IR's minicomp.ir.func.LaunchAttrs. Tensor cores and async copies (sm_80+,
 fragment layouts in minicomp.backends.cuda.intrinsics_mma): `mma_sync_m16n8k16(d, a, b, c)`
 (one warp's D = A * B + C; each operand a register tensor, a view `acc[i, j]` or its first
 element: 8 f16 or bf16 of A, 4 of B, 4 f32 of C and D), `mma_sync_m16n8k32(d, a, b, c)`
-(the same for 8-bit integers: 16 i8 or u8 of A, 8 of B, 4 i32 of C and D, sums wrapping),
+(the same for 8-bit integers: 16 i8 or u8 of A, 8 of B, 4 i32 of C and D, sums wrapping;
+or for float8 on sm_89+: 16 float8_e4m3fn or float8_e5m2 of A, 8 of B, 4 f32 of C and D),
 `ldmatrix_x1|x2|x4[_trans](frag, smem[r, c])` (the 16-byte shared row this lane names; 8-bit
 elements without _trans), `cp_async(smem[i], t[j], nbytes,
 src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled past the
@@ -139,9 +144,17 @@ from minicomp.script.mapping import TaskMapping, repeat, spatial
 from minicomp.script.types import (
     bf16,
     boolean,
+    f8e4m3fn,
+    f8e4m3fnuz,
+    f8e5m2,
+    f8e5m2fnuz,
     f16,
     f32,
     f64,
+    float8_e4m3fn,
+    float8_e4m3fnuz,
+    float8_e5m2,
+    float8_e5m2fnuz,
     i8,
     i16,
     i32,
@@ -177,6 +190,14 @@ __all__ = [
     "u32",
     "u64",
     "boolean",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "f8e4m3fn",
+    "f8e5m2",
+    "f8e4m3fnuz",
+    "f8e5m2fnuz",
     "dim",
     "threadIdx",
     "blockIdx",

@@ -1,5 +1,5 @@
 """Tensor-core and async-copy primitives of scripts: mma_sync_m16n8k16 (f16/bf16),
-mma_sync_m16n8k32 (8-bit integers), ldmatrix, cp_async.
+mma_sync_m16n8k32 (8-bit integers, or float8 e4m3/e5m2 on sm_89+), ldmatrix, cp_async.
 
 Each lowers to the kernel-IR intrinsic of its name (`cp_async(..., nbytes)` to
 cp_async_<nbytes>; minicomp.backends.cuda.intrinsics_mma has the fragment layouts) as an Effect
@@ -24,10 +24,14 @@ from minicomp.script.errors import Issue
 from minicomp.script.values import Effect, TensorRef, as_index, row_major_strides
 
 MMA_TYPES = (T.f16, T.bf16)
-# The operand types of mma_sync_m16n8k32 (either operand either type), summed in i32.
+# The operand types of mma_sync_m16n8k32 (either operand either type of one family): 8-bit
+# integers summed in i32, or float8 (sm_89 and newer) summed in f32.
 INT8_MMA_TYPES = (T.i8, T.u8)
+FP8_MMA_TYPES = (T.f8e4m3fn, T.f8e5m2)
 SIXTEEN_BIT = (T.f16, T.bf16, T.i16, T.u16)
-EIGHT_BIT = INT8_MMA_TYPES
+# What 8-bit ldmatrix moves: bytes, whatever they encode.
+EIGHT_BIT = (*INT8_MMA_TYPES, *T.FLOAT8_TYPES)
+K32_TYPES = (*INT8_MMA_TYPES, *FP8_MMA_TYPES)
 ASYNC_COPY_BYTES = (4, 8, 16)
 _SCOPES = {"local": "a register tensor", "shared": "a shared tensor", "global": "a global tensor"}
 
@@ -169,16 +173,25 @@ def _mma(p, name, args, kwargs):
     return _effect(name, d.var, d.index, a.var, a.index, b.var, b.index, c.var, c.index)
 
 
-def _mma_int8(p, name, args, kwargs):
+def _mma_k32(p, name, args, kwargs):
     nodes = _args(name, args, kwargs, ("d", "a", "b", "c"), 4)
     ops = {}
     for key, node in zip("dabc", nodes):
         ops[key] = operand(p, node, f"the {key} operand of {name}()")
     d, a, b, c = (ops[k] for k in "dabc")
-    _check(p, nodes[1], a, f"the a operand of {name}()", "local", 16, INT8_MMA_TYPES)
-    _check(p, nodes[2], b, f"the b operand of {name}()", "local", 8, INT8_MMA_TYPES)
+    _check(p, nodes[1], a, f"the a operand of {name}()", "local", 16, K32_TYPES)
+    # One family for both operands: integers (summed in i32) or float8 (summed in f32).
+    family, acc = (INT8_MMA_TYPES, T.i32) if a.dtype in INT8_MMA_TYPES else (FP8_MMA_TYPES, T.f32)
+    if b.dtype in K32_TYPES and b.dtype not in family:
+        allowed = " or ".join(t.short for t in family)
+        raise p.src.error(
+            nodes[2],
+            f"the b operand of {name}() must hold {allowed} elements like a ({a.dtype}); "
+            f"{b.name} is {b.dtype}",
+        )
+    _check(p, nodes[2], b, f"the b operand of {name}()", "local", 8, family)
     for key, node in (("c", nodes[3]), ("d", nodes[0])):
-        _check(p, node, ops[key], f"the {key} operand of {name}()", "local", 4, (T.i32,))
+        _check(p, node, ops[key], f"the {key} operand of {name}()", "local", 4, (acc,))
     return _effect(name, d.var, d.index, a.var, a.index, b.var, b.index, c.var, c.index)
 
 
@@ -267,7 +280,7 @@ def _cp_async_wait(p, name, args, kwargs):
 
 HANDLERS = {
     "mma_sync_m16n8k16": _mma,
-    "mma_sync_m16n8k32": _mma_int8,
+    "mma_sync_m16n8k32": _mma_k32,
     **{f"ldmatrix_x{n}{t}": _ldmatrix for n in (1, 2, 4) for t in ("", "_trans")},
     "cp_async": _cp_async,
     "cp_async_commit": _cp_async_commit,

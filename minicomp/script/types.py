@@ -82,5 +82,12 @@ u16 = ScalarType(T.u16)
 u32 = ScalarType(T.u32)
 u64 = ScalarType(T.u64)
 boolean = ScalarType(T.boolean)
+# The float8 formats: one byte each, stored as its bit pattern; scripts spell them PyTorch's
+# way (float8_e4m3fn) or the short way the printer writes (f8e4m3fn).
+f8e4m3fn = float8_e4m3fn = ScalarType(T.f8e4m3fn)
+f8e5m2 = float8_e5m2 = ScalarType(T.f8e5m2)
+f8e4m3fnuz = float8_e4m3fnuz = ScalarType(T.f8e4m3fnuz)
+f8e5m2fnuz = float8_e5m2fnuz = ScalarType(T.f8e5m2fnuz)
 
 SCALAR_TYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
+SCALAR_TYPES += (f8e4m3fn, f8e5m2, f8e4m3fnuz, f8e5m2fnuz)

@@ -51,6 +51,31 @@ def test_an_int8_case_is_estimated_on_integer_tensor_cores():
     ]
 
 
+def test_a_float8_case_is_estimated_on_float8_tensor_cores():
+    """torch._scaled_mm of e4m3fn (B a transposed [N, K], per-tensor scales, bf16 out) on
+    matmul_tc's float8 m16n8k32: its roofline on an H100 is the flops at the f16 mma rate
+    (sm_90 unpacks float8 to f16), the output's bf16 bytes; its reference the dequantized
+    product."""
+    fp8 = torch.float8_e4m3fn
+    case = matmul.case(128, 96, 256, fp8, "cpu")
+    a, b, sa, sb = case.make()
+    assert a.dtype == b.dtype == fp8 and b.stride() == (1, 256)
+    want = case.reference(a, b, sa, sb)
+    got = case.fn(a, b, sa, sb).float()
+    assert (got - want).abs().max() <= 2**-8 * want.abs().max()
+    row = estimate_case(case, "h100")
+    assert not row.error and [k.template for k in row.kernels] == ["matmul_tc"]
+    useful = 2 * 128 * 96 * 256 / 660e12 * 1e6
+    bytes_bound = ((128 + 96) * 256 + 2 * 128 * 96) / 3350e9 * 1e6
+    assert row.problem_roofline_us == pytest.approx(max(useful, bytes_bound))
+    (k,) = row.kernels
+    assert k.sector_efficiency == 1.0 and k.spill_bytes == 0
+    assert [c.label for c in matmul.gpu_cases(dtypes=(fp8,))] == [
+        "16x4096x4096 float8_e4m3fn",
+        "4096x4096x4096 float8_e4m3fn",
+    ]
+
+
 def test_the_tensor_core_matmul_stages_its_tiles_without_bank_conflicts():
     """The cp.async stores and ldmatrix reads of matmul_tc's padded rows: two rows' chunks in
     one 8-lane phase (row-major chunk order) made this x1.41."""

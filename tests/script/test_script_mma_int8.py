@@ -228,7 +228,7 @@ def misuse(case: str):
 
 
 MISUSES = {
-    "a_f16": "must hold i8 or u8 elements",
+    "a_f16": "must hold i8 or u8 or f8e4m3fn or f8e5m2 elements",
     "a_small": "needs 16 i8 elements",
     "c_f16": "must hold i32 elements",
     "trans": "transposes 16-bit elements",

@@ -62,3 +62,20 @@ PORTABLE = _combined("portable", min)
 """What every architecture of ARCHS allows (99 KiB of shared memory a block: sm_86's, sm_89's)."""
 LARGEST = _combined("largest", max)
 """The most any architecture of ARCHS allows (227 KiB of shared memory a block: sm_90's)."""
+
+
+FLOAT8_MMA_ARCH = 89
+"""The first compute capability with float8 tensor-core mma (sm_89: mma.sync m16n8k32 of
+e4m3/e5m2, PTX ISA 8.4)."""
+
+
+def has_float8_mma(arch: str) -> bool:
+    """Whether code for `arch` ("sm_89", "sm_90a"...) can use the float8 mma."""
+    return int(arch.removeprefix("sm_").rstrip("af")) >= FLOAT8_MMA_ARCH
+
+
+def float8_mma_unpacks(arch: str) -> bool:
+    """Whether `arch` runs the float8 mma as f16 ones: sm_90 (Hopper, whose full float8 rate
+    needs wgmma) unpacks the bytes to f16 (F2FP) and issues two HMMA.16816, at the f16 rate and
+    with the unpacked fragments in registers; sm_89 has it as one QMMA."""
+    return int(arch.removeprefix("sm_").rstrip("af")) // 10 == 9

@@ -48,6 +48,10 @@ enum Op : unsigned {
     MMA_S8U8,
     MMA_U8S8,
     MMA_U8U8,
+    MMA_E4M3E4M3,
+    MMA_E4M3E5M2,
+    MMA_E5M2E4M3,
+    MMA_E5M2E5M2,
     OP_END
 };
 static const char* const OP_NAMES[OP_END] = {
@@ -64,6 +68,10 @@ static const char* const OP_NAMES[OP_END] = {
     "mma.sync.m16n8k32.s8.u8",
     "mma.sync.m16n8k32.u8.s8",
     "mma.sync.m16n8k32.u8.u8",
+    "mma.sync.m16n8k32.e4m3.e4m3",
+    "mma.sync.m16n8k32.e4m3.e5m2",
+    "mma.sync.m16n8k32.e5m2.e4m3",
+    "mma.sync.m16n8k32.e5m2.e5m2",
 };
 static const uint64_t TAG_MAGIC = 0x6d63ull << 48;  // "mc": not a likely shuffled value
 
@@ -257,6 +265,75 @@ static inline void mma_m16n8k32(unsigned op, Compute compute, int32_t* d, const 
     collective(op, &in, sizeof in, d, 4 * sizeof(int32_t), compute);
 }
 
+// ---- mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32 ----
+
+struct Fp8MmaOperands {
+    unsigned char a[16];
+    unsigned char b[8];
+    float c[4];
+};
+static_assert(sizeof(Fp8MmaOperands) <= sizeof(Slot), "float8 mma operands fit a slot");
+
+// A float8 byte's value, exact in float (common.h's conversions come after this header, in the
+// kernel's source): e4m3fn (bias 7, no infinity, 0x7f/0xff NaN) and e5m2 (bias 15, IEEE-like).
+static inline float e4m3_to_f32(unsigned char x) {
+    unsigned e = (x >> 3) & 0xfu, m = x & 7u;
+    float v = (e == 0xfu && m == 7u) ? NAN : e ? ldexpf((float)(8u + m), (int)e - 10)
+                                               : ldexpf((float)m, -9);
+    return (x & 0x80u) ? -v : v;
+}
+static inline float e5m2_to_f32(unsigned char x) {
+    unsigned e = (x >> 2) & 0x1fu, m = x & 3u;
+    float v = e == 0x1fu ? (m ? NAN : INFINITY)
+                         : e ? ldexpf((float)(4u + m), (int)e - 17) : ldexpf((float)m, -16);
+    return (x & 0x80u) ? -v : v;
+}
+
+// The fragments are the .s8/.u8 ones above (one table in the PTX ISA). Every product of two
+// float8 values is exact in float (4 x 4 significant bits at most, exponents within float's
+// range); as for f16 (mma_compute), each output is c, then the 32 products added in k order,
+// rounding to nearest after each addition. Hardware adds them in its own order and rounding
+// (sm_90 as two f16 mma's of 16 products each), so the two agree whenever every partial sum is
+// a float and otherwise differ by a few float ulps of the sum of |terms|.
+template <float (*WidenA)(unsigned char), float (*WidenB)(unsigned char)>
+MC_LENS_UNINSTRUMENTED static void fp8_mma_compute(Slot* lanes) {
+    Fp8MmaOperands in[32];
+    float A[16][32], B[32][8];
+    for (unsigned l = 0; l < 32; l++) {
+        memcpy(&in[l], lanes[l].bytes, sizeof in[l]);
+        unsigned g = l >> 2, t = l & 3;
+        for (unsigned i = 0; i < 16; i++) {
+            A[g + 8 * ((i >> 2) & 1)][4 * t + (i & 3) + 16 * (i >> 3)] = WidenA(in[l].a[i]);
+        }
+        for (unsigned i = 0; i < 8; i++) B[4 * t + (i & 3) + 16 * (i >> 2)][g] = WidenB(in[l].b[i]);
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        unsigned g = l >> 2, t = l & 3;
+        float d[4];
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            float acc = in[l].c[i];
+            for (unsigned k = 0; k < 32; k++) {
+                float product = A[row][k] * B[k][col];
+                acc = acc + product;
+            }
+            d[i] = acc;
+        }
+        memcpy(lanes[l].bytes, d, sizeof d);
+    }
+}
+
+static inline void fp8_mma_m16n8k32(unsigned op, Compute compute, float* d, const void* a,
+                                    const void* b, const float* c) {
+    // sm_90 (the lens's default GPU) runs it as two m16n8k16 mma's after unpacking to f16.
+    MC_LENS_COUNT(LENS_MMA, 2);
+    Fp8MmaOperands in;
+    memcpy(in.a, a, sizeof in.a);
+    memcpy(in.b, b, sizeof in.b);
+    memcpy(in.c, c, sizeof in.c);  // before d is written: d may be c
+    collective(op, &in, sizeof in, d, 4 * sizeof(float), compute);
+}
+
 // ---- ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 ----
 
 // Lanes 8m..8m+7 give the addresses of rows 0..7 of matrix m (16 bytes each, 16-byte aligned);
@@ -348,6 +425,18 @@ MC_EMU_MMA_M16N8K32(s8, int8_t, u8, uint8_t, MMA_S8U8, true, false)
 MC_EMU_MMA_M16N8K32(u8, uint8_t, s8, int8_t, MMA_U8S8, false, true)
 MC_EMU_MMA_M16N8K32(u8, uint8_t, u8, uint8_t, MMA_U8U8, false, false)
 #undef MC_EMU_MMA_M16N8K32
+
+#define MC_EMU_MMA_F8(A, B, OP)                                                                \
+    static inline void mc_mma_m16n8k32_##A##B(float* d, const uint8_t* a, const uint8_t* b,    \
+                                              const float* c) {                                \
+        using namespace mc_emu::mma;                                                           \
+        fp8_mma_m16n8k32(OP, fp8_mma_compute<A##_to_f32, B##_to_f32>, d, a, b, c);             \
+    }
+MC_EMU_MMA_F8(e4m3, e4m3, MMA_E4M3E4M3)
+MC_EMU_MMA_F8(e4m3, e5m2, MMA_E4M3E5M2)
+MC_EMU_MMA_F8(e5m2, e4m3, MMA_E5M2E4M3)
+MC_EMU_MMA_F8(e5m2, e5m2, MMA_E5M2E5M2)
+#undef MC_EMU_MMA_F8
 
 #define MC_EMU_LDMATRIX(NAME, NUM, TRANS, OP)                                     \
     static inline void mc_ldmatrix_##NAME(void* dst, const void* row) {           \

@@ -14,11 +14,16 @@ call of a device function of mma.h (inline PTX, sm_80+) or, in the emulator, of 
   operand i8 or u8 (any of the four pairs); `c`/`d` its 4 i32 accumulators. PTX
   `mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.{s8,u8}.s32`, without .satfinite: the sums
   wrap modulo 2^32 as eager's int32 arithmetic does.
+  With float8 operands (f8e4m3fn or f8e5m2, any pair; sm_89 and newer) the same layouts are
+  summed in f32: `c`/`d` are 4 f32, PTX `mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.
+  {e4m3,e5m2}.f32`. (sm_89 runs it as one QMMA; sm_90 as two f16 HMMA.16816 after unpacking
+  the bytes to f16 with F2FP, at the f16 mma.sync rate.) Compiled for an older architecture,
+  a kernel using it fails to compile with a message naming the instruction and sm_89.
 - `ldmatrix_x1|x2|x4[_trans](dst, di, src, si)`: loads 1, 2 or 4 8x8 matrices of 16-bit
   elements from shared memory; `src[si]` is the 16-byte row this lane names (lanes 8m..8m+7
   give rows 0..7 of matrix m, 16-byte aligned), `dst` receives 2 elements a matrix. PTX
   `ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16`. Without .trans the elements may
-  be 8-bit (i8, u8): a row is then 16 of them and `dst` receives 4 consecutive ones a matrix
+  be 8-bit (i8, u8, float8): a row is then 16 of them and `dst` receives 4 consecutive ones a matrix
   (lane l: row l / 4, columns 4 * (l % 4) + 0..3), the A and B fragments of m16n8k32 as they
   come from K-major tiles. .trans moves 16-bit elements only: it cannot transpose bytes.
 - `cp_async_4|8|16(dst, di, src, si[, src_bytes])`: copies 4, 8 or 16 bytes from global
@@ -41,8 +46,9 @@ So `ldmatrix_x4` over the A tile's quadrants (rows 0-7/8-15 at column 0, then at
 lane l names row l % 16, column 8 * (l // 16)) yields a0..a7, and `ldmatrix_x2_trans` over a
 row-major 16x8 B tile (lane l names row l % 16) yields b0..b3.
 
-m16n8k32 with 8-bit integers ("Matrix Fragments for mma.m16n8k32", the .s8/.u8 tables; four
-elements a .b32 register, the lower index in the low byte):
+m16n8k32 with 8-bit integers or float8 ("Matrix Fragments for mma.m16n8k32": the .s8/.u8
+and .e4m3/.e5m2 tables are one; four elements a .b32 register, the lower index in the low
+byte):
 
     A a_i (i < 16): row g + 8 * ((i >> 2) & 1), column 4t + (i & 3) + 16 * (i >> 3)
     B b_i (i < 8):  row 4t + (i & 3) + 16 * (i >> 2), column g
@@ -58,7 +64,19 @@ from __future__ import annotations
 import os
 
 from minicomp.ir import expr as E
-from minicomp.ir.types import DataType, PointerType, bf16, f16, f32, i8, i32, u8
+from minicomp.ir.types import (
+    FLOAT8_TYPES,
+    DataType,
+    PointerType,
+    bf16,
+    f8e4m3fn,
+    f8e5m2,
+    f16,
+    f32,
+    i8,
+    i32,
+    u8,
+)
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 HEADER_PATH = os.path.join(_DIR, "mma.h")
@@ -82,9 +100,10 @@ MMA_INTRINSICS = WARP_COLLECTIVE_INTRINSICS | frozenset(
 )
 """Every intrinsic this module renders."""
 _SIXTEEN_BIT = ("f16", "bf16", "i16", "u16")
-_EIGHT_BIT = ("i8", "u8")
-# The PTX type of each 8-bit integer operand of m16n8k32.
+_EIGHT_BIT = ("i8", "u8", *(t.short for t in FLOAT8_TYPES))
+# The PTX type of each 8-bit operand of m16n8k32: integers (s32 sums) or float8 (f32 sums).
 _INT8_MMA = {i8: "s8", u8: "u8"}
+_FP8_MMA = {f8e4m3fn: "e4m3", f8e5m2: "e5m2"}
 
 
 def mma_fragment(operand: str, lane: int, i: int, shape: str = "m16n8k16") -> tuple[int, int]:
@@ -149,18 +168,20 @@ class MmaIntrinsics:
             raise ValueError(f"mma_sync_m16n8k32 takes (d, di, a, ai, b, bi, c, ci): {e}")
         d, di, a, ai, b, bi, c, ci = e.args
         kinds = self._elem(a), self._elem(b)
-        if not all(k in _INT8_MMA for k in kinds):
+        families = [(f, acc) for f, acc in ((_INT8_MMA, i32), (_FP8_MMA, f32)) if kinds[0] in f]
+        if not families or kinds[1] not in families[0][0]:
             raise ValueError(
-                f"mma_sync_m16n8k32 multiplies 8-bit integers (i8, u8), not {kinds[0]} by "
-                f"{kinds[1]}"
+                f"mma_sync_m16n8k32 multiplies 8-bit integers (i8, u8) or float8 (f8e4m3fn, "
+                f"f8e5m2), not {kinds[0]} by {kinds[1]}"
             )
-        if self._elem(c) != i32 or self._elem(d) != i32:
-            raise ValueError(f"mma_sync_m16n8k32 accumulates in i32 arrays: {e}")
+        family, acc = families[0]
+        if self._elem(c) != acc or self._elem(d) != acc:
+            raise ValueError(f"mma_sync_m16n8k32 of {kinds[0]} accumulates in {acc} arrays: {e}")
         operands = ", ".join(
             self._element(buf, index, f"the {name} of mma_sync_m16n8k32")
             for name, buf, index in (("d", d, di), ("a", a, ai), ("b", b, bi), ("c", c, ci))
         )
-        return f"mc_mma_m16n8k32_{_INT8_MMA[kinds[0]]}{_INT8_MMA[kinds[1]]}({operands})"
+        return f"mc_mma_m16n8k32_{family[kinds[0]]}{family[kinds[1]]}({operands})"
 
     def _ldmatrix(self, e: E.Call) -> str:
         if len(e.args) != 4:
@@ -170,7 +191,7 @@ class MmaIntrinsics:
         for buf in (dst, src):
             elem = self._elem(buf)
             if elem is None or elem.short not in widths:
-                what = "16-bit" if widths is _SIXTEEN_BIT else "16-bit or 8-bit integer"
+                what = "16-bit" if widths is _SIXTEEN_BIT else "16-bit or 8-bit"
                 raise ValueError(f"{e.name} moves {what} elements, not {elem}: {e}")
         if self._elem(dst) != self._elem(src):
             raise ValueError(f"{e.name} from {self._elem(src)} to {self._elem(dst)}: {e}")

@@ -1,16 +1,17 @@
 /* minicomp CUDA tensor-core and async-copy helpers: the device functions behind the kernel-IR
-   intrinsics mma_sync_m16n8k16, mma_sync_m16n8k32, ldmatrix_x{1,2,4}[_trans] and cp_async_* (rendered by
-   intrinsics_mma.py). Generated sources carry this text after device.h. On the GPU each helper
-   is one PTX instruction in inline asm, for sm_80 and newer only (an older architecture gets
-   no definition, so a kernel using one fails to compile, naming it). Under the emulator
-   (MC_EMULATE) emu_mma.h defines the same names on the host, with the same meaning.
+   intrinsics mma_sync_m16n8k16, mma_sync_m16n8k32 (8-bit integers; float8 from sm_89 on),
+   ldmatrix_x{1,2,4}[_trans] and cp_async_* (rendered by intrinsics_mma.py). Generated sources
+   carry this text after device.h. On the GPU each helper is one PTX instruction in inline
+   asm, for sm_80 and newer only (an older architecture gets no definition, so a kernel using
+   one fails to compile, naming it). Under the emulator (MC_EMULATE) emu_mma.h defines the
+   same names on the host, with the same meaning.
 
    Operands are C arrays, never packed registers: fragments are uint16_t bit patterns (f16 or
-   bf16), bytes (8-bit integers), floats and int32s, packed into the .b32 registers PTX wants
-   here, two halves or four bytes a register, the lower index in the low bits ("elements low
-   to high" in the PTX ISA's tables). Packing
-   element by element keeps any index valid (no 4-byte alignment needed) and lets the compiler
-   keep a register array with constant indices in registers. */
+   bf16), bytes (8-bit integers, float8), floats and int32s, packed into the .b32 registers
+   PTX wants here, two halves or four bytes a register, the lower index in the low bits
+   ("elements low to high" in the PTX ISA's tables). Packing element by element keeps any
+   index valid (no 4-byte alignment needed) and lets the compiler keep a register array with
+   constant indices in registers. */
 #ifndef MINICOMP_MMA_H
 #define MINICOMP_MMA_H
 
@@ -91,6 +92,44 @@ MC_MMA_M16N8K32(s8, int8_t, u8, uint8_t)
 MC_MMA_M16N8K32(u8, uint8_t, s8, int8_t)
 MC_MMA_M16N8K32(u8, uint8_t, u8, uint8_t)
 #undef MC_MMA_M16N8K32
+
+/* ---- mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32: D = A * B + C ----
+   The same fragments of float8 bytes (float8_e4m3fn, float8_e5m2), summed in f32: a, b as
+   above, c and d this lane's 4 float accumulators. PTX has it from sm_89 on (sm_89: QMMA;
+   sm_90 unpacks the bytes to f16 and runs two HMMA.16816). For older architectures each helper
+   is a template that fails to compile once a kernel calls it, saying why. */
+#if __CUDA_ARCH__ >= 890
+#define MC_MMA_M16N8K32_F8(A, B)                                                             \
+    MC_DEVICE void mc_mma_m16n8k32_##A##B(float* d, const uint8_t* a, const uint8_t* b,      \
+                                          const float* c) {                                  \
+        float d0, d1, d2, d3;                                                                \
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32." #A "." #B ".f32 "             \
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n" \
+                     : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)                                \
+                     : "r"(mc_pack_u8x4(a)), "r"(mc_pack_u8x4(a + 4)),                       \
+                       "r"(mc_pack_u8x4(a + 8)), "r"(mc_pack_u8x4(a + 12)),                  \
+                       "r"(mc_pack_u8x4(b)), "r"(mc_pack_u8x4(b + 4)), "f"(c[0]), "f"(c[1]), \
+                       "f"(c[2]), "f"(c[3]));                                                \
+        d[0] = d0;                                                                           \
+        d[1] = d1;                                                                           \
+        d[2] = d2;                                                                           \
+        d[3] = d3;                                                                           \
+    }
+#else
+#define MC_MMA_M16N8K32_F8(A, B)                                                             \
+    template <bool MC_SM89 = false>                                                          \
+    MC_DEVICE void mc_mma_m16n8k32_##A##B(float*, const uint8_t*, const uint8_t*,            \
+                                          const float*) {                                    \
+        static_assert(MC_SM89, "mma_sync_m16n8k32 of float8 operands (PTX mma.sync.aligned."  \
+                               "m16n8k32.row.col.f32." #A "." #B ".f32) needs sm_89 or "    \
+                               "newer; this kernel is compiled for an older architecture"); \
+    }
+#endif
+MC_MMA_M16N8K32_F8(e4m3, e4m3)
+MC_MMA_M16N8K32_F8(e4m3, e5m2)
+MC_MMA_M16N8K32_F8(e5m2, e4m3)
+MC_MMA_M16N8K32_F8(e5m2, e5m2)
+#undef MC_MMA_M16N8K32_F8
 
 /* ---- ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 ----
    `row` is the address this lane gives (the start of a 16-byte matrix row: lanes 8i..8i+7 name

@@ -18,10 +18,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# What the CUDA helpers (mma.h) compile to: a kernel calling the helper must contain the opcode.
+# What the CUDA helpers (mma.h) compile to: a kernel calling the helper must contain the opcode
+# (one of them, where "|" separates those of different architectures: a float8 mma is QMMA on
+# sm_89 and HMMA on sm_90, which unpacks the bytes to f16).
 INTRINSIC_OPCODES = {
     "mc_mma_m16n8k16_": "HMMA",
-    "mc_mma_m16n8k32_": "IMMA",
+    "mc_mma_m16n8k32_s8": "IMMA",
+    "mc_mma_m16n8k32_u8": "IMMA",
+    "mc_mma_m16n8k32_e": "QMMA|HMMA",
     "mc_ldmatrix_": "LDSM",
     "mc_cp_async_ca": "LDGSTS",
     "mc_cp_async_cg": "LDGSTS",
@@ -227,6 +231,8 @@ def check_kernels(source: str, cubin: bytes) -> list[SassReport]:
         intended = intended_opcodes(sources.get(name, ""))
         shown = {op: counts.get(op, 0) for op in NOTABLE}
         shown.update({k: v for k, v in counts.items() if "." in k})
-        missing = tuple(sorted(op for op in intended if counts.get(op, 0) == 0))
+        missing = tuple(
+            sorted(op for op in intended if not any(counts.get(o, 0) for o in op.split("|")))
+        )
         reports.append(SassReport(name, shown, tuple(sorted(intended)), missing))
     return reports

@@ -33,8 +33,15 @@ DTYPE_NAMES = {
     torch.bfloat16: "bfloat16",
     torch.float32: "float32",
     torch.int8: "int8",
+    torch.float8_e4m3fn: "float8_e4m3fn",
 }
-SHORT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "i8": torch.int8}
+SHORT = {
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "i8": torch.int8,
+    "f8": torch.float8_e4m3fn,
+}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from minicomp.dynamo.backend import ensure_registered
 def parse_args(family: str, argv: list[str] | None) -> argparse.Namespace:
     doc = FAMILIES[family].__doc__
     p = argparse.ArgumentParser(prog=f"benchmarks/{family}.py", description=doc)
-    p.add_argument("--dtypes", help="comma list of f16, bf16, f32, i8 (default: the family's)")
+    p.add_argument("--dtypes", help="comma list of f16, bf16, f32, i8, f8 (default: the family's)")
     p.add_argument("--tiers", help="comma list of tiers to run (default: all; 1 is the core)")
     p.add_argument("--levels", default="0,1", help="minicomp search spaces to compare")
     p.add_argument("--repeat", type=int, default=20, help="timed rounds (medians are reported)")

@@ -9,10 +9,19 @@ as eager's do):
     mm[i, j] = cast(sum_k cast(a[i, k], acc) * cast(b[k, j], acc), out)
 
 `addmm`/`baddbmm` add a second, elementwise op, `alpha * mm + beta * bias` (bias broadcast),
-computed in the accumulator type before the final cast. Fusion then groups injective producers
-(transposes, casts) into the product's operands and injective consumers (the bias, an
-activation, a residual) after it, and the CUDA scheduler recognises the fused group as a
+computed in the accumulator type before the final cast. Fusion then groups injective
+producers (transposes, casts) into the product's operands and injective consumers (the bias,
+an activation, a residual) after it, and the CUDA scheduler recognises the fused group as a
 contraction (minicomp.ir.contraction) that a matmul template computes.
+
+`_scaled_mm` (float8 e4m3fn/e5m2 operands, f32 scales) becomes the same f32 sum of the
+operands widened, and a second op applying the scales and the bias in f32 before the cast to
+the output type: `mm * (scale_a * scale_b) + bias` per tensor, `mm * scale_a[i] * scale_b[j] +
+bias` row-wise. Only calls that every ATen kernel computes that way are lowered, the ones
+eager accepts on CUDA as well as on the CPU (`_scaled_mm_form`: A row-major and B column-major,
+K and N multiples of 16, an f16/bf16/f32 output, no scale_result, a bias of the output's type,
+row-wise scales only with an e4m3fn B and a 16-bit output, and on a CUDA device sm_89 or
+newer, `arch`); any other stays ATen's call, which computes it or raises what eager raises.
 
 `convolution` (1 to 3 spatial dims, not transposed, any stride, padding, dilation and groups)
 becomes a sum over the input channels of its group and the kernel taps, the padding a guard:
@@ -58,6 +67,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minicomp.backends.cuda.arch import has_float8_mma
 from minicomp.ir import types as T
 from minicomp.ir.compute import TensorInput, compute, reduce
 from minicomp.ir.expr import (
@@ -86,25 +96,33 @@ _PRODUCTS = {
 _ACCUMULATORS = {T.f16: T.f32, T.bf16: T.f32, T.f32: T.f32, T.f64: T.f64}
 # _int_mm's operand types (either operand either one); it sums in i32.
 _INT_MM_OPERANDS = (T.i8, T.u8)
+# _scaled_mm's operand types lowered (either operand either one, not both e5m2) and outputs;
+# the fnuz formats are ROCm's, an fp8 output needs scale_result: those stay ATen calls.
+_SCALED_MM_OPERANDS = (T.f8e4m3fn, T.f8e5m2)
+_SCALED_MM_OUTPUTS = (T.f16, T.bf16, T.f32)
 # The most kernel taps a single-channel (depthwise) convolution sums unrolled: 7x7.
 MAX_TAPS = 49
 
 
-def lower_anchors(graph: Graph) -> Graph:
-    """`graph` with its matrix-product ATen calls replaced by compute ops."""
+def lower_anchors(graph: Graph, *, arch: str | None = None) -> Graph:
+    """`graph` with its matrix-product ATen calls replaced by compute ops. `arch` is the CUDA
+    architecture the graph compiles for (None: unknown), which decides whether `_scaled_mm` on
+    a CUDA device is one eager computes (sm_89 and newer)."""
     names = value_names(graph)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
-        lowered = _lower(n, names) if isinstance(n, ExternOp) else None
+        lowered = _lower(n, names, arch) if isinstance(n, ExternOp) else None
         nodes.extend(lowered or (n,))
         changed |= lowered is not None
     return graph.replace(nodes=tuple(nodes)) if changed else graph
 
 
-def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
+def _lower(op: ExternOp, names: set[str], arch: str | None = None) -> list[ComputeOp] | None:
     if op.target is aten.convolution.default:
         return _lower_convolution(op, names)
+    if op.target is aten._scaled_mm.default:
+        return _lower_scaled_mm(op, names, arch)
     kind = _PRODUCTS.get(op.target)
     if kind is None or len(op.outputs) != 1:
         return None
@@ -168,6 +186,112 @@ def _lower(op: ExternOp, names: set[str]) -> list[ComputeOp] | None:
     return [
         ComputeOp(op.name, (a, b), (pvalue,), pdef),
         ComputeOp(op.name, (pvalue, bias), (out,), compute(out.name, shape, epilogue)),
+    ]
+
+
+@dataclass(frozen=True)
+class _ScaledMm:
+    """A `_scaled_mm` call lowered (`_scaled_mm_form`): its operands, scales (`rowwise`: A's
+    M x 1 and B's 1 x N; else one element each), bias or None."""
+
+    a: Value
+    b: Value
+    scale_a: Value
+    scale_b: Value
+    bias: Value | None
+    rowwise: bool
+
+
+def _scaled_mm_form(op: ExternOp, arch: str | None) -> _ScaledMm | None:
+    """The `_scaled_mm` call `op` if eager computes it as the lowering does on every device
+    (see the module doc): ATen's checks of torch 2.13 (its meta function, _scaled_mm_out_cuda
+    and the row-wise CUTLASS kernel's) all pass, and the CPU's emulation agrees; else None."""
+    args = arguments(op)
+    refs = [args.get(k) for k in ("self", "mat2", "scale_a", "scale_b")]
+    bias_ref = args.get("bias")
+    if not all(isinstance(r, ArgRef) for r in refs) or len(op.outputs) != 1:
+        return None
+    if args.get("scale_result") is not None or not isinstance(bias_ref, ArgRef | None):
+        return None
+    a, b, sa, sb = (op.inputs[r.index] for r in refs)
+    out = op.outputs[0]
+    if out.type.device == "cuda" and (arch is None or not has_float8_mma(arch)):
+        return None  # eager's CUDA kernel needs compute capability 8.9
+    if out.dtype not in _SCALED_MM_OUTPUTS or T.f32 != sa.dtype or T.f32 != sb.dtype:
+        return None
+    if a.dtype not in _SCALED_MM_OPERANDS or b.dtype not in _SCALED_MM_OPERANDS:
+        return None
+    if a.dtype == b.dtype == T.f8e5m2:
+        return None  # cuBLASLt has no e5m2 x e5m2
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return None
+    (m, k), (k2, n) = a.shape, b.shape
+    if not all(isinstance(d, int) and d > 0 and d % 16 == 0 for d in (k, k2, n)) or k != k2:
+        return None
+    if isinstance(m, int) and m <= 0:
+        return None
+    sa_strides, sb_strides = a.type.strides, b.type.strides
+    if sa_strides is None or sb_strides is None:
+        return None
+    if not (sa_strides[1] == 1 and sa_strides[0] > 1 and sb_strides[0] == 1 and sb_strides[1] > 1):
+        return None  # A row-major, B column-major
+    bias = op.inputs[bias_ref.index] if bias_ref is not None else None
+    if bias is not None and (
+        out.dtype == T.f32 or bias.dtype != out.dtype or tuple(bias.shape) != (n,)
+    ):
+        return None  # eager wants a bias of the output's 16-bit type (none with an f32 output)
+    if _numel(sa.shape) == 1 and _numel(sb.shape) == 1:
+        return _ScaledMm(a, b, sa, sb, bias, rowwise=False)
+    rowwise = tuple(sa.shape) == (m, 1) and tuple(sb.shape) == (1, n)
+    if not rowwise or b.dtype != T.f8e4m3fn or out.dtype == T.f32:
+        return None  # the row-wise kernels take an e4m3fn B and give f16 or bf16
+    if sa.type.strides is None or sb.type.strides is None:
+        return None
+    if sa.type.strides[0] != 1 or sb.type.strides[1] != 1:
+        return None  # contiguous scales
+    return _ScaledMm(a, b, sa, sb, bias, rowwise=True)
+
+
+def _numel(shape: tuple) -> int | None:
+    return math.prod(shape) if all(isinstance(d, int) for d in shape) else None
+
+
+def _lower_scaled_mm(op: ExternOp, names: set[str], arch: str | None) -> list[ComputeOp] | None:
+    """`_scaled_mm` as a sum of the widened float8 operands' products in f32, then the scales
+    and the bias applied in f32 and the cast (see the module doc)."""
+    form = _scaled_mm_form(op, arch)
+    if form is None:
+        return None
+    out = op.outputs[0]
+    shape, dt, acc = out.shape, out.dtype, T.f32
+    ta, tb = (TensorInput(v.name, v.shape, v.dtype) for v in (form.a, form.b))
+    k_extent = form.a.shape[1]
+
+    def product(i, j):
+        return reduce("sum", (k_extent,), lambda k: cast(ta[i, k], acc) * cast(tb[k, j], acc))
+
+    pname = fresh_name(f"{out.name}_mm", names)
+    pvalue = Value(pname, TensorType(shape, acc, out.type.device))
+    tprod = TensorInput(pname, shape, acc)
+    sa, sb = (TensorInput(v.name, v.shape, v.dtype) for v in (form.scale_a, form.scale_b))
+    inputs = [pvalue, form.scale_a, form.scale_b]
+    if form.bias is not None:
+        tbias = TensorInput(form.bias.name, form.bias.shape, form.bias.dtype)
+        inputs.append(form.bias)
+
+    def epilogue(i, j):
+        if form.rowwise:
+            term = tprod[i, j] * sa[i, 0] * sb[0, j]
+        else:
+            first = tuple(const(0) for _ in form.scale_a.shape)
+            term = tprod[i, j] * (sa[first] * sb[tuple(const(0) for _ in form.scale_b.shape)])
+        if form.bias is not None:
+            term = term + cast(tbias[j], acc)
+        return cast(term, dt)
+
+    return [
+        ComputeOp(op.name, (form.a, form.b), (pvalue,), compute(pname, shape, product)),
+        ComputeOp(op.name, tuple(inputs), (out,), compute(out.name, shape, epilogue)),
     ]
 
 

@@ -56,7 +56,7 @@ from minicomp.passes.graph.layout import contiguous_strides
 from minicomp.passes.graph.rewrite import fresh_name
 from minicomp.passes.kernel.simplify_indices import simplify_indices
 from minicomp.schedule.templates import select_template
-from minicomp.schedule.templates.base import sm_count_of
+from minicomp.schedule.templates.base import arch_of, sm_count_of
 from minicomp.schedule.templates.problem import (
     MatmulProblem,
     flat_stride,
@@ -435,12 +435,12 @@ def tune_contractions(
     picks it, so its later choose() call asks about the same problem.
     """
     names = _names(graph)
-    sms = sm_count_of(options)
+    sms, arch = sm_count_of(options), arch_of(options)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
         is_product = isinstance(n, FusedOp) and n.is_reduction
-        problem = matmul_problem(n, layouts, sms) if is_product else None
+        problem = matmul_problem(n, layouts, sms, arch) if is_product else None
         rewrite = aten_rewrite(problem, names) if problem is not None else None
         if rewrite is not None:
             template = select_template(problem, options)

@@ -1,9 +1,10 @@
 """ATen calls the cpu target leaves to a vendor library on purpose say so, not "no lowering".
 
-The importer has no lowering for matrix products (`_int_mm`'s int8 one too) and convolutions:
-the CUDA targets compute them with templates (anchors.py rewrites them there), while on the
-cpu target ATen's BLAS GEMM (MKL or OpenBLAS), its int8 GEMM and oneDNN's convolution beat a
-generated loop nest, so they stay ATen calls. Those calls carried the importer's reason, "no
+The importer has no lowering for matrix products (`_int_mm`'s int8 one and `_scaled_mm`'s
+float8 one too) and convolutions: the CUDA targets compute them with templates (anchors.py
+rewrites them there), while on the cpu target ATen's BLAS GEMM (MKL or OpenBLAS), its int8
+GEMM (and float8's, dequantized to a BLAS GEMM) and oneDNN's convolution beat a generated loop
+nest, so they stay ATen calls. Those calls carried the importer's reason, "no
 lowering", which reads as a gap in the compiler; this pass gives them the reason they really
 have, `ATen by design on cpu: <library>`, which `minicomp explain` groups apart from the ops
 minicomp cannot compute.
@@ -31,6 +32,7 @@ CPU_LIBRARIES = {
     aten.bmm.default: "BLAS batched GEMM",
     aten.baddbmm.default: "BLAS batched GEMM",
     aten._int_mm.default: "int8 GEMM",
+    aten._scaled_mm.default: "float8 GEMM (dequantized to a BLAS GEMM)",
     aten.convolution.default: "convolution (oneDNN)",
     aten._scaled_dot_product_flash_attention_for_cpu.default: "fused attention (flash, for CPU)",
 }

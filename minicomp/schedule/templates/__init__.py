@@ -23,7 +23,7 @@ from minicomp.ir.func import Function
 from minicomp.ir.graph import FusedOp
 from minicomp.schedule.common import Strides
 from minicomp.schedule.templates import matmul_simt, matmul_tc
-from minicomp.schedule.templates.base import sm_count_of
+from minicomp.schedule.templates.base import arch_of, sm_count_of
 from minicomp.schedule.templates.problem import MatmulProblem, matmul_problem
 from minicomp.script.errors import ScriptError
 
@@ -38,8 +38,8 @@ Chooser = Callable[..., Any]
 
 def select_template(problem: MatmulProblem, options: Options | None = None):
     """The template computing `problem`: tensor cores for f16/bf16 operands (and 8-bit
-    integers summed in i32) when the `tensor_cores` option allows them, else the SIMT
-    template."""
+    integers summed in i32, float8 summed in f32 on sm_89+) when the `tensor_cores` option
+    allows them, else the SIMT template."""
     allow_tc = options.tensor_cores if options is not None else True
     if allow_tc and matmul_tc.TEMPLATE.applies(problem):
         return matmul_tc.TEMPLATE
@@ -55,7 +55,7 @@ def schedule_contraction(
     """The template kernel of fused group `op`, or None when it is not a matrix product a
     template computes. `choose` picks the config (default: the template's heuristic), for the
     GPU of `options.sm_count` SMs."""
-    problem = matmul_problem(op, layouts, sm_count_of(options))
+    problem = matmul_problem(op, layouts, sm_count_of(options), arch_of(options))
     if problem is None:
         return None
     template = select_template(problem, options)

@@ -29,6 +29,21 @@ def sm_count_of(options: Options | None) -> int:
     return options.sm_count
 
 
+DEFAULT_ARCH = "sm_90"
+"""The architecture a problem is built for where no options name one: an H100's, like
+H100_SMS."""
+
+
+def arch_of(options: Options | None) -> str:
+    """The CUDA architecture a template's kernels compile for (a problem's `arch`, which
+    decides what they may use: the float8 mma needs sm_89): the `arch` option, which
+    compile_graph resolves from the target for the CUDA targets; DEFAULT_ARCH where no
+    options name one."""
+    if options is None or options.arch is None:
+        return DEFAULT_ARCH
+    return options.arch
+
+
 def _always(problem: Any) -> bool:
     return True
 

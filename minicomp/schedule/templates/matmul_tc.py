@@ -1,5 +1,7 @@
-"""A tensor-core matmul template: f16 or bf16 operands summed in f32 by mma.sync m16n8k16, or
-8-bit integers (i8, u8: _int_mm's) summed in i32 by mma.sync m16n8k32.
+"""A tensor-core matmul template: f16 or bf16 operands summed in f32 by mma.sync m16n8k16,
+8-bit integers (i8, u8: _int_mm's) summed in i32 by mma.sync m16n8k32, or float8 (e4m3fn,
+e5m2: _scaled_mm's) summed in f32 by mma.sync m16n8k32 where the architecture has it (sm_89
+and newer; MatmulProblem.arch), handled as the 8-bit integers are but for the sums.
 
 A block computes a BM x BN tile of C (one batch at a time, batches along gridDim.z) with
 (BM / WM) x (BN / WN) warps, each owning a WM x WN part as (WM / 16) x (WN / 8) mma tiles of
@@ -71,6 +73,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.arch import float8_mma_unpacks, has_float8_mma
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Var
 from minicomp.ir.func import Function
@@ -121,7 +124,7 @@ from minicomp.script.lang import (
     threadIdx,
     unroll,
 )
-from minicomp.script.mma import INT8_MMA_TYPES, MMA_TYPES
+from minicomp.script.mma import FP8_MMA_TYPES, INT8_MMA_TYPES, MMA_TYPES
 from minicomp.script.types import f32, i32, i64
 from minicomp.script.values import TensorRef
 
@@ -183,11 +186,14 @@ class Mma:
 
 HALF_MMA = Mma(16, 2, T.f32, 8, 4)  # m16n8k16, f16 or bf16
 INT8_MMA = Mma(32, 1, T.i32, 16, 8)  # m16n8k32, i8 or u8
+FP8_MMA = Mma(32, 1, T.f32, 16, 8)  # m16n8k32, float8 e4m3fn or e5m2 (sm_89+)
 
 
 def mma_of(problem: MatmulProblem) -> Mma:
     """The instruction computing `problem` (which `applies`)."""
-    return INT8_MMA if problem.acc_dtype == T.i32 else HALF_MMA
+    if problem.acc_dtype == T.i32:
+        return INT8_MMA
+    return FP8_MMA if problem.a_dtype in FP8_MMA_TYPES else HALF_MMA
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,8 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
     accumulators = cfg.wm * cfg.wn // 32  # f32 registers a thread holds (more spill)
     if accumulators > 128:
         return False
+    if accumulators > 32 and _unpacks_float8(problem):
+        return False  # sm_90's unpacked float8 fragments: w64x32 takes 255 registers, w64x64 spills
     if accumulators > 64 and "regs" in (_operand(problem, "a").mode, _operand(problem, "b").mode):
         return False  # a tile held in registers across the mma's spills beside 128 of them
     for rows in (cfg.bm, cfg.bn):
@@ -252,11 +260,11 @@ def valid(problem: MatmulProblem, cfg: TcConfig) -> bool:
 
 def _splittable(problem: MatmulProblem, cfg: TcConfig) -> bool:
     """Whether `problem` can be computed in cfg.splits chunks of K inside the kernel: f32
-    sums (the partials are f32), static sizes (the scratch memory is sized at compile time),
-    at most MAX_SPLITS chunks, none of them empty."""
+    sums (the partials are f32: f16, bf16 or float8 operands), static sizes (the scratch
+    memory is sized at compile time), at most MAX_SPLITS chunks, none of them empty."""
     sizes = problem.static_sizes()
     return (
-        mma_of(problem) is HALF_MMA
+        mma_of(problem).acc == T.f32
         and sizes is not None
         and cfg.splits <= MAX_SPLITS
         and chunks_fill(ceil_div(sizes[3], cfg.bk), cfg.splits)
@@ -279,13 +287,13 @@ _LEVEL1 = (
     TcConfig(32, 64, 32, 16, 32, 4),
     TcConfig(32, 32, 32, 16, 32, 3),
 )
-# The same tilings for 8-bit integers: K steps of 64, the same 64 bytes of a row.
+# The same tilings for 8-bit integers (and float8): K steps of 64, the same 64 bytes of a row.
 _INT8_LEVEL1 = tuple(TcConfig(c.bm, c.bn, 2 * c.bk, c.wm, c.wn, c.stages) for c in _LEVEL1)
 
 
 def level1(problem: MatmulProblem) -> tuple[TcConfig, ...]:
     """The level-1 tilings for `problem`'s operand types (not all valid for it)."""
-    return _INT8_LEVEL1 if mma_of(problem) is INT8_MMA else _LEVEL1
+    return _INT8_LEVEL1 if mma_of(problem).elem_bytes == 1 else _LEVEL1
 
 
 def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
@@ -437,12 +445,22 @@ def step_cost(cfg: TcConfig) -> float:
     return max(1.0, MMA_FLOPS_PER_SHARED_BYTE * shared_bytes / (cfg.bm * cfg.bn))
 
 
+def _unpacks_float8(problem: MatmulProblem) -> bool:
+    """Whether `problem`'s mma is the float8 one on an architecture that runs it as two f16
+    mma's (sm_90: arch.float8_mma_unpacks), holding the fragments unpacked to f16 as well."""
+    return mma_of(problem) is FP8_MMA and float8_mma_unpacks(problem.arch)
+
+
 def applies(problem: MatmulProblem) -> bool:
-    """f16 x f16 or bf16 x bf16 operands accumulated in f32, or 8-bit integers (i8 or u8,
-    each operand either) in i32."""
+    """f16 x f16 or bf16 x bf16 operands accumulated in f32, 8-bit integers (i8 or u8, each
+    operand either) in i32, or float8 (e4m3fn or e5m2, each operand either) in f32 where the
+    problem's architecture has the float8 mma (elsewhere the SIMT template computes them)."""
     a, b = problem.a_dtype, problem.b_dtype
     if problem.acc_dtype == T.i32:
         return a in INT8_MMA_TYPES and b in INT8_MMA_TYPES
+    if a in FP8_MMA_TYPES or b in FP8_MMA_TYPES:
+        fp8 = a in FP8_MMA_TYPES and b in FP8_MMA_TYPES and problem.acc_dtype == T.f32
+        return fp8 and has_float8_mma(problem.arch)
     return problem.acc_dtype == T.f32 and a == b and a in MMA_TYPES
 
 
@@ -455,7 +473,11 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     split = _split(problem, cfg, names) if cfg.splits > 1 else None
     kernel = _kernel(problem, cfg, a, b, mma, store, split)
     gathered = problem.gather_a is not None or problem.gather_b is not None
-    scalar_fragments = mma_of(problem) is INT8_MMA and not (a.k_major and b.k_major)
+    scalar_fragments = mma_of(problem).elem_bytes == 1 and not (a.k_major and b.k_major)
+    if _unpacks_float8(problem):
+        # Left to itself, ptxas holds some float8 tilings (eight 32x32 warps) to 128 registers
+        # on sm_90 and spills the unpacked fragments; one block an SM lets it take them.
+        return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=1)
     if scalar_fragments and cfg.threads == 128 and cfg.wm * cfg.wn == 32 * 32:
         # 8-bit fragments loaded byte by byte from rows of K keep addresses live: left to
         # itself, ptxas holds a tiling of four 32x32 warps to 72 registers on sm_89 (seven
@@ -564,7 +586,7 @@ def _warp_mma(cfg: TcConfig, mma: Mma, a_k: bool, b_k: bool, names: tiles.Names)
     for an 8-bit operand staged as rows of K)."""
     BK, WM, WN, MK = cfg.bk, cfg.wm, cfg.wn, mma.k
     MI, NI = WM // 16, WN // 8
-    INT8 = mma is INT8_MMA
+    INT8 = mma.elem_bytes == 1  # 8-bit operands, integers or float8: m16n8k32
     # 16 bytes of K an ldmatrix row: 8 halves, or 16 bytes.
     CH = mma.chunk
     A_SCALAR, B_SCALAR = INT8 and not a_k, INT8 and not b_k

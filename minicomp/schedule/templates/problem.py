@@ -66,6 +66,7 @@ from minicomp.ir.printer import expr_str
 from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.stmt import If, Stmt, Store, seq
 from minicomp.schedule.common import KernelSignature, Strides, lower_accesses, offset, signature
+from minicomp.schedule.templates.base import DEFAULT_ARCH
 from minicomp.schedule.templates.fragments import Names, expression
 from minicomp.schedule.templates.tiles import CHUNK, CHUNK_BYTES, Tile, load_regs, store_regs
 from minicomp.script.function import script
@@ -232,11 +233,20 @@ class MatmulProblem:
     architecture beside it, which stands for the device (its bandwidth and clocks are not in
     the key either), and a record holds the config that measured fastest on the device it was
     tuned on, still a valid candidate on one with another SM count. The level-0 heuristic,
-    which does depend on it, is never recorded."""
+    which does depend on it, is never recorded. `arch` is the architecture it compiles for,
+    which decides the instructions a template may use (matmul_tc's float8 mma needs sm_89);
+    the records' key has it beside the signature too."""
 
-    def __init__(self, c: Contraction, layouts: Mapping[str, Strides], sms: int = H100_SMS):
+    def __init__(
+        self,
+        c: Contraction,
+        layouts: Mapping[str, Strides],
+        sms: int = H100_SMS,
+        arch: str = DEFAULT_ARCH,
+    ):
         op = c.op
         self.sms = sms
+        self.arch = arch
         self.contraction = c
         self.op = op
         self.layouts = layouts
@@ -261,16 +271,22 @@ class MatmulProblem:
         self.b_major = self._major(c.b, c.n)
 
     @classmethod
-    def from_contraction(cls, c: Contraction, layouts: Mapping[str, Strides], sms: int = H100_SMS):
-        """The problem of contraction `c` on a GPU of `sms` SMs, or None when no template
-        computes it (an accumulator other than f32/f64/i32, or a product computed in another
-        type)."""
+    def from_contraction(
+        cls,
+        c: Contraction,
+        layouts: Mapping[str, Strides],
+        sms: int = H100_SMS,
+        arch: str = DEFAULT_ARCH,
+    ):
+        """The problem of contraction `c` on a GPU of `sms` SMs and architecture `arch`, or
+        None when no template computes it (an accumulator other than f32/f64/i32, or a
+        product computed in another type)."""
         body_dtype = T.promote(c.a.dtype, c.b.dtype)
         if c.acc_dtype not in ACC_TYPES or body_dtype != c.acc_dtype:
             return None
         if c.a.dtype != c.acc_dtype or c.b.dtype != c.acc_dtype:
             return None
-        return cls(c, layouts, sms)
+        return cls(c, layouts, sms, arch)
 
     @property
     def params(self) -> tuple[Var, ...]:
@@ -847,11 +863,11 @@ def _plain_text(p: PlainOperand | None, g: GatheredOperand | None = None) -> str
 
 
 def matmul_problem(
-    op: FusedOp, layouts: Mapping[str, Strides], sms: int = H100_SMS
+    op: FusedOp, layouts: Mapping[str, Strides], sms: int = H100_SMS, arch: str = DEFAULT_ARCH
 ) -> MatmulProblem | None:
-    """The MatmulProblem of fused group `op` on a GPU of `sms` SMs, or None when it is not a
-    contraction a template computes."""
+    """The MatmulProblem of fused group `op` on a GPU of `sms` SMs and architecture `arch`, or
+    None when it is not a contraction a template computes."""
     from minicomp.ir.contraction import match_contraction
 
     c = match_contraction(op)
-    return None if c is None else MatmulProblem.from_contraction(c, layouts, sms)
+    return None if c is None else MatmulProblem.from_contraction(c, layouts, sms, arch)
