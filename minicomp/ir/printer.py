@@ -165,6 +165,13 @@ _OPERANDS = {
     **{f"ldmatrix_x{n}{t}": "mm" for n in (1, 2, 4) for t in ("", "_trans")},
     **{f"cp_async_{n}": "mm" for n in (4, 8, 16)},
     "cp_async_wait": "i",
+    # minicomp.script.hopper
+    "mbarrier_init": "me",
+    "mbarrier_arrive": "m",
+    "mbarrier_arrive_expect_tx": "me",
+    "mbarrier_try_wait_parity": "me",
+    "mbarrier_wait": "me",
+    "bulk_copy_g2s": "mmem",
 }
 _ARRAY_FUNCTIONS = {"local": "register_tensor", "shared": "shared_tensor"}
 _LOOP_FUNCTIONS = {"unroll": "unroll", "parallel": "parallel", "vectorize": "vectorize"}

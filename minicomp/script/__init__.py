@@ -78,6 +78,9 @@ or for float8 on sm_89+: 16 float8_e4m3fn or float8_e5m2 of A, 8 of B, 4 f32 of 
 elements without _trans), `cp_async(smem[i], t[j], nbytes,
 src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled past the
 runtime `src_bytes`), `cp_async_commit()`, `cp_async_wait(n)`, `cp_async_wait_all()`.
+Hopper barriers and bulk copies (minicomp.script.hopper has their meaning): `mbarrier_init`,
+`mbarrier_arrive`, `mbarrier_arrive_expect_tx`, `mbarrier_try_wait_parity`, `mbarrier_wait`,
+`fence_proxy_async`, `bulk_copy_g2s`.
 
 Kernel IR prints as this language (minicomp.ir.printer.function_str), and
 minicomp.script.text.parse_function reads such text back into the same IR.
@@ -99,6 +102,15 @@ import types as _types
 from minicomp.script.custom_op import custom_op
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction, script
+from minicomp.script.hopper import (
+    bulk_copy_g2s,
+    fence_proxy_async,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_try_wait_parity,
+    mbarrier_wait,
+)
 from minicomp.script.lang import (
     MATH,
     abs,
@@ -232,6 +244,13 @@ __all__ = [
     "cp_async_commit",
     "cp_async_wait",
     "cp_async_wait_all",
+    "mbarrier_init",
+    "mbarrier_arrive",
+    "mbarrier_arrive_expect_tx",
+    "mbarrier_try_wait_parity",
+    "mbarrier_wait",
+    "fence_proxy_async",
+    "bulk_copy_g2s",
     "max",
     "min",
     "abs",

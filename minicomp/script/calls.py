@@ -12,6 +12,7 @@ from minicomp.ir import stmt as S
 from minicomp.ir import types as T
 from minicomp.ir.expr import MATH_FUNCTIONS, Expr, StringLiteral
 from minicomp.script import conversions as C
+from minicomp.script import hopper as _hopper
 from minicomp.script import lang, mapping
 from minicomp.script import mma as _mma
 from minicomp.script.errors import Issue
@@ -381,4 +382,5 @@ HANDLERS = {
     "abs": _abs,
     "pow": _pow,
     **_mma.HANDLERS,
+    **_hopper.HANDLERS,
 }

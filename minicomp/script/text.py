@@ -4,9 +4,9 @@
 several (device functions before their callers), exactly as written: the IR a name gets is
 the name written (device functions are not renamed apart), and the parse skips the index
 simplification that `@script` functions get. The text sees the language's names (the
-primitives of minicomp.script.lang, the types of minicomp.script.types) and the module
-`math` (the printer writes infinities as `math.inf`); errors are ScriptErrors at its lines,
-under a file name such as `<script text 3>`.
+primitives of minicomp.script.lang and minicomp.script.hopper, the types of
+minicomp.script.types) and the module `math` (the printer writes infinities as `math.inf`);
+errors are ScriptErrors at its lines, under a file name such as `<script text 3>`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 import types
 
 from minicomp.ir.func import Function, Module
-from minicomp.script import lang
+from minicomp.script import hopper, lang
 from minicomp.script import types as script_types
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction
@@ -72,6 +72,7 @@ def _namespace() -> dict:
     primitive = (lang.Primitive, lang.LaunchIndex, lang.Attrs, lang.Dims)
     scope = {k: v for k, v in vars(lang).items() if isinstance(v, primitive)}
     scope.update(lang.MATH)
+    scope.update({p.name: p for p in hopper.PRIMITIVES})
     scope.update({repr(t): t for t in script_types.SCALAR_TYPES})
     scope.update(ptr=script_types.ptr, math=math)
     return scope

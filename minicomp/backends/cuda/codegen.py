@@ -34,6 +34,8 @@ import functools
 import os
 
 from minicomp.backends.c_like import PREC_UNARY, CLikeRenderer, is_half
+from minicomp.backends.cuda.intrinsics_async import HEADER_PATH as ASYNC_HEADER_PATH
+from minicomp.backends.cuda.intrinsics_async import AsyncIntrinsics
 from minicomp.backends.cuda.intrinsics_mma import HEADER_PATH as MMA_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_mma import MmaIntrinsics
 from minicomp.backends.headers import inline_includes
@@ -125,9 +127,10 @@ _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
 @functools.lru_cache(maxsize=1)
 def device_header() -> str:
-    """The text of device.h (common.h inlined) then mma.h, which every generated CUDA source
-    carries inline."""
-    return inline_includes(HEADER_PATH) + "\n" + inline_includes(MMA_HEADER_PATH)
+    """The text of device.h (common.h inlined), mma.h then async.h, which every generated CUDA
+    source carries inline."""
+    paths = (HEADER_PATH, MMA_HEADER_PATH, ASYNC_HEADER_PATH)
+    return "\n".join(inline_includes(path) for path in paths)
 
 
 def block_threads(f: Function) -> int | None:
@@ -160,7 +163,7 @@ def c_string_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-class CudaRenderer(MmaIntrinsics, CLikeRenderer):
+class CudaRenderer(MmaIntrinsics, AsyncIntrinsics, CLikeRenderer):
     """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
 
     reserved_names = CUDA_RESERVED

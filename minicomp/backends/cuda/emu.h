@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -71,9 +72,10 @@ static const int warpSize = 32;
 
 namespace mc_emu {
 
-enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_MBAR, DONE };
 
 struct Block;
+struct AsyncState;  // emu_async.h
 
 struct Fiber {
     uint3 tid;
@@ -117,6 +119,7 @@ struct Block {
     Fiber** queue;  // runnable fibers, a ring of nthreads entries
     size_t qhead, qtail;
     std::string error;
+    std::unique_ptr<AsyncState> async;  // its mbarriers and bulk copies, once it uses one
 #ifdef MC_EMU_UCONTEXT
     ucontext_t sched;
 #else
@@ -412,6 +415,9 @@ static inline void syncwarp() {
 // Checked launches (emu_checks.h; emu.py puts its text here).
 #include "emu_checks.h"
 
+// mbarriers and bulk copies (emu_async.h; emu.py puts its text here).
+#include "emu_async.h"
+
 namespace mc_emu {
 
 // ---- running blocks ----
@@ -433,6 +439,8 @@ static std::string describe_deadlock(Block* b) {
                               b->nthreads, line);
     if (at_warp) s += format("%s%u wait at a warp shuffle/__syncwarp", at_block ? ", " : "",
                              at_warp);
+    std::string mbar = describe_async_waits(b);
+    if (!mbar.empty()) s += (at_block || at_warp ? ", " : "") + mbar;
     if (exited) s += format(", %u exited without reaching it", exited);
     return s;
 }

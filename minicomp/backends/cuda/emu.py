@@ -4,7 +4,9 @@ The generated source is compiled unchanged after ``emu.h`` (the host implementat
 CUDA names the device header uses), together with one small launch wrapper per kernel; the
 prelude is included from the build cache, precompiled once per compiler and flags. Each
 CUDA block runs on one OS thread; its threads are fibers when the kernel has barriers or warp
-collectives, else iterations of a plain loop. A launch's dynamic shared memory
+collectives (or mbarrier waits and bulk copies, which ``emu_async.h`` runs: copies land when
+their barrier's phase is waited for, a barrier that can never complete is a reported
+deadlock), else iterations of a plain loop. A launch's dynamic shared memory
 (``shared_bytes``, at most :data:`MAX_DYNAMIC_SHARED`) is a buffer per block; device
 ``printf`` writes to the process's stdout, flushed before the launch returns.
 
@@ -42,6 +44,8 @@ from typing import Any
 
 from minicomp.backends.cpu import compiler
 from minicomp.backends.cuda.arch import LARGEST
+from minicomp.backends.cuda.intrinsics_async import BLOCKING_INTRINSICS
+from minicomp.backends.cuda.intrinsics_async import HELPER_TOKENS as ASYNC_TOKENS
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
 from minicomp.ir import c_names
 from minicomp.ir.expr import Call
@@ -52,6 +56,7 @@ from minicomp.ir.types import PointerType
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
 CHECKS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_checks.h")
 LENS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_lens.h")
+ASYNC_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_async.h")
 DEFAULT_CXXFLAGS = "-O2 -std=c++17 -fPIC -shared -pthread -fno-strict-aliasing"
 _ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g"
 # The kernel-address instrumentation as a call before every load and store (emu_checks.h
@@ -109,8 +114,11 @@ _SYNC_INTRINSICS = (
         ("syncthreads", "syncwarp", "shfl_down_sync", "shfl_xor_sync", "shfl_sync", "shfl_up_sync")
     )
     | WARP_COLLECTIVE_INTRINSICS
+    | BLOCKING_INTRINSICS
 )
-_SYNC_TOKENS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+)\b")
+_SYNC_TOKENS = re.compile(
+    rf"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|{ASYNC_TOKENS})\b"
+)
 
 _C_SCALARS = {
     "float": ctypes.c_float,
@@ -322,7 +330,7 @@ def emulator_prelude(*, ucontext: bool = False) -> str:
     emu_lens.h in their places) and emu_mma.h (read once per process)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
-    for path in (CHECKS_HEADER_PATH, LENS_HEADER_PATH):
+    for path in (CHECKS_HEADER_PATH, LENS_HEADER_PATH, ASYNC_HEADER_PATH):
         with open(path, encoding="utf-8") as f:
             # In the build cache, the prelude has no headers beside it to include.
             header = header.replace(f'#include "{os.path.basename(path)}"\n', f.read())

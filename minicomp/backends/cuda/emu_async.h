@@ -1,0 +1,301 @@
+// minicomp cuda-emu: mbarriers and bulk asynchronous copies (async.h's names, on the host).
+//
+// emu.h includes this text after its barriers. Kernels using these run their threads as fibers.
+// Each block keeps a table of its mbarriers, keyed by address: expected and pending arrivals,
+// the transaction count (bytes announced by arrive_expect_tx minus bytes landed) and the number
+// of completed phases; the uint64_t in shared memory only mirrors the current phase's parity.
+//
+// A bulk copy lands as late as a GPU may land it, so that a missing wait shows: at issue its
+// destination is poisoned (every byte 0xff: NaN floats, -1 integers) and the copy is queued on
+// its barrier; the queued copies land (source read then) only when the phase has all its
+// arrivals and a thread needs it: one waits or tests for it, or arrives for the next phase.
+// Then the transaction count must reach exactly zero: below zero (copies brought more bytes than
+// announced) is an error naming the barrier; above zero leaves the phase incomplete, and its
+// waiters blocked. A block in which no thread can go on (all wait, blocked or spinning on
+// try_wait with no barrier changing) is a deadlock, reported with each barrier waited on, its
+// pending arrivals and outstanding bytes, never a hang.
+#ifndef MC_EMU_ASYNC_H
+#define MC_EMU_ASYNC_H
+
+namespace mc_emu {
+
+struct BulkCopy {
+    void* dst;
+    const void* src;
+    uint32_t bytes;
+};
+
+struct Mbar {
+    uint64_t* addr;
+    unsigned expected;
+    unsigned pending;           // arrivals the current phase still needs
+    long long tx;               // bytes announced minus bytes landed, this phase
+    unsigned long long phases;  // completed phases: the current one has parity phases & 1
+    unsigned waiters;           // fibers blocked in mbarrier_wait on it
+    std::vector<BulkCopy> copies;  // issued, not landed
+};
+
+// What a fiber last waited for (blocked, or spinning on try_wait since epoch `epoch`).
+struct FiberWait {
+    const uint64_t* bar;
+    const char* name;
+    unsigned parity;
+    int line;
+    unsigned spins;
+    unsigned long long epoch;
+};
+
+struct AsyncState {
+    std::vector<Mbar> bars;
+    std::vector<FiberWait> waits;  // by fiber
+    unsigned long long epoch = 0;  // changes with every arrival, copy and phase
+};
+
+static AsyncState& async_state(Block* b) {
+    if (!b->async) {
+        b->async.reset(new AsyncState);
+        b->async->waits.assign(b->nthreads, FiberWait{});
+    }
+    return *b->async;
+}
+
+static inline Block* async_block() {
+    Block* b = tls_block;
+    if (!b) throw PlainModeBarrier();
+    return b;
+}
+
+// The source spells a barrier `(uint64_t*)&bars[i]`: its name is what follows the cast.
+static inline const char* bar_name(const char* spelled) {
+    const char* cast = "(uint64_t*)";
+    return strncmp(spelled, cast, strlen(cast)) ? spelled : spelled + strlen(cast);
+}
+
+// Ends the block with `message`; the calling thread never resumes.
+[[noreturn]] static void async_fail(Block* b, const std::string& message) {
+    Fiber* f = b->current;
+    if (b->error.empty()) {
+        b->error = format("thread (%u,%u,%u) of block (%u,%u,%u): ", f->tid.x, f->tid.y,
+                          f->tid.z, b->idx.x, b->idx.y, b->idx.z) +
+                   message;
+    }
+    switch_away(b, f, false);
+    abort();
+}
+
+static Mbar& bar_of(Block* b, uint64_t* addr, const char* name, int line, const char* what) {
+    for (Mbar& m : async_state(b).bars)
+        if (m.addr == addr) return m;
+    async_fail(b, format("%s on mbarrier %s (line %d), which this block has not initialised "
+                         "with mbarrier_init",
+                         what, bar_name(name), line));
+}
+
+static void complete_phase(Block* b, Mbar& m) {
+    AsyncState& s = async_state(b);
+    m.phases++;
+    m.pending = m.expected;
+    m.tx = 0;
+    *m.addr = m.phases & 1;
+    s.epoch++;
+    for (unsigned i = 0; i < b->nthreads; i++) {
+        Fiber& g = b->fibers[i];
+        if (g.state == WAIT_MBAR && s.waits[i].bar == m.addr) push_runnable(b, &g);
+    }
+}
+
+// Lands the queued copies of a phase that has all its arrivals, completing it when its
+// transaction count reaches zero.
+MC_LENS_UNINSTRUMENTED static void settle(Block* b, Mbar& m, const char* name, int line) {
+    if (m.pending || m.copies.empty()) return;
+    long long landed = 0;
+    for (const BulkCopy& c : m.copies) {
+        memcpy(c.dst, c.src, c.bytes);
+        landed += c.bytes;
+    }
+    m.copies.clear();
+    m.tx -= landed;
+    if (m.tx < 0) {
+        async_fail(b, format("mbarrier %s (line %d): bulk copies completed %lld bytes more than "
+                             "mbarrier_arrive_expect_tx announced for its phase %llu (the phase "
+                             "would complete before all its data landed)",
+                             bar_name(name), line, -m.tx, m.phases));
+    }
+    if (m.tx == 0) complete_phase(b, m);
+}
+
+static void mbar_init(uint64_t* addr, uint32_t count, const char* name, int line) {
+    Block* b = async_block();
+    if ((uintptr_t)addr % 8) {
+        async_fail(b, format("mbarrier %s (line %d) at %p is not 8-byte aligned", bar_name(name),
+                             line, (void*)addr));
+    }
+    if (count < 1 || count >= (1u << 20)) {
+        async_fail(b, format("mbarrier_init of %s (line %d) with %u arrivals; the count is 1 to "
+                             "2^20-1",
+                             bar_name(name), line, count));
+    }
+    AsyncState& s = async_state(b);
+    Mbar* m = nullptr;
+    for (Mbar& o : s.bars)
+        if (o.addr == addr) m = &o;
+    if (!m) {
+        s.bars.push_back(Mbar{});
+        m = &s.bars.back();
+    }
+    m->addr = addr;
+    m->expected = m->pending = count;
+    m->tx = 0;
+    m->phases = 0;
+    m->copies.clear();
+    *addr = 0;
+    s.epoch++;
+}
+
+static void mbar_arrive(uint64_t* addr, long long tx, const char* name, int line) {
+    Block* b = async_block();
+    MC_LENS_COUNT(LENS_BARRIERS, 1);
+    Mbar& m = bar_of(b, addr, name, line, "an arrival");
+    if (m.pending == 0) settle(b, m, name, line);  // the previous phase's copies land first
+    if (m.pending == 0) {
+        async_fail(b, format("mbarrier %s (line %d): an arrival beyond its count of %u in phase "
+                             "%llu, which still waits for %lld transaction bytes",
+                             bar_name(name), line, m.expected, m.phases, m.tx));
+    }
+    m.tx += tx;
+    m.pending--;
+    async_state(b).epoch++;
+    if (m.pending) return;
+    if (m.tx == 0 && m.copies.empty()) {
+        complete_phase(b, m);
+    } else if (m.waiters) {
+        settle(b, m, name, line);
+    }
+}
+
+MC_LENS_UNINSTRUMENTED static void bulk_copy(void* dst, const void* src, uint32_t bytes,
+                                             uint64_t* addr, const char* name, int line) {
+    Block* b = async_block();
+    if (((uintptr_t)dst | (uintptr_t)src) % 16 || bytes % 16 || !bytes) {
+        async_fail(b, format("bulk_copy_g2s (line %d) of %u bytes from %p to %p: the size must "
+                             "be a positive multiple of 16 and both addresses 16-byte aligned "
+                             "(a GPU faults)",
+                             line, bytes, src, dst));
+    }
+#ifdef MC_EMU_CHECKS
+    check_range(src, bytes, 0);
+    check_range(dst, bytes, 1);
+#endif
+    MC_LENS_COUNT(LENS_CP_ASYNC, 1);
+    Mbar& m = bar_of(b, addr, name, line, "a bulk copy completing");
+    memset(dst, 0xff, bytes);  // until it lands: a read without the wait sees NaNs and -1s
+    m.copies.push_back(BulkCopy{dst, src, bytes});
+    async_state(b).epoch++;
+    if (m.pending == 0 && m.waiters) settle(b, m, name, line);
+}
+
+static inline bool phase_done(const Mbar& m, uint32_t parity) {
+    return (m.phases & 1) != (parity & 1);
+}
+
+// Every thread of the block is done, blocked, or has spun on try_wait since the last change.
+static bool all_stuck(Block* b) {
+    AsyncState& s = async_state(b);
+    for (unsigned i = 0; i < b->nthreads; i++) {
+        Fiber& g = b->fibers[i];
+        const FiberWait& w = s.waits[i];
+        bool spinning = g.state == RUNNABLE && w.epoch == s.epoch && w.spins >= 2;
+        if (g.state == RUNNABLE && !spinning) return false;
+    }
+    return true;
+}
+
+static std::string describe_deadlock(Block* b);
+
+static bool mbar_try_wait(uint64_t* addr, uint32_t parity, const char* name, int line) {
+    Block* b = async_block();
+    Mbar* m = &bar_of(b, addr, name, line, "a wait");
+    if (phase_done(*m, parity)) return true;
+    settle(b, *m, name, line);
+    if (phase_done(*m, parity)) return true;
+    // Not yet: let the other threads run, unless none can change anything any more.
+    AsyncState& s = async_state(b);
+    Fiber* f = b->current;
+    FiberWait& w = s.waits[f->linear];
+    if (w.epoch != s.epoch || w.bar != addr) w.spins = 0;
+    w = FiberWait{addr, name, parity, line, w.spins + 1, s.epoch};
+    if (w.spins >= 2 && all_stuck(b)) {
+        b->error = describe_deadlock(b);
+        switch_away(b, f, false);  // to the scheduler; never resumed
+        abort();
+    }
+    push_runnable(b, f);
+    switch_away(b, f, false);
+    return false;
+}
+
+static void mbar_wait(uint64_t* addr, uint32_t parity, const char* name, int line) {
+    Block* b = async_block();
+    for (;;) {
+        Mbar* m = &bar_of(b, addr, name, line, "a wait");
+        if (phase_done(*m, parity)) return;
+        settle(b, *m, name, line);
+        if (phase_done(*m, parity)) return;
+        Fiber* f = b->current;
+        AsyncState& s = async_state(b);
+        s.waits[f->linear] = FiberWait{addr, name, parity, line, 0, 0};
+        m->waiters++;
+        f->state = WAIT_MBAR;
+        f->site = line;
+        switch_away(b, f, false);
+        bar_of(b, addr, name, line, "a wait").waiters--;
+    }
+}
+
+// "N threads wait on mbarrier X (line L) for parity P: ..." for each barrier waited on, or "".
+static std::string describe_async_waits(Block* b) {
+    if (!b->async) return "";
+    AsyncState& s = *b->async;
+    std::string out;
+    for (const Mbar& m : s.bars) {
+        unsigned blocked = 0, spinning = 0;
+        const FiberWait* seen = nullptr;
+        for (unsigned i = 0; i < b->nthreads; i++) {
+            const FiberWait& w = s.waits[i];
+            if (w.bar != m.addr) continue;
+            if (b->fibers[i].state == WAIT_MBAR) {
+                blocked++;
+            } else if (b->fibers[i].state == RUNNABLE && w.epoch == s.epoch && w.spins) {
+                spinning++;
+            } else {
+                continue;
+            }
+            seen = &w;
+        }
+        if (!seen) continue;
+        if (!out.empty()) out += "; ";
+        out += format("%u %s mbarrier %s (line %d) for the phase of parity %u, but its "
+                      "phase %llu (parity %llu) still needs %u of %u arrivals and %lld "
+                      "transaction bytes (%zu bulk copies issued)",
+                      blocked + spinning,
+                      blocked ? "threads wait on" : "threads spin on try_wait of",
+                      bar_name(seen->name), seen->line, seen->parity, m.phases, m.phases & 1,
+                      m.pending, m.expected, m.tx > 0 ? m.tx : 0, m.copies.size());
+    }
+    return out;
+}
+
+}  // namespace mc_emu
+
+#define mc_mbarrier_init(bar, count) ::mc_emu::mbar_init(bar, count, #bar, __LINE__)
+#define mc_mbarrier_arrive(bar) ::mc_emu::mbar_arrive(bar, 0, #bar, __LINE__)
+#define mc_mbarrier_arrive_expect_tx(bar, bytes) \
+    ::mc_emu::mbar_arrive(bar, (long long)(bytes), #bar, __LINE__)
+#define mc_mbarrier_try_wait_parity(bar, parity) \
+    ::mc_emu::mbar_try_wait(bar, parity, #bar, __LINE__)
+#define mc_mbarrier_wait(bar, parity) ::mc_emu::mbar_wait(bar, parity, #bar, __LINE__)
+#define mc_fence_proxy_async() ((void)0)
+#define mc_bulk_copy_g2s(dst, src, bytes, bar) \
+    ::mc_emu::bulk_copy(dst, src, bytes, bar, #bar, __LINE__)
+
+#endif  // MC_EMU_ASYNC_H
