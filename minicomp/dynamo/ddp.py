@@ -55,6 +55,10 @@ def watch_ddp() -> None:
             handler.register_end_callback(_after_frame_compile)
 
 
+# Dynamo runs its end callbacks under its own lock, and with its frame hook still set when a
+# backward compiles lazily inside a compiled frame (`loss.backward()` after a graph break): a
+# callback frame Dynamo tried to compile would take that lock again and hang the process.
+@torch.compiler.disable
 def _after_frame_compile(_args: object = None) -> None:
     ddp = _ddp_forward_running()
     if ddp is None or ddp in _warned:

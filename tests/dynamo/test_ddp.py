@@ -6,11 +6,14 @@ nothing (a model whose forward is PyTorch's own) warns. The ranks run ddp_worker
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import selected_targets
 from helpers_ranks import failure_text, run_ranks
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_worker.py")
 WORLD = 2
 
@@ -69,3 +72,36 @@ def test_compiling_ddp_around_a_torch_module_warns_that_nothing_compiles(ddp_res
         assert "DDP(torch.compile(model" in warning["message"]
         assert "torch.nn.modules.container.Sequential.forward" in warning["message"]
         assert warning["filename"] == WORKER  # the user's line, not torch's
+
+
+BACKWARD_IN_A_COMPILED_STEP = """
+import torch, minicomp
+from minicomp.dynamo.ddp import watch_ddp
+
+def step(x, w):
+    loss = (x @ w).sum()
+    loss.backward()  # a graph break; the backward compiles lazily inside the compiled frame
+    return loss
+
+watch_ddp()
+x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+loss = torch.compile(step, backend="minicomp", options={"fallback": "error"})(x, w)
+assert torch.allclose(w.grad, x.sum(0)[:, None].expand(4, 4)), w.grad
+print("ok", float(loss))
+"""
+
+
+def test_the_ddp_watcher_never_deadlocks_a_lazy_backward(tmp_path):
+    """The watcher runs as Dynamo's end callback, under Dynamo's lock; were Dynamo to compile
+    its frame (its hook is set while a backward compiles inside a compiled frame) it would take
+    that lock again: the process hung there before the watcher was kept from Dynamo."""
+    script = tmp_path / "step.py"
+    script.write_text(BACKWARD_IN_A_COMPILED_STEP)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
