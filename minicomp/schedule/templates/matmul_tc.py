@@ -276,6 +276,9 @@ _LEVEL1 = (
     TcConfig(128, 256, 32, 64, 64, 3),
     TcConfig(128, 128, 32, 64, 64, 3),
     TcConfig(128, 128, 32, 64, 32, 3),
+    # N of 64 (ResNet's early convolutions): four 64x64 warps down M. A 128 x 64 tile of
+    # 64x32 warps moves 1.4 times the shared-memory bytes a flop (step_cost).
+    TcConfig(256, 64, 32, 64, 64, 3),
     TcConfig(128, 64, 32, 64, 32, 3),
     TcConfig(64, 128, 32, 32, 32, 3),
     TcConfig(64, 64, 32, 32, 32, 4),
@@ -303,9 +306,10 @@ def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
 def heuristic(problem: MatmulProblem) -> TcConfig:
     """The config used without measuring: `level0_tile` of the level-1 space, with K split
     inside the kernel where `level0_splits` finds that pays. So large products get 256x128
-    or 128x256 blocks of eight 64x64 warps, a grid just short of two waves of small tiles
-    gives way to one wave of large ones, and a product of fewer large tiles than SMs (1024 x
-    1024 x 1024) takes twice the blocks of them, each over half of K."""
+    or 128x256 blocks of eight 64x64 warps, 64 columns over many rows (ResNet's first
+    stage) 256x64 blocks of four, a grid just short of two waves of small tiles gives way to
+    one wave of large ones, and a product of fewer large tiles than SMs (1024 x 1024 x 1024)
+    takes twice the blocks of them, each over half of K."""
     configs = space(problem, 1)
     batch, m, n = assumed_sizes(problem)
     splits = 1
