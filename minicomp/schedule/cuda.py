@@ -19,15 +19,19 @@ the innermost dim is that variable itself, with stride 1, and that every element
 (not under a select branch or the right side of && / ||), become one vector load into a
 local register array before the elements (`load_vec`); the elements are computed in an
 unrolled loop into a register array per vectorised output, written by one vector store
-after it (`store_vec`); other reads and stores stay scalar, per element. A vector access
-is 2 to 16 bytes (32 for an input twice as wide as the widest output: two 16-byte accesses)
-and must be aligned to its size (16 at most): since the thread's first element is at a
-multiple of VEC elements from the buffer's start, that holds for every thread exactly when
-the buffer's base pointer is aligned, and symbolic strides of the other dims are multiples
-of VEC. The kernel tests that once per buffer at its start (`is_aligned`, a uniform flag)
-and copies between a misaligned buffer and its register array element by element instead,
-so a view with a storage offset stays correct at the cost of scalar accesses to that buffer
-only; the grid and the elements each thread takes are the same either way.
+after it (`store_vec`); other reads and stores stay scalar, per element. An element's
+expression sees the innermost variable as `chunk * VEC + k`, simplified knowing 0 <= k <
+VEC: a division or remainder by a divisor of VEC (pixels of 4 channels in a row of them)
+splits into the chunk's part, shared by the copies of the loop, and k's, a constant in each.
+A vector access is 2 to 16 bytes (32 for an input twice as wide as the widest output: two
+16-byte accesses) and must be aligned to its size (16 at most): since the thread's first
+element is at a multiple of VEC elements from the buffer's start, that holds for every
+thread exactly when the buffer's base pointer is aligned, and symbolic strides of the other
+dims are multiples of VEC. The kernel tests that once per buffer at its start
+(`is_aligned`, a uniform flag) and copies between a misaligned buffer and its register array
+element by element instead, so a view with a storage offset stays correct at the cost of
+scalar accesses to that buffer only; the grid and the elements each thread takes are the
+same either way.
 
 Reduction groups (ReduceStages over the inner loops, then row stores) whose reduced axis is
 strided in memory while an output axis is contiguous (a vector-matrix product, split-K's sum
@@ -72,6 +76,7 @@ from minicomp.ir.expr import (
 from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.functor import substitute
 from minicomp.ir.graph import FusedOp, ReduceStage, StoreStage
+from minicomp.ir.simplify import simplify_expr
 from minicomp.ir.stmt import (
     Assign,
     Declare,
@@ -211,15 +216,25 @@ class CudaKernelBuilder:
         loads = self.vector_loads(planner)
         k = Var("vk", i64)
         lanes = const(vec, i32)
-        # Element k: vector reads come from the registers, the rest see the variable + k.
+        # Element k: vector reads come from the registers, the rest see the variable at
+        # chunk * VEC + k, simplified knowing 0 <= k < VEC ((8c + k) // 4 is 2c + k // 4).
+        chunks = op.outer_extents[pos] // vec
+        chunk = Var(f"{var.name}_vec", i64)  # (not declared where there is one chunk: 0)
         shifted: dict = {e: Load(a.reg, k) for e, a in loads.items()}
-        shifted[var] = var + k
+        shifted[var] = chunk * vec + k if chunks != 1 else k
+        bounds = self.outer_bounds()
+        bounds.update({chunk: (0, chunks - 1), k: (0, vec - 1)})
+
+        def element(e: Expr) -> Expr:
+            return simplify_expr(substitute(e, shifted), bounds)
+
         elements = []
         for st, vector in zip(self.stages, stores):
-            value = cast(self.expr(substitute(st.body, shifted)), op.outputs[st.output].dtype)
+            value = cast(self.expr(element(st.body)), op.outputs[st.output].dtype)
             if vector is None:
                 buf, strides = self.out_bufs[st.output]
-                elements.append(Store(buf, offset(substitute(st.indices, shifted), strides), value))
+                index = element(offset(st.indices, strides))
+                elements.append(Store(buf, index, value))
             else:
                 elements.append(Store(vector.reg, k, value))
         body: list[Stmt] = list(self.vector_unravel(pos, vec))
@@ -236,6 +251,15 @@ class CudaKernelBuilder:
         extents[pos] //= vec
         loop, grid, block = self.flat_loop(Var("flat", i64), prod(extents), seq(*body))
         return seq(*planner.head, loop), grid, block
+
+    def outer_bounds(self) -> dict[Var, tuple]:
+        """(0, extent - 1) of each outer variable of static extent, (0, None) of the others:
+        the coordinates the unravel of a flat index gives."""
+        op = self.op
+        return {
+            v: (0, x - 1 if isinstance(x, int) else None)
+            for v, x in zip(op.outer_vars, op.outer_extents)
+        }
 
     def vector_loads(self, planner: VectorPlanner) -> dict[TensorElement, VectorAccess]:
         """The reads done as vector loads: those every element evaluates (a read under a

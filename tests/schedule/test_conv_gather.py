@@ -4,6 +4,8 @@ tiles.gather_copy) where C % 8 == 0 (or C < 8, from a padded copy: passes/graph/
 small_channels.py), the register path elsewhere; each compared with float64
 PyTorch on cuda-emu (checked build: no access out of bounds)."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,6 +145,29 @@ def test_misaligned_input_takes_the_element_path():
         actual = torch.compile(fn, backend="minicomp", options=opts)(x, w)  # no copy of x
     torch.testing.assert_close(actual, expected.to(H), rtol=1e-2, atol=1e-2)
     assert _uses_tc([k.attrs.template for r in records for k in r.kernels if k.attrs.template])
+
+
+# (batch, in channels, height x width, out channels, kernel, stride, padding): M of 288, 270
+# and 338, each a whole 256-row tile and a partial one.
+WIDE_M_CASES = {
+    "3x3_64": (2, 64, (12, 12), 64, (3, 3), 1, 1),
+    "stem_c3_7x7_s2": (2, 3, (17, 29), 64, (7, 7), 2, 3),  # a padded copy, runs of 3 of 8
+    "1x1_n40": (2, 32, (13, 13), 40, (1, 1), 1, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(WIDE_M_CASES))
+def test_256x64_tiles_of_four_64x64_warps(monkeypatch, name):
+    """The level-0 tiling of N <= 64 over a long M (ResNet's stem and first stage) on
+    gathered windows, partial tiles at M's edge and N's: against float64."""
+    cfg = matmul_tc.TcConfig(256, 64, 32, 64, 64, 3)
+    assert cfg in matmul_tc.level1(_problem(torch.mm, *(torch.randn(64, 64, dtype=H),) * 2))
+    fixed = dataclasses.replace(matmul_tc.TEMPLATE, heuristic=lambda problem: cfg)
+    monkeypatch.setattr(matmul_tc, "TEMPLATE", fixed)
+    n, c, hw, o, kernel, stride, padding = WIDE_M_CASES[name]
+    x, w = _inputs(n, c, hw, o, kernel)
+    used = _run(_conv(stride, padding), x, w)
+    assert f"{matmul_tc.NAME}[{cfg}]" in used, used
 
 
 def test_fused_epilogue_and_bias():

@@ -167,6 +167,31 @@ def test_an_index_shifted_along_the_inner_dim_is_no_vector_load():
     assert {c.args[1].buf.name for c in vector_calls(f, "load_vec")} == {"in_x"}
 
 
+def padded_pixels(rows: int, pixels: int) -> Graph:
+    """y[i, 4 p + c] = x[i, 3 p + c] for c < 3, else 0: three f16 channels a pixel padded to
+    four (passes/graph/small_channels.py's copy)."""
+    b = GraphBuilder()
+    x = b.input("x", (rows, 3 * pixels), T.f16)
+
+    def body(i, j):
+        c = j % 4
+        return E.select(c < 3, x[i, j // 4 * 3 + E.minimum(c, 2)], E.const(0.0, T.f16))
+
+    b.output(b.compute("y", (rows, 4 * pixels), body))
+    return b.build()
+
+
+def test_an_inner_index_divided_by_a_divisor_of_vec_splits_into_chunk_and_lane_parts():
+    """With VEC = 8 and the inner variable j = 8 v + k, j // 4 is 2 v + k // 4 and j % 4 is
+    k % 4: constants in each unrolled copy, no division of a thread's coordinate per
+    element."""
+    f = schedule(padded_pixels(4, 12))
+    assert lanes(f, "store_vec") == [8]
+    divisions = [e for e in collect(f.body, E.Binary) if e.op in ("idiv", "imod")]
+    by_lane = [d for d in divisions if "vk" in {v.name for v in collect(d.a, E.Var)}]
+    assert by_lane and all(isinstance(d.a, E.Var) for d in by_lane), by_lane
+
+
 # --- emulated kernels, called directly -------------------------------------------------------
 
 
@@ -209,6 +234,16 @@ def test_misaligned_views_take_the_scalar_copies(x_offset, y_offset, cache_dir):
     launch(f, {"x": x, "y": y}, cache_dir)
     torch.testing.assert_close(y, x * 2 + 1, rtol=0, atol=0)
     assert out_base[:y_offset].isnan().all()
+
+
+@pytest.mark.parametrize("pixels", [12, 2])  # 2: one vector a row, its chunk coordinate 0
+def test_padded_pixels_in_the_emulator(pixels, cache_dir):
+    f = schedule(padded_pixels(4, pixels))
+    x = torch.randn(4, 3 * pixels, dtype=torch.float16)
+    y = poisoned((4, 4 * pixels), torch.float16)
+    launch(f, {"x": x, "y": y}, cache_dir)
+    expected = torch.nn.functional.pad(x.view(4, pixels, 3), (0, 1)).view(4, 4 * pixels)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.float32])

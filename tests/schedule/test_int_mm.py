@@ -7,6 +7,7 @@ torchao-style dynamic-quantization linear whose rescale, bias and bf16 cast run 
 epilogue; the cpu target's ATen call; every level-1 int8 tiling compiled by NVRTC for sm_80,
 sm_89 and sm_90 without spills."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -207,6 +208,20 @@ def test_dynamic_quant_linear(m, k, n):
     assert "amax" in quantize and "round" in quantize
     templates = [k.attrs.template for r in report.records for k in r.kernels]
     assert [template_name(t) for t in templates if t] == [TC]
+
+
+@pytest.mark.parametrize("transposed_b", [False, True])
+def test_the_256x64_tiling(monkeypatch, transposed_b):
+    """The int8 version of the 256x64 tiling of four 64x64 warps (N <= 64 over a long M), B as
+    rows of K (fragments byte by byte) and K-major, partial tiles: equal to eager."""
+    cfg = matmul_tc.TcConfig(256, 64, 64, 64, 64, 3)
+    fixed = dataclasses.replace(matmul_tc.TEMPLATE, heuristic=lambda problem: cfg)
+    monkeypatch.setattr(matmul_tc, "TEMPLATE", fixed)
+    gen = torch.Generator().manual_seed(64)
+    a, b = int8((300, 192), gen), int8((192, 40), gen, transposed=transposed_b)
+    assert cfg in matmul_tc.level1(matmul_problem_of(torch._int_mm, a, b, target=TARGET))
+    used = compile_and_compare(lambda a, b: (torch._int_mm(a, b),), a, b)
+    assert used == [f"{TC}[{cfg}]"]
 
 
 def test_int8_tilings_are_tuned():

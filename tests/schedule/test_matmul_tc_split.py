@@ -184,3 +184,32 @@ def test_the_split_kernel_builds_with_nvrtc_without_spilling(tmp_path):
                 what = (case, str(cfg), arch, usage)
                 assert usage.spill_stores == 0 and usage.spill_loads == 0, what
                 assert usage.stack_bytes == 0, what
+
+
+def test_the_late_resnet_3x3_at_level0_splits_without_spilling(tmp_path):
+    """ResNet-50's 512 -> 512 3 x 3 at 7 x 7, batch 32 (the lens's case): 128 x 128 tiles of
+    64 x 64 warps split in 2, at 255 registers. It spilled 8 bytes while the last block
+    summed the partials in registers (32 loads in flight beside the 128 accumulators) and
+    the window's element path computed its own 64-bit offsets beside the cp.async's."""
+    from minicomp.backends.cuda import nvrtc
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+    h, cl = torch.float16, torch.channels_last
+    p = matmul_problem_of(
+        lambda x, w: F.conv2d(x, w, padding=1),
+        torch.randn(32, 512, 7, 7, dtype=h).to(memory_format=cl),
+        torch.randn(512, 512, 3, 3, dtype=h).to(memory_format=cl),
+    )
+    cfg = matmul_tc.heuristic(p)
+    assert str(cfg) == "128x128x32_w64x64_s3_k2"
+    kernel = matmul_tc.instantiate(p, cfg)
+    source = render_module(Module(kernel.name, (kernel,)))
+    for arch in ("sm_80", "sm_89", "sm_90"):
+        usage = nvrtc.compile_cuda(source, arch=arch, cache_dir=str(tmp_path)).resources[
+            kernel.name
+        ]
+        what = (arch, usage)
+        assert usage.spill_stores == 0 and usage.spill_loads == 0 and usage.stack_bytes == 0, what

@@ -154,6 +154,27 @@ struct MmaOperands {
 };
 static_assert(sizeof(MmaOperands) <= sizeof(Slot), "mma operands fit a slot");
 
+// Lane l's four outputs (c_i at row g + 8 * (i >> 1), column 2t + (i & 1), g = l >> 2,
+// t = l % 4) into its slot: c plus the K exact products of A's row and B's column, added in
+// k order, rounding to nearest after each addition.
+template <unsigned K>
+MC_LENS_UNINSTRUMENTED static inline void mma_tile_f32(const float (&A)[16][K],
+                                                       const float (&B)[K][8], const float* c,
+                                                       Slot& lane, unsigned l) {
+    unsigned g = l >> 2, t = l & 3;
+    float d[4];
+    for (unsigned i = 0; i < 4; i++) {
+        unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (unsigned k = 0; k < K; k++) {
+            float product = A[row][k] * B[k][col];
+            acc = acc + product;
+        }
+        d[i] = acc;
+    }
+    memcpy(lane.bytes, d, sizeof d);
+}
+
 // The fragment layouts are the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating
 // point type", with g = lane >> 2 and t = lane % 4:
 //   A (16x16, row): a_i at row g + 8 * ((i >> 1) & 1), column 2t + (i & 1) + 8 * (i >> 2)
@@ -178,20 +199,7 @@ MC_LENS_UNINSTRUMENTED static void mma_compute(Slot* lanes) {
         }
         for (unsigned i = 0; i < 4; i++) B[2 * t + (i & 1) + 8 * (i >> 1)][g] = Widen(in[l].b[i]);
     }
-    for (unsigned l = 0; l < 32; l++) {
-        unsigned g = l >> 2, t = l & 3;
-        float d[4];
-        for (unsigned i = 0; i < 4; i++) {
-            unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-            float acc = in[l].c[i];
-            for (unsigned k = 0; k < 16; k++) {
-                float product = A[row][k] * B[k][col];
-                acc = acc + product;
-            }
-            d[i] = acc;
-        }
-        memcpy(lanes[l].bytes, d, sizeof d);
-    }
+    for (unsigned l = 0; l < 32; l++) mma_tile_f32(A, B, in[l].c, lanes[l], l);
 }
 
 static inline void mma_m16n8k16(unsigned op, Compute compute, float* d, const uint16_t* a,
@@ -307,20 +315,7 @@ MC_LENS_UNINSTRUMENTED static void fp8_mma_compute(Slot* lanes) {
         }
         for (unsigned i = 0; i < 8; i++) B[4 * t + (i & 3) + 16 * (i >> 2)][g] = WidenB(in[l].b[i]);
     }
-    for (unsigned l = 0; l < 32; l++) {
-        unsigned g = l >> 2, t = l & 3;
-        float d[4];
-        for (unsigned i = 0; i < 4; i++) {
-            unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-            float acc = in[l].c[i];
-            for (unsigned k = 0; k < 32; k++) {
-                float product = A[row][k] * B[k][col];
-                acc = acc + product;
-            }
-            d[i] = acc;
-        }
-        memcpy(lanes[l].bytes, d, sizeof d);
-    }
+    for (unsigned l = 0; l < 32; l++) mma_tile_f32(A, B, in[l].c, lanes[l], l);
 }
 
 static inline void fp8_mma_m16n8k32(unsigned op, Compute compute, float* d, const void* a,

@@ -33,8 +33,8 @@ operand reaches shared memory one of three ways:
 - gather: a read whose chunks of 8 k are 16-byte runs of an input, or zero
   (problem.GatheredOperand: a convolution's window on a channels-last input): a cp.async
   a chunk from an offset computed for it, zero-filled outside the window (and past the run's
-  limit, where it has one: passes/graph/small_channels.py); element by element through the
-  prologue macro where the buffer's base is not 16-byte aligned.
+  limit, where it has one: passes/graph/small_channels.py); element by element from the
+  same offsets where the buffer's base is not 16-byte aligned.
 - regs: anything else (a fused prologue, or a leading stride of no whole chunks): the
   prologue macro loads the step's elements into registers before the mma's, and they are
   stored to shared memory after them, in the operand's narrow type.
@@ -51,15 +51,17 @@ mma).
 K may be split inside the kernel (TcConfig.splits = S > 1), for products of fewer tiles than
 SMs: S consecutive blocks compute one tile, block `part` over chunk `part` of K (ceil(steps /
 S) steps, the last chunk shorter). Each writes its f32 accumulators to the partials scratch
-(LaunchAttrs.scratch, S partials a tile, in the accumulators' own layout so that every warp
-access is 128 contiguous bytes), fences (threadfence), and its thread 0 adds 1 to the tile's
-counter. The block that reads S - 1 back is the last: every other partial is written and
-visible; it fences again, adds the S partials in the order of the chunks (its own from its
-registers: the same sum, bit for bit, whichever block comes last), runs the epilogue, and sets
-the counter back to 0, which the plan allocated zero once: a replayed launch finds it so. No
-block waits for another, so blocks may run in any order, or one after another (the
-emulator). `level0_splits` chooses S by `product_work`, the level-0 model the split-K pass
-also weighs its own split in two kernels with (passes/graph/split_k.py).
+(LaunchAttrs.scratch, S partials a tile, each warp's rows of the tile row-major: its
+accumulator pairs are 8-byte stores filling whole sectors), fences (threadfence), and its
+thread 0 adds 1 to the tile's counter. The block that reads S - 1 back is the last: every
+other partial is written and visible; it fences again, sets the counter back to 0 (which the
+plan allocated zero once: a replayed launch finds it so) and runs the epilogue, whose loop
+along the staged rows adds each element's S partials in the order of the chunks (its own
+from the staging rows: the same sum, bit for bit, whichever block comes last), reading the
+others coalesced, one element at a time: no partial is held in registers beside the
+accumulators. No block waits for another, so blocks may run in any order, or one after
+another (the emulator). `level0_splits` chooses S by `product_work`, the level-0 model the
+split-K pass also weighs its own split in two kernels with (passes/graph/split_k.py).
 
 `instantiate` builds the kernel in steps: each operand's copies (`_operand_copy`: tiles.py's
 cp.async or register copies), the warps' mma step (`_warp_mma`), the epilogue (`_store_tile`)
@@ -86,6 +88,7 @@ from minicomp.schedule.templates.base import (
     finish,
     search_space,
 )
+from minicomp.schedule.templates.fragments import expression
 from minicomp.schedule.templates.matmul_simt import assumed_sizes, fitting_sizes
 from minicomp.schedule.templates.problem import (
     BlockTile,
@@ -281,6 +284,9 @@ _LEVEL1 = (
     TcConfig(128, 256, 32, 64, 64, 3),
     TcConfig(128, 128, 32, 64, 64, 3),
     TcConfig(128, 128, 32, 64, 32, 3),
+    # N of 64 (ResNet's early convolutions): four 64x64 warps down M. A 128 x 64 tile of
+    # 64x32 warps moves 1.4 times the shared-memory bytes a flop (step_cost).
+    TcConfig(256, 64, 32, 64, 64, 3),
     TcConfig(128, 64, 32, 64, 32, 3),
     TcConfig(64, 128, 32, 32, 32, 3),
     TcConfig(64, 64, 32, 32, 32, 4),
@@ -308,9 +314,10 @@ def space(problem: MatmulProblem, level: int) -> list[TcConfig]:
 def heuristic(problem: MatmulProblem) -> TcConfig:
     """The config used without measuring: `level0_tile` of the level-1 space, with K split
     inside the kernel where `level0_splits` finds that pays. So large products get 256x128
-    or 128x256 blocks of eight 64x64 warps, a grid just short of two waves of small tiles
-    gives way to one wave of large ones, and a product of fewer large tiles than SMs (1024 x
-    1024 x 1024) takes twice the blocks of them, each over half of K."""
+    or 128x256 blocks of eight 64x64 warps, 64 columns over many rows (ResNet's first
+    stage) 256x64 blocks of four, a grid just short of two waves of small tiles gives way to
+    one wave of large ones, and a product of fewer large tiles than SMs (1024 x 1024 x 1024)
+    takes twice the blocks of them, each over half of K."""
     configs = space(problem, 1)
     batch, m, n = assumed_sizes(problem)
     splits = 1
@@ -469,8 +476,8 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
     names = tiles.Names()
     a, b = _operand_copy(problem, cfg, "a", names), _operand_copy(problem, cfg, "b", names)
     mma = _warp_mma(cfg, mma_of(problem), a.k_major, b.k_major, names)
-    store = _store_tile(problem, cfg, names)
     split = _split(problem, cfg, names) if cfg.splits > 1 else None
+    store = _store_tile(problem, cfg, names, split)
     kernel = _kernel(problem, cfg, a, b, mma, store, split)
     gathered = problem.gather_a is not None or problem.gather_b is not None
     scalar_fragments = mma_of(problem).elem_bytes == 1 and not (a.k_major and b.k_major)
@@ -488,6 +495,10 @@ def instantiate(problem: MatmulProblem, cfg: TcConfig) -> Function:
         # and spills (sm_80, sm_90); promising one block an SM lets it take what it needs (a
         # block of 64 threads still fits many times). Larger tilings keep ptxas's choice.
         return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=1)
+    if gathered and cfg.threads == 128 and cfg.wm * cfg.wn == 32 * 32:
+        # Likewise, ptxas holds a 64 x 64 tiling of four 32x32 warps to 96 registers on sm_80
+        # and spills; four blocks an SM (what an A100's shared memory fits of it) give it 128.
+        return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=4)
     if cfg.threads <= 128 and cfg.wm * cfg.wn // 32 >= 64:
         # 64 accumulators a thread in a block of four warps: left to itself, ptxas aims at four
         # blocks an SM (128 registers on sm_90) and spills a few bytes once the epilogue costs
@@ -560,15 +571,14 @@ def _gather_copy(
 ) -> _Copy:
     """The cp.async copies of a gathered operand (problem.GatheredOperand): one offset and
     guard a 16-byte chunk, rows of M or N in shared memory; its base is the buffer's, aligned
-    or not (then element by element through the prologue macro)."""
+    or not (then element by element from the same offsets)."""
     mn, size = (cfg.bm, problem.m) if side == "a" else (cfg.bn, problem.n)
     gathered = problem.gather_a if side == "a" else problem.gather_b
     check_mn, check_k = needs_check(size, mn), needs_check(problem.k, cfg.bk)
     source = problem.gather_source(side, check_mn=check_mn, check_k=check_k)
-    element = operand_element(problem, side, True, mn, cfg.bk, narrow=True)
     tile = tiles.Tile(mn, cfg.bk, cfg.threads, phase_columns=True)
     count = problem.gather_count(side)
-    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, element, count)
+    copy = tiles.gather_copy(names, side, tile, gathered.ref, source, count)
 
     def issue(dst, base, fast, bz, mn0, k0):
         return copy.fn(dst, mn0, k0, fast, bz)
@@ -651,22 +661,30 @@ def _warp_mma(cfg: TcConfig, mma: Mma, a_k: bool, b_k: bool, names: tiles.Names)
     return names.fragment("mma", step)
 
 
-def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Macro:
-    """Macro `store(acc, rows, bz, row0, col0, lane)`: the epilogue of this warp's tile (rows
-    row0..., columns col0... of C), 16 rows at a time through its staging rows `rows`, its
-    lanes along the rows (coalesced), one element an iteration."""
+def _store_tile(
+    problem: MatmulProblem, cfg: TcConfig, names: tiles.Names, split: _Split | None = None
+) -> Macro:
+    """Macro `store(acc, rows, bz, row0, col0, lane, at, part)`: the epilogue of this warp's
+    tile (rows row0..., columns col0... of C), 16 rows at a time through its staging rows
+    `rows`, its lanes along the rows (coalesced), one element an iteration. With `split`, an
+    element is the sum of the tile's partials (`split.total`: this warp's part of the first
+    at `at`, this block's own, chunk `part`, from the staging rows); without, `at` and `part`
+    are unused."""
     MI, NI, WN = cfg.wm // 16, cfg.wn // 8, cfg.wn
     ACC = mma_of(problem).acc
+    SPLIT = split is not None
+    total = split.total if SPLIT else None
     store_c = problem.store_c(
         check_m=needs_check(problem.m, cfg.bm), check_n=needs_check(problem.n, cfg.bn)
     )
 
-    def store(acc, rows, bz, row0, col0, lane):
+    def store(acc, rows, bz, row0, col0, lane, at, part):
         @script
         def store_tile():
             g = lane // 4
             tq = lane % 4
             pair = register_tensor(ACC, 2)
+            summed = register_tensor(ACC, 1)
             for i in unroll(range(MI)):
                 for j in unroll(range(NI)):
                     for h in unroll(range(2)):
@@ -678,7 +696,11 @@ def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Ma
                 for idx in range(lane, 16 * WN, 32):
                     r = idx // WN
                     c = idx % WN
-                    store_c(bz, row0 + i * 16 + r, col0 + c, rows[r, c])
+                    if SPLIT:
+                        total(summed, rows[r, c], at + i * 16 * WN + idx, part)
+                        store_c(bz, row0 + i * 16 + r, col0 + c, summed[0])
+                    else:
+                        store_c(bz, row0 + i * 16 + r, col0 + c, rows[r, c])
                 syncthreads()
 
         return store_tile
@@ -688,40 +710,54 @@ def _store_tile(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> Ma
 
 @dataclass(frozen=True)
 class _Split:
-    """The in-kernel split of K (cfg.splits > 1): the scratch parameters and the macro
-    `gather(acc, arrived, tile, part, lane, warp)` that stores this block's partial of `tile`
-    (chunk `part`), counts it, and in the block that finds the count complete adds every
-    partial into `acc` in the chunks' order; `arrived[0]` is then splits - 1 in that block
-    only (see the module doc)."""
+    """The in-kernel split of K (cfg.splits > 1): the scratch parameters; `at(tile, warp)`,
+    the offset of a warp's part of `tile`'s first partial; `gather(acc, arrived, at, tile,
+    part, lane)`, which stores this block's partial (chunk `part`) and counts it, `arrived[0]`
+    then splits - 1 in the last block only (which resets the count); and `total(out, mine,
+    at, part)`, `out[0]` = the sum in the chunks' order of the partials' element at offset
+    `at` of the first, `mine` (this block's) for chunk `part` (see the module doc)."""
 
     params: tuple[Var, Var]
     scratch: tuple[tuple[str, int, bool], ...]
+    at: Macro
     gather: Macro
+    total: Macro
 
 
 def _split(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> _Split:
     """The split-K scratch and the partials' round trip of `problem` in cfg.splits chunks."""
-    S, MI, NI = cfg.splits, cfg.wm // 16, cfg.wn // 8
+    S, MI, NI, WN = cfg.splits, cfg.wm // 16, cfg.wn // 8, cfg.wn
     b, m, n, _ = problem.static_sizes()
     TILES = b * ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn)
     TILE_ELEMS = cfg.bm * cfg.bn
-    WARP_ELEMS = MI * NI * 4 * 32
+    WARP_ELEMS = cfg.wm * cfg.wn
     partials = Var(PARTIALS, PointerType(T.f32))
     counters = Var(COUNTERS, PointerType(T.i32))
     P = TensorRef(PARTIALS, partials, (TILES * S * TILE_ELEMS,))
     C = TensorRef(COUNTERS, counters, (TILES,))
     scratch = ((PARTIALS, TILES * S * TILE_ELEMS, False), (COUNTERS, TILES, True))
 
-    def gather(acc, arrived, tile, part, lane, warp):
+    def at(tile, warp):
+        @script
+        def split_at() -> i64:
+            return i64(tile) * (S * TILE_ELEMS) + warp * WARP_ELEMS
+
+        return split_at
+
+    def gather(acc, arrived, at, tile, part, lane):
         @script
         def split_gather():
-            # A partial is laid out as its block's accumulators, (warp, i, j, e) then the lane:
-            # every access of a warp is 128 contiguous bytes.
-            at = i64(tile) * (S * TILE_ELEMS) + warp * WARP_ELEMS + lane
+            # A warp's part of a partial is its rows of the tile, row-major (wm x wn): the
+            # epilogue's staging order, which the last block reads coalesced. The accumulator
+            # pairs are 8-byte stores, each 32-byte sector whole.
+            mine = at + part * TILE_ELEMS + lane // 4 * WN + lane % 4 * 2
+            pair = register_tensor(f32, 2)
             for i in unroll(range(MI)):
                 for j in unroll(range(NI)):
-                    for e in unroll(range(4)):
-                        P[at + part * TILE_ELEMS + ((i * NI + j) * 4 + e) * 32] = acc[i, j, e]
+                    for h in unroll(range(2)):
+                        pair[0] = acc[i, j, 2 * h]
+                        pair[1] = acc[i, j, 2 * h + 1]
+                        store_vec(P[mine + (i * 16 + h * 8) * WN + j * 8], pair)
             # Every write of the block is visible to the grid before the count says so.
             threadfence()
             syncthreads()
@@ -729,33 +765,32 @@ def _split(problem: MatmulProblem, cfg: TcConfig, names: tiles.Names) -> _Split:
                 arrived[0] = atomic_add(C[tile], 1)
             syncthreads()
             if arrived[0] == S - 1:
+                # The others' partials are visible to this block's reads.
                 threadfence()
-                # The sum in the order of the chunks whichever block is last: the same bits
-                # on every run. The others' partials: chunk q + (q >= part) is other[q].
-                other = register_tensor(f32, (S - 1,))
-                for i in unroll(range(MI)):
-                    for j in unroll(range(NI)):
-                        for e in unroll(range(4)):
-                            at_e = at + ((i * NI + j) * 4 + e) * 32
-                            for q in unroll(range(S - 1)):
-                                other[q] = P[at_e + (q + (1 if q >= part else 0)) * TILE_ELEMS]
-                            mine = acc[i, j, e]
-                            total = other[0] if part > 0 else mine
-                            for c in unroll(range(1, S)):
-                                term = other[c - 1] if c > part else mine
-                                if c < S - 1:
-                                    term = other[c] if c < part else term
-                                total += term
-                            acc[i, j, e] = total
-                    # A row of mma tiles at a time: ptxas would otherwise start every load
-                    # at once, S - 1 registers an accumulator, and spill.
-                    syncthreads()
                 if threadIdx.x == 0:
                     C[tile] = 0  # every chunk has counted: ready for the next launch
 
         return split_gather
 
-    return _Split((partials, counters), scratch, names.fragment("split", gather))
+    def total(out, mine, at, part):
+        @script
+        def split_total():
+            # The sum in the order of the chunks whichever block is last: the same bits on
+            # every run. An element at a time, in the epilogue's loop: no partial is held in
+            # registers beside the accumulators (held there, 32 at a time, they spilled).
+            out[0] = P[at] if part > 0 else mine
+            for q in unroll(range(1, S)):
+                out[0] += P[at + q * TILE_ELEMS] if q != part else mine
+
+        return split_total
+
+    return _Split(
+        (partials, counters),
+        scratch,
+        expression(at),
+        names.fragment("split", gather),
+        names.fragment("sum", total),
+    )
 
 
 def _kernel(
@@ -784,7 +819,7 @@ def _kernel(
         GRID = (GRID[0] * S, GRID[1], GRID[2])
         sig = problem.sig
         params = (*sig.inputs, *sig.outputs, *split.params, *sig.symbols)
-        gather = split.gather
+        gather, split_at = split.gather, split.at
     A_ASYNC, B_ASYNC = a.is_async, b.is_async
     STAGED = not (A_ASYNC and B_ASYNC)
     A_SHAPE, B_SHAPE = a.shape, b.shape
@@ -868,11 +903,13 @@ def _kernel(
             cp_async_wait_all()
             syncthreads()
             if SPLIT:
-                gather(acc, arrived, i32(bz) * TILES + pid, part, lane, tid // 32)
-                if arrived[0] == S - 1:  # this block summed the tile's partials
-                    store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane)
+                tile = i32(bz) * TILES + pid
+                at = split_at(tile, tid // 32)
+                gather(acc, arrived, at, tile, part, lane)
+                if arrived[0] == S - 1:  # the last block: it sums the tile's partials
+                    store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane, at, part)
             else:
-                store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane)
+                store(acc, c_s[tid // 32], bz, m0 + warp_m, n0 + warp_n, lane, 0, 0)
             bz += gridDim.z
 
     return matmul_tc.ir

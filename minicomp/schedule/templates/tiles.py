@@ -29,7 +29,8 @@ The copies, each a macro a kernel calls as a statement:
   loop of strided reads (the rare case kept small).
 - `gather_copy`: global -> shared with 16-byte cp.async of chunks that are each a run of
   memory somewhere (its offset computed per chunk, a convolution's window), or zero-filled,
-  whole or past a count of elements.
+  whole or past a count of elements; element by element from the same offsets where the
+  runs are not 16-byte aligned.
 - `load_regs` / `store_regs`: global -> registers through an element macro (a fused
   prologue), then registers -> shared memory, transposed if asked: a copy split around the
   math that hides its latency.
@@ -322,20 +323,15 @@ def async_copy(
 
 
 def gather_copy(
-    names: Names,
-    tag: str,
-    tile: Tile,
-    ref: TensorRef,
-    source: Macro,
-    element: Macro,
-    count: Macro | None = None,
+    names: Names, tag: str, tile: Tile, ref: TensorRef, source: Macro, count: Macro | None = None
 ) -> Macro:
     """Macro `copy(dst, row0, col0, fast, ctx)`: the tile at (row0, col0) of a matrix whose
     chunks are runs of flat tensor `ref` into shared tensor `dst`: chunk (row, col) is the
-    16-byte run at element offset `source(ctx, row, col)` (16-byte aligned where `fast`), or
-    zero where that is -1, copied with cp.async (zero-filled, reading nothing); with `count`,
-    only the first `count(ctx, row, col)` elements of a run are read, the rest zero-filled.
-    Where not `fast`, element by element as `element(ctx, row, col)` gives them."""
+    run of 16 bytes at element offset `source(ctx, row, col)`, or zero where that is -1,
+    copied with cp.async (zero-filled, reading nothing) where `fast` (the runs 16-byte
+    aligned), else element by element from the same offset; with `count`, only the first
+    `count(ctx, row, col)` elements of a run are read, the rest zero-filled. (One offset for
+    both paths: what the compiler hoists out of a K loop for it serves both.)"""
     W = tile.width
     BYTES = CHUNK_BYTES // W
     COUNTED = count is not None
@@ -357,8 +353,14 @@ def gather_copy(
             def elements():
                 @script
                 def gather_elements():
-                    for v in unroll(range(W)):
-                        dst[r, x + v] = element(ctx, row0 + r, col0 + x + v)
+                    src = source(ctx, row0 + r, col0 + x)
+                    if COUNTED:
+                        n = count(ctx, row0 + r, col0 + x) if src >= 0 else 0
+                        for v in unroll(range(W)):
+                            dst[r, x + v] = ref[src + v] if v < n else 0.0
+                    else:
+                        for v in unroll(range(W)):
+                            dst[r, x + v] = ref[src + v] if src >= 0 else 0.0
 
                 return gather_elements
 
