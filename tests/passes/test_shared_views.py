@@ -79,6 +79,11 @@ def test_each_reduction_reads_a_copy_and_the_elementwise_reader_the_original():
     assert len(copies) == 2  # one for the product, one for the column sums
     assert readers["plus"] == {"wt"}
     assert {next(iter(readers["mm"] - {"x"})), *readers["cols"]} == {c.name for c in copies}
+    # Each copy sits just before its reader: between the same collectives, if any.
+    order = [n.name for n in after.nodes]
+    for c in copies:
+        (reader,) = [n for n in after.nodes if c.outputs[0] in n.inputs]
+        assert order.index(c.name) == order.index(reader.name) - 1
     # Fused, no group writes the transposed weight out: each takes its view.
     fused = fuse(after)
     written = {v.name for n in fused.nodes if isinstance(n, FusedOp) for v in n.outputs}

@@ -26,7 +26,9 @@ def duplicate_shared_views(graph: Graph) -> Graph:
     users = graph.users()
     names = value_names(graph)
     copies: dict[int, dict] = {}  # reader's id -> {view's value: its copy's value}
-    extra: dict[int, list[Op]] = {}  # view's id -> the copies to place after it
+    # reader's id -> the copies placed just before it: a copy then sits where its reader does
+    # (between the same collectives, which order what fusion may merge).
+    before: dict[int, list[Op]] = {}
     for n in graph.nodes:
         if not is_view(n):
             continue
@@ -43,12 +45,12 @@ def duplicate_shared_views(graph: Graph) -> Graph:
             copy = n.replace(
                 name=out.name, outputs=(out,), definition=n.definition.replace(name=out.name)
             )
-            extra.setdefault(id(n), []).append(copy)
+            before.setdefault(id(reader), []).append(copy)
             copies.setdefault(id(reader), {})[value] = out
-    if not extra:
+    if not before:
         return graph
     nodes: list[Op] = []
     for n in graph.nodes:
+        nodes.extend(before.get(id(n), ()))
         nodes.append(rename_op(n, copies[id(n)]) if id(n) in copies else n)
-        nodes.extend(extra.get(id(n), ()))
     return graph.replace(nodes=tuple(nodes))
