@@ -34,6 +34,7 @@ _RUN_DDP_FORWARD = "_run_ddp_forward"
 # DDP modules warned about, so that each is warned about once.
 _warned: weakref.WeakSet = weakref.WeakSet()
 _install_lock = threading.Lock()
+_callback = None  # _after_frame_compile kept from Dynamo, made once by watch_ddp
 
 
 class DistributedWarning(UserWarning):
@@ -50,15 +51,19 @@ def watch_ddp() -> None:
     handler = getattr(torch._dynamo, "callback_handler", None)
     if handler is None:  # a PyTorch without compile callbacks: nothing to watch with
         return
+    global _callback
     with _install_lock:
-        if _after_frame_compile not in handler.end_callbacks:
-            handler.register_end_callback(_after_frame_compile)
+        if _callback is None:
+            # Dynamo runs its end callbacks under its own lock, and with its frame hook still
+            # set when a backward compiles lazily inside a compiled frame (`loss.backward()`
+            # after a graph break): a callback frame Dynamo tried to compile would take that
+            # lock again and hang the process. Made here, not at import: `disable` imports
+            # torch._dynamo, which importing minicomp must not.
+            _callback = torch.compiler.disable(_after_frame_compile)
+        if _callback not in handler.end_callbacks:
+            handler.register_end_callback(_callback)
 
 
-# Dynamo runs its end callbacks under its own lock, and with its frame hook still set when a
-# backward compiles lazily inside a compiled frame (`loss.backward()` after a graph break): a
-# callback frame Dynamo tried to compile would take that lock again and hang the process.
-@torch.compiler.disable
 def _after_frame_compile(_args: object = None) -> None:
     ddp = _ddp_forward_running()
     if ddp is None or ddp in _warned:

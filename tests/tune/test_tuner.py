@@ -413,6 +413,11 @@ def test_a_stored_record_of_another_arch_is_not_used(db):
     assert _tune(FakeTemplate(), FakeRunner(PROBLEM, TIMES), db).how == "tuned"
 
 
+# The checkout's root: what `import minicomp` needs first on the path (not the package's own
+# folder, whose profile.py would shadow the standard library's, which torch._dynamo imports).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(tuner.__file__)))
+
+
 def test_compile_workers_do_not_rerun_the_main_script(tmp_path):
     # A user's script without a __main__ guard must not run again in the workers (as it
     # would under multiprocessing's spawn), and a job's prints must not break the protocol.
@@ -420,7 +425,7 @@ def test_compile_workers_do_not_rerun_the_main_script(tmp_path):
     marker = tmp_path / "ran"
     script.write_text(
         "import os, sys\n"
-        f"sys.path.insert(0, {repr(os.path.dirname(os.path.dirname(tuner.__file__)))})\n"
+        f"sys.path.insert(0, {repr(REPO)})\n"
         f"open({repr(str(marker))}, 'a').write('x')\n"
         "from minicomp.tune import compile_pool\n"
         "errors = compile_pool.compile_parallel(print, ['a', 'b', 'c'], workers=2)\n"
