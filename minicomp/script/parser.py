@@ -29,6 +29,7 @@ from minicomp.script import conversions as C
 from minicomp.script.errors import Issue
 from minicomp.script.expressions import ExprParser, check_scope_value, scope_value
 from minicomp.script.mapping import TaskMapping
+from minicomp.script.tma import TensorMapRef
 from minicomp.script.types import ScalarType
 from minicomp.script.values import Binding, Effect, TensorRef
 
@@ -123,6 +124,8 @@ class FunctionParser(ExprParser):
             self.taken.add(p.name)
             if p.kind == "scalar":
                 self.names[p.name] = Binding("var", p.var, self.root)
+            elif p.kind == "tensor_map":
+                self.names[p.name] = Binding("const", TensorMapRef(p.name, p.var, p.shape))
             else:
                 shape = p.shape if p.kind == "tensor" else (-1,)
                 self.names[p.name] = Binding("tensor", TensorRef(p.name, p.var, shape))
