@@ -16,7 +16,14 @@ from minicomp.ir.types import TensorMapType as IRTensorMap
 from minicomp.script import lang
 from minicomp.script.errors import Issue, ScriptError, Source
 from minicomp.script.expressions import ExprParser, check_scope_value, scope_value
-from minicomp.script.types import PointerType, ScalarType, TensorMapType, TensorType, ptr
+from minicomp.script.types import (
+    PointerType,
+    ScalarType,
+    TensorMapType,
+    TensorType,
+    check_tensor_map,
+    ptr,
+)
 from minicomp.script.types import tensor_map as _tensor_map
 
 
@@ -234,12 +241,18 @@ def _tensor_map_annotation(src: Source, parser: _AnnotationParser, arg: ast.arg,
     base = _evaluate(src, parser, element, fallback, "scalar")
     if not isinstance(base, ScalarType):
         raise src.error(tensor, f"parameter {arg.arg}: {base!r} is not a scalar type")
-    box = parser.value(given["box"])
-    swizzle = parser.value(given["swizzle"]) if "swizzle" in given else 0
+    known = evaluated.get(arg.arg)
+    known = known if isinstance(known, TensorMapType) else None
+    box = _evaluate(src, parser, given["box"], known and known.box, "whole")
+    swizzle = 0
+    if "swizzle" in given:
+        swizzle = _evaluate(src, parser, given["swizzle"], known and known.swizzle, "whole")
+    t = _tensor_map(base, box, swizzle)
     try:
-        return _tensor_map(base, box, swizzle)
+        check_tensor_map(t)
     except ValueError as e:
         raise src.error(node, f"parameter {arg.arg}: {e}") from None
+    return t
 
 
 def _tensor_node(node: ast.Call) -> ast.AST:

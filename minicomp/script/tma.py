@@ -95,7 +95,7 @@ def _coords(p, nodes, m: TensorMapRef, name: str) -> list[E.Expr]:
 def _shared_box(p, node, m: TensorMapRef, name: str, what: str):
     op = operand(p, node, f"the {what} of {name}()")
     full = f"the {what} of {name}()"
-    if op.scope == "dynamic":
+    if op.var in p.dynamic_vars:
         raise p.src.error(
             node,
             f"{full} must be a shared_tensor; {op.name} is a dynamic shared tensor, only "

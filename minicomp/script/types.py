@@ -120,15 +120,22 @@ TMA_MAX_BOX = 256
 
 
 def tensor_map(tensor: TensorType | ScalarType, box=None, swizzle: int = 0) -> TensorMapType:
-    """A tensor-map parameter annotation (see TensorMapType); raises ValueError naming what is
-    wrong with the box or the swizzle."""
+    """A tensor-map parameter annotation (see TensorMapType). Python evaluates annotations when
+    the function is defined; the script's signature checks them (`check_tensor_map`), so that
+    a bad box is an error at the script's line."""
     if isinstance(tensor, ScalarType):
         tensor = TensorType(tensor, ())
-    if not isinstance(tensor, TensorType):
-        raise ValueError(f"tensor_map() takes a tensor type such as f16[m, k], not {tensor!r}")
     if isinstance(box, int) and not isinstance(box, bool):
         box = (box,)
-    if not isinstance(box, tuple | list) or not 1 <= len(box) <= TMA_MAX_RANK:
+    return TensorMapType(tensor, tuple(box) if isinstance(box, tuple | list) else box, swizzle)
+
+
+def check_tensor_map(m: TensorMapType) -> None:
+    """Raise ValueError naming what the driver would refuse of a tensor map's box or swizzle."""
+    tensor, box, swizzle = m.tensor, m.box, m.swizzle
+    if not isinstance(tensor, TensorType):
+        raise ValueError(f"tensor_map() takes a tensor type such as f16[m, k], not {tensor!r}")
+    if not isinstance(box, tuple) or not 1 <= len(box) <= TMA_MAX_RANK:
         raise ValueError(f"the box of tensor_map() is a tuple of 1 to {TMA_MAX_RANK} sizes")
     for b in box:
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= TMA_MAX_BOX:
@@ -154,4 +161,3 @@ def tensor_map(tensor: TensorType | ScalarType, box=None, swizzle: int = 0) -> T
             f"the box's inner dimension is {inner} bytes ({box[-1]} {tensor.dtype}), over the "
             f"{swizzle}-byte swizzle span"
         )
-    return TensorMapType(tensor, tuple(box), swizzle)

@@ -1,0 +1,406 @@
+"""TMA tensor copies (minicomp.script.tma): boxes of odd-sized tensors loaded under each swizzle
+and checked element by element against swizzle.h's formula, zero fill at the edges, a store
+round trip clipped at the edges against eager on fresh inputs, the bugs the emulator must catch
+(a read without the wait, wrong expect_tx bytes, a misaligned box, a store source overwritten
+early), host and compile errors, the driver's arguments, and NVRTC for sm_90 (UTMALDG/UTMASTG)."""
+
+import struct
+
+import pytest
+import torch
+
+import minicomp
+from minicomp.backends.cuda import nvrtc
+from minicomp.backends.cuda.emu import EmulatorError
+from minicomp.backends.cuda.tensor_map import driver_arguments, emulator_bytes
+from minicomp.backends.errors import CompileError
+from minicomp.ir.types import TensorMapType
+from minicomp.ir.types import f16 as IR_F16
+from minicomp.ir.types import f32 as IR_F32
+from minicomp.script import (
+    ScriptError,
+    attrs,
+    blockIdx,
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    dim,
+    dynamic_shared_tensor,
+    f16,
+    f32,
+    fence_proxy_async,
+    i32,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_wait,
+    shared_tensor,
+    syncthreads,
+    tensor_map,
+    threadIdx,
+    tma_load,
+    tma_store,
+    u64,
+)
+
+# A box of f32 per swizzle: its inner dimension spans the swizzle (16 bytes unswizzled).
+BOXES = {0: (5, 4), 32: (8, 8), 64: (8, 16), 128: (8, 32)}
+ROWS, COLS, PADDED = 19, 37, 40  # the tensor: a view of 37 columns of 40 (rows of 160 bytes)
+
+
+def swizzled(offset: int, span: int) -> int:
+    """swizzle.h's mc_swizzle, for a box at an address aligned to 8 * span."""
+    mask = {128: 7, 64: 3, 32: 1}.get(span, 0)
+    return offset ^ (((offset >> 7) & mask) << 4)
+
+
+def load_box(swizzle: int):
+    """out = the shared memory a tma_load of the box at (r, c) leaves, in address order. The
+    runtime flags plant bugs: `wait` 0 reads without waiting, `tx_extra` announces more or fewer
+    bytes than the box has, `shift` (elements) misaligns the destination."""
+    box = BOXES[swizzle]
+    n = box[0] * box[1]
+
+    @minicomp.script
+    def load_box_kernel(
+        a: tensor_map(f32[dim.m, dim.k], box=box, swizzle=swizzle),
+        out: f32[n],
+        r: i32,
+        c: i32,
+        shift: i32,
+        tx_extra: i32,
+        wait: i32,
+        m: i32,
+        k: i32,
+    ):
+        attrs.grid_dim = 1
+        attrs.block_dim = 64
+        t = threadIdx.x
+        buf = shared_tensor(f32, (n + 32,))
+        bar = shared_tensor(u64, (1,))
+        if t == 0:
+            mbarrier_init(bar[0], 1)
+            fence_proxy_async()
+        syncthreads()
+        if t == 0:
+            mbarrier_arrive_expect_tx(bar[0], n * 4 + tx_extra)
+            tma_load(buf[shift], a, r, c, bar[0])
+        if wait != 0:
+            mbarrier_wait(bar[0], 0)
+        for i in range(t, n, 64):
+            out[i] = buf[shift + i]
+
+    return load_box_kernel.with_target("cuda-emu")
+
+
+@pytest.fixture(scope="module", params=sorted(BOXES))
+def loader(request):
+    return request.param, load_box(request.param)
+
+
+@pytest.fixture(scope="module")
+def loader_128():
+    return load_box(128)
+
+
+def fresh_tensor() -> torch.Tensor:
+    """A fresh ROWS x COLS f32 view whose rows are PADDED apart; the padding holds NaNs, which
+    must never be loaded."""
+    base = torch.full((ROWS, PADDED), float("nan"))
+    base[:, :COLS] = torch.randn(ROWS, COLS)
+    return base[:, :COLS]
+
+
+def expected_box(x: torch.Tensor, r: int, c: int, swizzle: int) -> torch.Tensor:
+    rows, cols = BOXES[swizzle]
+    out = torch.full((rows * cols,), float("nan"))
+    for i in range(rows):
+        for j in range(cols):
+            inside = 0 <= r + i < x.shape[0] and 0 <= c + j < x.shape[1]
+            at = swizzled((i * cols + j) * 4, swizzle) // 4
+            out[at] = x[r + i, c + j] if inside else 0.0
+    return out
+
+
+@pytest.mark.parametrize("r, c", [(0, 0), (5, 3), (-3, -2), (16, 33)])
+def test_a_box_lands_swizzled_with_zeros_outside_the_tensor(loader, r, c):
+    swizzle, kernel = loader
+    x = fresh_tensor()
+    out = torch.full((x.new_empty(BOXES[swizzle]).numel(),), -7.0)
+    kernel(x, out, r, c, 0, 0, 1)
+    torch.testing.assert_close(out, expected_box(x, r, c, swizzle), rtol=0, atol=0)
+
+
+def test_a_read_without_the_wait_sees_poison(loader_128):
+    x = fresh_tensor()
+    out = torch.zeros(8 * 32)
+    loader_128(x, out, 0, 0, 0, 0, 0)
+    assert torch.isnan(out).any()  # the poison of the copy in flight, not x's values
+    assert not torch.equal(out, expected_box(x, 0, 0, 128))
+
+
+def test_announcing_fewer_bytes_than_the_box_is_an_error(loader_128):
+    with pytest.raises(EmulatorError, match=r"16 bytes more than mbarrier_arrive_expect_tx"):
+        loader_128(fresh_tensor(), torch.zeros(8 * 32), 0, 0, 0, -16, 1)
+
+
+def test_announcing_more_bytes_than_the_box_is_a_deadlock(loader_128):
+    with pytest.raises(EmulatorError, match=r"deadlock.*16 transaction bytes"):
+        loader_128(fresh_tensor(), torch.zeros(8 * 32), 0, 0, 0, 16, 1)
+
+
+def test_a_misaligned_destination_is_an_error(loader_128):
+    with pytest.raises(EmulatorError, match=r"tma_load .*not 1024-byte aligned"):
+        loader_128(fresh_tensor(), torch.zeros(8 * 32), 0, 0, 32, 0, 1)
+
+
+# ---- host errors
+
+
+def test_a_misaligned_tensor_is_refused(loader_128):
+    flat = torch.randn(ROWS * PADDED + 1)
+    x = flat[1:].view(ROWS, PADDED)
+    with pytest.raises(ScriptError, match=r"argument a: .*not 16-byte aligned"):
+        loader_128(x, torch.zeros(8 * 32), 0, 0, 0, 0, 1)
+
+
+def test_rows_not_a_multiple_of_16_bytes_are_refused(loader_128):
+    x = torch.randn(ROWS, COLS)  # rows of 148 bytes
+    with pytest.raises(ScriptError, match=r"stride of 148 bytes.*multiple of 16 bytes"):
+        loader_128(x, torch.zeros(8 * 32), 0, 0, 0, 0, 1)
+
+
+def test_the_tensor_must_have_the_maps_element_type(loader_128):
+    x = torch.randn(ROWS, PADDED).half()
+    with pytest.raises(ScriptError, match=r"argument a.*float32 tensor, got float16"):
+        loader_128(x, torch.zeros(8 * 32), 0, 0, 0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "box, swizzle, message",
+    [
+        ((300, 8), 0, r"sizes 1 to 256"),
+        ((8, 6), 0, r"inner dimension is 12 bytes.*multiple of 16"),
+        ((8, 64), 64, r"128 bytes .* over the 64-byte swizzle span"),
+        ((8, 8), 48, r"swizzle of tensor_map\(\) is 0, 32, 64 or 128"),
+    ],
+)
+def test_a_box_the_driver_refuses_is_a_compile_error(box, swizzle, message):
+    def kernel(a: tensor_map(f16[dim.m, dim.k], box=box, swizzle=swizzle), m: i32, k: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+
+    with pytest.raises(ScriptError, match=message):
+        minicomp.script(kernel).ir  # noqa: B018
+
+
+# ---- a TMA-fed kernel: tiles loaded, doubled in shared memory, stored back
+
+TILE = (16, 64)  # f16: 128-byte rows, the 128-byte swizzle
+
+
+@minicomp.script
+def double_tiles(
+    a: tensor_map(f16[dim.m, dim.k], box=TILE, swizzle=128),
+    b: tensor_map(f16[dim.m, dim.k], box=TILE, swizzle=128),
+    clobber: i32,
+    m: i32,
+    k: i32,
+):
+    """b = 2 * a, a block per 16 x 64 tile: thread 0 loads the tile, every thread doubles its
+    elements in shared memory, thread 0 stores it (clipped at the tensor's edges). `clobber`
+    plants a bug: the source is written again before bulk_wait_group_read."""
+    attrs.grid_dim = ((k + 63) // 64, (m + 15) // 16)
+    attrs.block_dim = 128
+    t = threadIdx.x
+    r0 = blockIdx.y * 16
+    c0 = blockIdx.x * 64
+    buf = shared_tensor(f16, (16 * 64,))
+    bar = shared_tensor(u64, (1,))
+    if t == 0:
+        mbarrier_init(bar[0], 1)
+        fence_proxy_async()
+    syncthreads()
+    if t == 0:
+        mbarrier_arrive_expect_tx(bar[0], 16 * 64 * 2)
+        tma_load(buf, a, r0, c0, bar[0])
+    mbarrier_wait(bar[0], 0)
+    for i in range(t, 16 * 64, 128):
+        buf[i] = buf[i] * 2.0
+    fence_proxy_async()
+    syncthreads()
+    if t == 0:
+        tma_store(b, r0, c0, buf)
+        bulk_commit_group()
+        if clobber != 0:
+            buf[0] = 0.0
+        bulk_wait_group_read(0)
+        buf[1] = 0.0  # the store has read its source: free to reuse
+        bulk_wait_group(0)
+
+
+@pytest.fixture(scope="module")
+def doubler():
+    return double_tiles.with_target("cuda-emu")
+
+
+def test_a_store_round_trip_is_clipped_at_the_edges(doubler):
+    m, k, padded = 37, 100, 104  # rows of 208 bytes; edge tiles partly outside
+    a = torch.randn(m, padded).half()[:, :k]
+    out = torch.full((m, padded), float("nan")).half()
+    b = out[:, :k]
+    doubler(a, b, 0)
+    torch.testing.assert_close(b, a * 2, rtol=0, atol=0)
+    assert torch.isnan(out[:, k:]).all()  # past the edge: never written
+
+
+def test_overwriting_a_store_source_before_its_read_wait_is_an_error(doubler):
+    a = torch.randn(16, 64).half()
+    with pytest.raises(EmulatorError, match=r"source of tma_store \(line \d+\) was overwritten"):
+        doubler(a, torch.zeros(16, 64).half(), 1)
+
+
+# ---- compile errors
+
+
+def _compile_error(body) -> str:
+    with pytest.raises(ScriptError) as err:
+        minicomp.script(body).ir  # noqa: B018
+    return str(err.value)
+
+
+def test_the_destination_must_be_aligned_for_the_swizzle():
+    def kernel(a: tensor_map(f16[dim.m, dim.k], box=TILE, swizzle=128), m: i32, k: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+        buf = shared_tensor(f16, (2 * 16 * 64,))
+        bar = shared_tensor(u64, (1,))
+        tma_load(buf[64], a, 0, 0, bar[0])
+
+    assert "must be 1024-byte aligned; element 64 of buf is at byte 128" in _compile_error(kernel)
+
+
+def test_the_destination_must_hold_the_box():
+    def kernel(a: tensor_map(f16[dim.m, dim.k], box=TILE, swizzle=128), m: i32, k: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+        buf = shared_tensor(f16, (16 * 32,))
+        bar = shared_tensor(u64, (1,))
+        tma_load(buf, a, 0, 0, bar[0])
+
+    assert "needs 1024 f16 elements; buf has 512" in _compile_error(kernel)
+
+
+def test_the_destination_must_be_a_static_shared_tensor_of_the_maps_type():
+    def wrong_type(a: tensor_map(f16[dim.m, dim.k], box=TILE), m: i32, k: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+        buf = shared_tensor(f32, (16 * 64,))
+        bar = shared_tensor(u64, (1,))
+        tma_load(buf, a, 0, 0, bar[0])
+
+    def dynamic(a: tensor_map(f16[dim.m, dim.k], box=TILE), m: i32, k: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+        buf = dynamic_shared_tensor(f16, (16 * 64,))
+        bar = shared_tensor(u64, (1,))
+        tma_load(buf, a, 0, 0, bar[0])
+
+    assert "holds f32: the types must match" in _compile_error(wrong_type)
+    assert "dynamic shared tensor, only 16-byte aligned" in _compile_error(dynamic)
+
+
+def test_a_copy_takes_one_coordinate_a_dimension():
+    def kernel(a: tensor_map(f16[dim.m, dim.k], box=TILE), m: i32, k: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+        buf = shared_tensor(f16, (16 * 64,))
+        tma_store(a, 0, 0, 0, buf)
+
+    assert "takes 2 coordinates for a (a 2-dimensional tensor map), 3 given" in _compile_error(
+        kernel
+    )
+
+
+def test_a_wait_takes_a_compile_time_group_count():
+    def kernel(n: i32):
+        attrs.grid_dim = 1
+        attrs.block_dim = 32
+        bulk_wait_group(n)
+
+    assert "bulk_wait_group() takes a compile-time int from 0 to 63" in _compile_error(kernel)
+
+
+# ---- the driver's arguments and the emulator's encoding (no GPU needed)
+
+
+def test_the_driver_arguments_list_dimensions_innermost_first():
+    x = torch.zeros(37, 104, dtype=torch.float16)[:, :100]
+    args = driver_arguments(x, TensorMapType(IR_F16, TILE, 128))
+    assert args["tensorDataType"] == 6  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    assert args["tensorRank"] == 2 and args["globalAddress"] == x.data_ptr()
+    assert args["globalDim"] == [100, 37] and args["globalStrides"] == [208]
+    assert args["boxDim"] == [64, 16] and args["elementStrides"] == [1, 1]
+    assert args["swizzle"] == 3 and args["interleave"] == 0 and args["oobFill"] == 0
+
+
+def test_the_emulators_map_holds_what_emu_tma_h_reads():
+    x = torch.zeros(ROWS, PADDED)[:, :COLS]
+    data = emulator_bytes(x, TensorMapType(IR_F32, (8, 16), 64))
+    assert len(data) == 128
+    base, magic, size, rank, swizzle = struct.unpack_from("<QIIII", data)
+    dims = struct.unpack_from("<5Q", data, 24)
+    strides = struct.unpack_from("<5Q", data, 64)
+    box = struct.unpack_from("<5I", data, 104)
+    assert (base, magic, size, rank, swizzle) == (x.data_ptr(), 0x4D54434D, 4, 2, 64)
+    assert dims[:2] == (COLS, ROWS) and strides[:2] == (4, PADDED * 4) and box[:2] == (16, 8)
+
+
+# ---- NVRTC
+
+
+def _nvrtc():
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+def test_tma_compiles_for_sm_90_to_utmaldg_and_utmastg(arch, tmp_path):
+    _nvrtc()
+    from minicomp.backends.cuda import sass
+
+    source, name = double_tiles.source, double_tiles.ir.name
+    binary = nvrtc.compile_cuda(source, arch=arch, name=name, cache_dir=str(tmp_path))
+    usage = binary.resources[name]
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
+    try:
+        text = sass.disassemble(binary.cubin)[name]
+    except sass.SassUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(str(err))
+    ops = sass.full_opcode_counts(text)
+    assert ops["UTMALDG.2D"] > 0 and ops["UTMASTG.2D"] > 0, sorted(ops)
+    (report,) = sass.check_kernels(source, binary.cubin)
+    assert {"UTMALDG", "UTMASTG"} <= set(report.intended) and report.ok, report
+
+
+def test_below_sm_90_the_error_names_the_tma_primitives(tmp_path):
+    _nvrtc()
+    with pytest.raises(CompileError, match=r"tma_load\(\) needs sm_90 or newer"):
+        nvrtc.compile_cuda(
+            double_tiles.source, arch="sm_80", name="double_tiles", cache_dir=str(tmp_path)
+        )
+
+
+# ---- on a GPU
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_driver_map_runs_the_round_trip():
+    m, k, padded = 37, 100, 104
+    a = torch.randn(m, padded, device="cuda").half()[:, :k]
+    out = torch.full((m, padded), float("nan"), device="cuda").half()
+    double_tiles.with_target("cuda")(a, out[:, :k], 0)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out[:, :k], a * 2, rtol=0, atol=0)
+    assert torch.isnan(out[:, k:]).all()
