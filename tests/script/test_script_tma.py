@@ -12,7 +12,7 @@ import torch
 import minicomp
 from minicomp.backends.cuda import nvrtc
 from minicomp.backends.cuda.emu import EmulatorError
-from minicomp.backends.cuda.tensor_map import driver_arguments, emulator_bytes
+from minicomp.backends.cuda.tensor_map import driver_arguments, driver_call, emulator_bytes
 from minicomp.backends.errors import CompileError
 from minicomp.ir.types import TensorMapType
 from minicomp.ir.types import f16 as IR_F16
@@ -341,6 +341,9 @@ def test_the_driver_arguments_list_dimensions_innermost_first():
     assert args["globalDim"] == [100, 37] and args["globalStrides"] == [208]
     assert args["boxDim"] == [64, 16] and args["elementStrides"] == [1, 1]
     assert args["swizzle"] == 3 and args["interleave"] == 0 and args["oobFill"] == 0
+    call = driver_call(x, TensorMapType(IR_F16, TILE, 128))  # in cuda-python's types
+    assert [int(n) for n in call[3]] == [100, 37] and [int(n) for n in call[5]] == [64, 16]
+    assert call[8].name == "CU_TENSOR_MAP_SWIZZLE_128B"
 
 
 def test_the_emulators_map_holds_what_emu_tma_h_reads():

@@ -105,26 +105,41 @@ def driver_arguments(t: Any, m: TensorMapType) -> dict[str, Any]:
     }
 
 
-def driver_bytes(t: Any, m: TensorMapType) -> bytes:
-    """The CUtensorMap of tensor `t` under map `m`, encoded by the CUDA driver."""
+def driver_call(t: Any, m: TensorMapType) -> tuple:
+    """The positional arguments of cuda-python's cuTensorMapEncodeTiled for tensor `t` under map
+    `m`: driver_arguments in the bindings' types (building them needs no GPU)."""
     from cuda.bindings import driver
 
-    from minicomp.backends.cuda.driver import CudaDriverError
+    a = driver_arguments(t, m)
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    return (
+        driver.CUtensorMapDataType(a["tensorDataType"]),
+        a["tensorRank"],
+        a["globalAddress"],
+        [u64(n) for n in a["globalDim"]],
+        [u64(n) for n in a["globalStrides"]],
+        [u32(n) for n in a["boxDim"]],
+        [u32(n) for n in a["elementStrides"]],
+        driver.CUtensorMapInterleave(a["interleave"]),
+        driver.CUtensorMapSwizzle(a["swizzle"]),
+        driver.CUtensorMapL2promotion(a["l2Promotion"]),
+        driver.CUtensorMapFloatOOBfill(a["oobFill"]),
+    )
 
-    args = driver_arguments(t, m)
-    enums = {
-        "tensorDataType": driver.CUtensorMapDataType,
-        "interleave": driver.CUtensorMapInterleave,
-        "swizzle": driver.CUtensorMapSwizzle,
-        "l2Promotion": driver.CUtensorMapL2promotion,
-        "oobFill": driver.CUtensorMapFloatOOBfill,
-    }
-    for key, enum in enums.items():
-        args[key] = enum(args[key])
-    err, tensor_map = driver.cuTensorMapEncodeTiled(**args)
+
+def driver_bytes(t: Any, m: TensorMapType) -> bytes:
+    """The CUtensorMap of CUDA tensor `t` under map `m`, encoded by the CUDA driver."""
+    from cuda.bindings import driver
+
+    from minicomp.backends.cuda.driver import CudaDriverError, ensure_context
+
+    ensure_context(t.device.index)  # the driver initialised, its context current
+    err, tensor_map = driver.cuTensorMapEncodeTiled(*driver_call(t, m))
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise CudaDriverError(f"cuTensorMapEncodeTiled failed: {err.name} for {args}")
-    return struct.pack("<16Q", *tensor_map.opaque)
+        raise CudaDriverError(
+            f"cuTensorMapEncodeTiled failed: {err.name} for {driver_arguments(t, m)}"
+        )
+    return struct.pack("<16Q", *(int(v) for v in tensor_map.opaque))
 
 
 def emulator_bytes(t: Any, m: TensorMapType) -> bytes:
