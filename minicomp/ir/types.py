@@ -68,6 +68,12 @@ class TensorMapType:
         return n
 
     @property
+    def shared_alignment(self) -> int:
+        """The alignment TMA needs of a box in shared memory: 128 bytes, 1024 under a 128-byte
+        swizzle."""
+        return 1024 if self.swizzle == 128 else 128
+
+    @property
     def short(self) -> str:
         return f"tensor_map({self.elem.short})"
 

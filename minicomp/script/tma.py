@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minicomp.backends.cuda.intrinsics_tma import shared_alignment
 from minicomp.ir import expr as E
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim
@@ -108,7 +107,7 @@ def _shared_box(p, node, m: TensorMapRef, name: str, what: str):
             f"{op.dtype}: the types must match",
         )
     _check(p, node, op, full, "shared", shared_room(m.type))
-    _aligned(p, node, op, full, shared_alignment(m.type.swizzle))
+    _aligned(p, node, op, full, m.type.shared_alignment)
     return op
 
 

@@ -14,9 +14,9 @@ the script's order (outermost first; rendered innermost first, as PTX takes them
 - `bulk_wait_group(n)` / `bulk_wait_group_read(n)`: `cp.async.bulk.wait_group[.read] n`.
 
 All need sm_90. A shared box must be 128-byte aligned, 1024 under a 128-byte swizzle
-(`shared_alignment`); the shared tensors these copies use are declared aligned to 128 bytes or
-to the swizzle's period, 8 * span, whichever is larger (`declared_alignment`), so that a box at
-the start of one is swizzled by the pattern's first row (swizzle.h).
+(TensorMapType.shared_alignment); the shared tensors these copies use are declared aligned to
+128 bytes or to the swizzle's period, 8 * span, whichever is larger (`declared_alignment`), so
+that a box at the start of one is swizzled from the pattern's first row (swizzle.h).
 """
 
 from __future__ import annotations
@@ -40,11 +40,6 @@ HELPER_TOKENS = r"mc_tma_\w+|mc_bulk_commit_group|mc_bulk_wait_group\w*"
 """The CUDA spellings of the intrinsics, as a regular expression."""
 TENSOR_MAP_CTYPE = "mc_tensor_map"
 """The C type of a tensor-map parameter (tma.h)."""
-
-
-def shared_alignment(swizzle: int) -> int:
-    """The alignment TMA needs of a shared box under a `swizzle`-byte swizzle."""
-    return 1024 if swizzle == 128 else 128
 
 
 def declared_alignment(swizzle: int) -> int:
