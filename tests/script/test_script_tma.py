@@ -259,6 +259,57 @@ def test_overwriting_a_store_source_before_its_read_wait_is_an_error(doubler):
         doubler(a, torch.zeros(16, 64).half(), 1)
 
 
+# ---- a 1D stream through two buffers: stores in flight while the next chunk loads
+
+
+@minicomp.script
+def stream(
+    x: tensor_map(f32[dim.n], box=(64,)),
+    y: tensor_map(f32[dim.n], box=(64,)),
+    skip_wait: i32,
+    n: i32,
+):
+    """y = x, 64 elements a chunk, by thread 0 alone: each chunk is loaded into buffer k % 2 and
+    stored from there, the store left in flight. Before loading into a buffer again, the store
+    issued from it two chunks ago must have read it: bulk_wait_group_read(1). `skip_wait`
+    plants the bug of leaving that wait out."""
+    attrs.grid_dim = 1
+    attrs.block_dim = 32
+    bufs = shared_tensor(f32, (2, 64))
+    full = shared_tensor(u64, (2,))
+    if threadIdx.x == 0:
+        mbarrier_init(full[0], 1)
+        mbarrier_init(full[1], 1)
+        fence_proxy_async()
+        for k in range((n + 63) // 64):
+            s = k % 2
+            if skip_wait == 0:
+                bulk_wait_group_read(1)
+            mbarrier_arrive_expect_tx(full[s], 64 * 4)
+            tma_load(bufs[s, 0], x, k * 64, full[s])
+            mbarrier_wait(full[s], k // 2 % 2)
+            tma_store(y, k * 64, bufs[s, 0])
+            bulk_commit_group()
+        bulk_wait_group(0)
+
+
+@pytest.fixture(scope="module")
+def streamer():
+    return stream.with_target("cuda-emu")
+
+
+def test_stores_in_flight_complete_in_their_groups(streamer):
+    x = torch.randn(300)
+    out = torch.full((320,), float("nan"))
+    streamer(x, out[:300], 0)
+    assert torch.equal(out[:300], x) and torch.isnan(out[300:]).all()
+
+
+def test_reloading_a_buffer_a_store_still_reads_is_an_error(streamer):
+    with pytest.raises(EmulatorError, match=r"source of tma_store \(line \d+\) was overwritten"):
+        streamer(torch.randn(300), torch.zeros(300), 1)
+
+
 # ---- compile errors
 
 
@@ -319,6 +370,11 @@ def test_a_copy_takes_one_coordinate_a_dimension():
     assert "takes 2 coordinates for a (a 2-dimensional tensor map), 3 given" in _compile_error(
         kernel
     )
+
+
+def test_a_kernel_with_a_tensor_map_is_not_a_custom_op():
+    with pytest.raises(ScriptError, match=r"parameter a is a TMA tensor map"):
+        minicomp.script.custom_op("tma_test::double", double_tiles, outputs="b")
 
 
 def test_a_wait_takes_a_compile_time_group_count():
