@@ -310,6 +310,39 @@ def test_reloading_a_buffer_a_store_still_reads_is_an_error(streamer):
         streamer(torch.randn(300), torch.zeros(300), 1)
 
 
+# ---- three dimensions
+
+
+@minicomp.script
+def copy_boxes_3d(
+    a: tensor_map(f16[dim.p, dim.q, dim.r], box=(2, 3, 8)),
+    b: tensor_map(f16[dim.p, dim.q, dim.r], box=(2, 3, 8)),
+    p: i32,
+    q: i32,
+    r: i32,
+):
+    """b = a, a block per 2 x 3 x 8 box, loaded and stored by thread 0."""
+    attrs.grid_dim = ((r + 7) // 8, (q + 2) // 3, (p + 1) // 2)
+    attrs.block_dim = 32
+    box = shared_tensor(f16, (2, 3, 8))
+    bar = shared_tensor(u64, (1,))
+    if threadIdx.x == 0:
+        mbarrier_init(bar[0], 1)
+        mbarrier_arrive_expect_tx(bar[0], 2 * 3 * 8 * 2)
+        tma_load(box, a, blockIdx.z * 2, blockIdx.y * 3, blockIdx.x * 8, bar[0])
+        mbarrier_wait(bar[0], 0)
+        tma_store(b, blockIdx.z * 2, blockIdx.y * 3, blockIdx.x * 8, box)
+        bulk_commit_group()
+        bulk_wait_group(0)
+
+
+def test_three_dimensional_boxes_round_trip():
+    a = torch.randn(5, 7, 24).half()[:, :, :20]  # rows of 48 bytes, planes of 336
+    out = torch.full((5, 7, 24), float("nan")).half()
+    copy_boxes_3d.with_target("cuda-emu")(a, out[:, :, :20])
+    assert torch.equal(out[:, :, :20], a) and torch.isnan(out[:, :, 20:]).all()
+
+
 # ---- compile errors
 
 
@@ -441,6 +474,20 @@ def test_tma_compiles_for_sm_90_to_utmaldg_and_utmastg(arch, tmp_path):
     assert ops["UTMALDG.2D"] > 0 and ops["UTMASTG.2D"] > 0, sorted(ops)
     (report,) = sass.check_kernels(source, binary.cubin)
     assert {"UTMALDG", "UTMASTG"} <= set(report.intended) and report.ok, report
+
+
+@pytest.mark.parametrize("kernel, rank", [(stream, 1), (copy_boxes_3d, 3)])
+def test_one_and_three_dimensional_copies_compile_for_sm_90(kernel, rank, tmp_path):
+    _nvrtc()
+    from minicomp.backends.cuda import sass
+
+    name = kernel.ir.name
+    binary = nvrtc.compile_cuda(kernel.source, arch="sm_90", name=name, cache_dir=str(tmp_path))
+    try:
+        ops = sass.full_opcode_counts(sass.disassemble(binary.cubin)[name])
+    except sass.SassUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(str(err))
+    assert ops[f"UTMALDG.{rank}D"] > 0 and ops[f"UTMASTG.{rank}D"] > 0, sorted(ops)
 
 
 def test_below_sm_90_the_error_names_the_tma_primitives(tmp_path):
