@@ -43,7 +43,8 @@ from minicomp.script import (
 )
 
 # A box of f32 per swizzle: its inner dimension spans the swizzle (16 bytes unswizzled).
-BOXES = {0: (5, 4), 32: (8, 8), 64: (8, 16), 128: (8, 32)}
+BOX_0, BOX_32, BOX_64, BOX_128 = (5, 4), (8, 8), (8, 16), (8, 32)
+BOXES = {0: BOX_0, 32: BOX_32, 64: BOX_64, 128: BOX_128}
 ROWS, COLS, PADDED = 19, 37, 40  # the tensor: a view of 37 columns of 40 (rows of 160 bytes)
 
 
@@ -53,53 +54,66 @@ def swizzled(offset: int, span: int) -> int:
     return offset ^ (((offset >> 7) & mask) << 4)
 
 
-def load_box(swizzle: int):
-    """out = the shared memory a tma_load of the box at (r, c) leaves, in address order. The
-    runtime flags plant bugs: `wait` 0 reads without waiting, `tx_extra` announces more or fewer
+@minicomp.script
+def load_box(
+    a0: tensor_map(f32[dim.m, dim.k], box=BOX_0),
+    a32: tensor_map(f32[dim.m, dim.k], box=BOX_32, swizzle=32),
+    a64: tensor_map(f32[dim.m, dim.k], box=BOX_64, swizzle=64),
+    a128: tensor_map(f32[dim.m, dim.k], box=BOX_128, swizzle=128),
+    out: f32[256],
+    swizzle: i32,
+    r: i32,
+    c: i32,
+    shift: i32,
+    tx_extra: i32,
+    wait: i32,
+    m: i32,
+    k: i32,
+):
+    """out = the shared memory a tma_load of the box at (r, c) through the map of `swizzle`
+    leaves, in address order (one kernel for the four maps keeps the test to one build). The
+    other flags plant bugs: `wait` 0 reads without waiting, `tx_extra` announces more or fewer
     bytes than the box has, `shift` (elements) misaligns the destination."""
-    box = BOXES[swizzle]
-    n = box[0] * box[1]
-
-    @minicomp.script
-    def load_box_kernel(
-        a: tensor_map(f32[dim.m, dim.k], box=box, swizzle=swizzle),
-        out: f32[n],
-        r: i32,
-        c: i32,
-        shift: i32,
-        tx_extra: i32,
-        wait: i32,
-        m: i32,
-        k: i32,
-    ):
-        attrs.grid_dim = 1
-        attrs.block_dim = 64
-        t = threadIdx.x
-        buf = shared_tensor(f32, (n + 32,))
-        bar = shared_tensor(u64, (1,))
-        if t == 0:
-            mbarrier_init(bar[0], 1)
-            fence_proxy_async()
-        syncthreads()
-        if t == 0:
-            mbarrier_arrive_expect_tx(bar[0], n * 4 + tx_extra)
-            tma_load(buf[shift], a, r, c, bar[0])
-        if wait != 0:
-            mbarrier_wait(bar[0], 0)
-        for i in range(t, n, 64):
-            out[i] = buf[shift + i]
-
-    return load_box_kernel.with_target("cuda-emu")
-
-
-@pytest.fixture(scope="module", params=sorted(BOXES))
-def loader(request):
-    return request.param, load_box(request.param)
+    attrs.grid_dim = 1
+    attrs.block_dim = 64
+    t = threadIdx.x
+    buf = shared_tensor(f32, (256 + 32,))
+    bar = shared_tensor(u64, (1,))
+    if t == 0:
+        mbarrier_init(bar[0], 1)
+        fence_proxy_async()
+    syncthreads()
+    if t == 0:
+        if swizzle == 0:
+            mbarrier_arrive_expect_tx(bar[0], 5 * 4 * 4 + tx_extra)
+            tma_load(buf[shift], a0, r, c, bar[0])
+        elif swizzle == 32:
+            mbarrier_arrive_expect_tx(bar[0], 8 * 8 * 4 + tx_extra)
+            tma_load(buf[shift], a32, r, c, bar[0])
+        elif swizzle == 64:
+            mbarrier_arrive_expect_tx(bar[0], 8 * 16 * 4 + tx_extra)
+            tma_load(buf[shift], a64, r, c, bar[0])
+        else:
+            mbarrier_arrive_expect_tx(bar[0], 8 * 32 * 4 + tx_extra)
+            tma_load(buf[shift], a128, r, c, bar[0])
+    if wait != 0:
+        mbarrier_wait(bar[0], 0)
+    for i in range(t, 256, 64):
+        out[i] = buf[shift + i]
 
 
 @pytest.fixture(scope="module")
-def loader_128():
-    return load_box(128)
+def loader():
+    kernel = load_box.with_target("cuda-emu")
+
+    def load(x, swizzle, r, c, *, shift=0, tx_extra=0, wait=1) -> torch.Tensor:
+        """The box's elements as they land in shared memory (`x` backs all four maps)."""
+        out = torch.full((256,), -7.0)
+        kernel(x, x, x, x, out, swizzle, r, c, shift, tx_extra, wait)
+        rows, cols = BOXES[swizzle]
+        return out[: rows * cols]
+
+    return load
 
 
 def fresh_tensor() -> torch.Tensor:
@@ -121,58 +135,56 @@ def expected_box(x: torch.Tensor, r: int, c: int, swizzle: int) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("swizzle", sorted(BOXES))
 @pytest.mark.parametrize("r, c", [(0, 0), (5, 3), (-3, -2), (16, 33)])
-def test_a_box_lands_swizzled_with_zeros_outside_the_tensor(loader, r, c):
-    swizzle, kernel = loader
+def test_a_box_lands_swizzled_with_zeros_outside_the_tensor(loader, swizzle, r, c):
     x = fresh_tensor()
-    out = torch.full((x.new_empty(BOXES[swizzle]).numel(),), -7.0)
-    kernel(x, out, r, c, 0, 0, 1)
+    out = loader(x, swizzle, r, c)
     torch.testing.assert_close(out, expected_box(x, r, c, swizzle), rtol=0, atol=0)
 
 
-def test_a_read_without_the_wait_sees_poison(loader_128):
+def test_a_read_without_the_wait_sees_poison(loader):
     x = fresh_tensor()
-    out = torch.zeros(8 * 32)
-    loader_128(x, out, 0, 0, 0, 0, 0)
+    out = loader(x, 128, 0, 0, wait=0)
     assert torch.isnan(out).any()  # the poison of the copy in flight, not x's values
     assert not torch.equal(out, expected_box(x, 0, 0, 128))
 
 
-def test_announcing_fewer_bytes_than_the_box_is_an_error(loader_128):
+def test_announcing_fewer_bytes_than_the_box_is_an_error(loader):
     with pytest.raises(EmulatorError, match=r"16 bytes more than mbarrier_arrive_expect_tx"):
-        loader_128(fresh_tensor(), torch.zeros(8 * 32), 0, 0, 0, -16, 1)
+        loader(fresh_tensor(), 128, 0, 0, tx_extra=-16)
 
 
-def test_announcing_more_bytes_than_the_box_is_a_deadlock(loader_128):
+def test_announcing_more_bytes_than_the_box_is_a_deadlock(loader):
     with pytest.raises(EmulatorError, match=r"deadlock.*16 transaction bytes"):
-        loader_128(fresh_tensor(), torch.zeros(8 * 32), 0, 0, 0, 16, 1)
+        loader(fresh_tensor(), 128, 0, 0, tx_extra=16)
 
 
-def test_a_misaligned_destination_is_an_error(loader_128):
+def test_a_misaligned_destination_is_an_error(loader):
     with pytest.raises(EmulatorError, match=r"tma_load .*not 1024-byte aligned"):
-        loader_128(fresh_tensor(), torch.zeros(8 * 32), 0, 0, 32, 0, 1)
+        loader(fresh_tensor(), 128, 0, 0, shift=32)
 
 
 # ---- host errors
 
 
-def test_a_misaligned_tensor_is_refused(loader_128):
+def test_a_misaligned_tensor_is_refused(loader):
     flat = torch.randn(ROWS * PADDED + 1)
     x = flat[1:].view(ROWS, PADDED)
-    with pytest.raises(ScriptError, match=r"argument a: .*not 16-byte aligned"):
-        loader_128(x, torch.zeros(8 * 32), 0, 0, 0, 0, 1)
+    with pytest.raises(ScriptError, match=r"argument a0: .*not 16-byte aligned"):
+        loader(x, 0, 0, 0)
 
 
-def test_rows_not_a_multiple_of_16_bytes_are_refused(loader_128):
+def test_rows_not_a_multiple_of_16_bytes_are_refused(loader):
     x = torch.randn(ROWS, COLS)  # rows of 148 bytes
     with pytest.raises(ScriptError, match=r"stride of 148 bytes.*multiple of 16 bytes"):
-        loader_128(x, torch.zeros(8 * 32), 0, 0, 0, 0, 1)
+        loader(x, 0, 0, 0)
 
 
-def test_the_tensor_must_have_the_maps_element_type(loader_128):
+def test_the_tensor_must_have_the_maps_element_type(loader):
     x = torch.randn(ROWS, PADDED).half()
-    with pytest.raises(ScriptError, match=r"argument a.*float32 tensor, got float16"):
-        loader_128(x, torch.zeros(8 * 32), 0, 0, 0, 0, 1)
+    with pytest.raises(ScriptError, match=r"argument a0.*float32 tensor, got float16"):
+        loader(x, 0, 0, 0)
 
 
 @pytest.mark.parametrize(
