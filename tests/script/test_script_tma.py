@@ -486,6 +486,7 @@ def test_tma_compiles_for_sm_90_to_utmaldg_and_utmastg(arch, tmp_path):
     assert ops["UTMALDG.2D"] > 0 and ops["UTMASTG.2D"] > 0, sorted(ops)
     (report,) = sass.check_kernels(source, binary.cubin)
     assert {"UTMALDG", "UTMASTG"} <= set(report.intended) and report.ok, report
+    assert sass.instruction_classes(ops)["async copy"] >= 2
 
 
 @pytest.mark.parametrize("kernel, rank", [(stream, 1), (copy_boxes_3d, 3)])
