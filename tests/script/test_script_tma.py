@@ -116,12 +116,12 @@ def loader():
     return load
 
 
-def fresh_tensor() -> torch.Tensor:
+def fresh_tensor(device: str = "cpu") -> torch.Tensor:
     """A fresh ROWS x COLS f32 view whose rows are PADDED apart; the padding holds NaNs, which
     must never be loaded."""
     base = torch.full((ROWS, PADDED), float("nan"))
     base[:, :COLS] = torch.randn(ROWS, COLS)
-    return base[:, :COLS]
+    return base.to(device)[:, :COLS]
 
 
 def expected_box(x: torch.Tensor, r: int, c: int, swizzle: int) -> torch.Tensor:
@@ -523,3 +523,17 @@ def test_on_the_gpu_the_driver_map_runs_the_round_trip():
     torch.cuda.synchronize()
     torch.testing.assert_close(out[:, :k], a * 2, rtol=0, atol=0)
     assert torch.isnan(out[:, k:]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swizzle", sorted(BOXES))
+def test_on_the_gpu_boxes_land_as_the_emulator_lands_them(swizzle):
+    kernel = load_box.with_target("cuda")
+    x = fresh_tensor("cuda")
+    rows, cols = BOXES[swizzle]
+    for r, c in [(0, 0), (5, 3), (-3, -2), (16, 33)]:
+        out = torch.full((256,), -7.0, device="cuda")
+        kernel(x, x, x, x, out, swizzle, r, c, 0, 0, 1)
+        torch.cuda.synchronize()
+        expected = expected_box(x.cpu(), r, c, swizzle)
+        torch.testing.assert_close(out[: rows * cols].cpu(), expected, rtol=0, atol=0)
