@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from minicomp.ir.types import PointerType
+from minicomp.ir.types import PointerType, TensorMapType
 
 # Half-precision and float8 scalars travel as their bit patterns, as the kernels store them.
 SCALAR_CTYPES = {
@@ -29,8 +29,33 @@ SCALAR_CTYPES = {
 }
 
 
+class TensorMapBytes(ctypes.Structure):
+    """A tensor-map kernel parameter: 128 bytes by value, set from a bytes object (`value`, as
+    a scalar's ctypes value is set)."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+    def __init__(self, value: bytes | None = None):
+        super().__init__()
+        if value is not None:
+            self.value = value
+
+    @property
+    def value(self) -> bytes:
+        return bytes(self)
+
+    @value.setter
+    def value(self, data: bytes) -> None:
+        if len(data) != ctypes.sizeof(self):
+            raise ValueError(f"a tensor map is {ctypes.sizeof(self)} bytes, not {len(data)}")
+        ctypes.memmove(ctypes.addressof(self), data, len(data))
+
+
 def param_ctype(param) -> Any:
-    """The ctypes type of a kernel parameter: c_void_p (an integer address) for pointers."""
+    """The ctypes type of a kernel parameter: c_void_p (an integer address) for pointers,
+    TensorMapBytes for tensor maps."""
+    if isinstance(param.type, TensorMapType):
+        return TensorMapBytes
     if isinstance(param.type, PointerType):
         return ctypes.c_void_p
     return SCALAR_CTYPES[param.type.name]

@@ -15,7 +15,7 @@ from minicomp.ir import graph as G
 from minicomp.ir import stmt as S
 from minicomp.ir.func import LAUNCH_DEFAULTS, Function, Module
 from minicomp.ir.functor import Functor
-from minicomp.ir.types import DataType, PointerType, boolean, f32, i32, i64
+from minicomp.ir.types import DataType, PointerType, TensorMapType, boolean, f32, i32, i64
 
 _INFIX = {
     "add": "+",
@@ -172,13 +172,19 @@ _OPERANDS = {
     "mbarrier_try_wait_parity": "me",
     "mbarrier_wait": "me",
     "bulk_copy_g2s": "mmem",
+    # minicomp.script.tma (tma_load and tma_store: _tma_call)
+    "bulk_wait_group": "i",
+    "bulk_wait_group_read": "i",
 }
 _ARRAY_FUNCTIONS = {"local": "register_tensor", "shared": "shared_tensor"}
 _LOOP_FUNCTIONS = {"unroll": "unroll", "parallel": "parallel", "vectorize": "vectorize"}
 
 
 def type_name(t) -> str:
-    """A type as the script DSL spells it: f32, boolean, ptr(f16)."""
+    """A type as the script DSL spells it: f32, boolean, ptr(f16), tensor_map(f16, box=(64, 64),
+    swizzle=128)."""
+    if isinstance(t, TensorMapType):
+        return f"tensor_map({type_name(t.elem)}, box={t.box!r}, swizzle={t.swizzle})"
     if isinstance(t, PointerType):
         return f"ptr({type_name(t.elem)})"
     return "boolean" if t.is_bool else t.short
@@ -277,6 +283,8 @@ class ScriptExprPrinter(ExprPrinter):
         args = e.args
         if e.name in _OPERANDS and len(args) >= len(_OPERANDS[e.name]):
             return self._operand_call(e)
+        if e.name in ("tma_load", "tma_store"):
+            return self._tma_call(e)
         if e.name in ("shfl_down_sync", "shfl_xor_sync", "shfl_sync") and len(args) == 2:
             texts = [self.visit(args[0]), self.literal(args[1], i32)]
         elif e.name in ("atomic_add", "atomic_max") and len(args) == 3:
@@ -285,6 +293,18 @@ class ScriptExprPrinter(ExprPrinter):
             texts = list(self.operands(args[0], args[1]))
         else:
             texts = [self.visit(a) for a in args]
+        return f"{e.name}({', '.join(texts)})"
+
+    def _tma_call(self, e: E.Call) -> str:
+        """tma_load(dst[i], map, coordinates..., bar[j]), tma_store(map, coordinates..., src[i])."""
+        args = list(e.args)
+        texts = []
+        if e.name == "tma_load":
+            buf, index = args.pop(0), args.pop(0)
+            texts.append(f"{buf.name}[{self.index(index)}]")
+        buf, index = args.pop(-2), args.pop(-1)
+        texts += [self.visit(a) for a in args]
+        texts.append(f"{buf.name}[{self.index(index)}]")
         return f"{e.name}({', '.join(texts)})"
 
     def _operand_call(self, e: E.Call) -> str:

@@ -45,6 +45,42 @@ class PointerType:
         return self.short
 
 
+@dataclass(frozen=True)
+class TensorMapType:
+    """A TMA tensor map (a kernel parameter only): a `rank`-dimensional global tensor of
+    `elem` read and written in boxes of `box` elements (outermost first) whose shared copies
+    are swizzled by `swizzle` bytes (0, 32, 64 or 128). The launch encodes it into 128 bytes
+    (minicomp.backends.cuda.tensor_map)."""
+
+    elem: DataType
+    box: tuple[int, ...]
+    swizzle: int = 0
+
+    @property
+    def rank(self) -> int:
+        return len(self.box)
+
+    @property
+    def box_bytes(self) -> int:
+        n = self.elem.nbytes
+        for b in self.box:
+            n *= b
+        return n
+
+    @property
+    def shared_alignment(self) -> int:
+        """The alignment TMA needs of a box in shared memory: 128 bytes, 1024 under a 128-byte
+        swizzle."""
+        return 1024 if self.swizzle == 128 else 128
+
+    @property
+    def short(self) -> str:
+        return f"tensor_map({self.elem.short})"
+
+    def __repr__(self) -> str:
+        return self.short
+
+
 f16 = DataType("float16", "f16", 2, "float")
 bf16 = DataType("bfloat16", "bf16", 2, "float")
 f32 = DataType("float32", "f32", 4, "float")
@@ -72,7 +108,7 @@ NARROW_FLOATS = (f16, bf16, *FLOAT8_TYPES)
 ALL_TYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean, *FLOAT8_TYPES)
 _BY_NAME = {t.name: t for t in ALL_TYPES} | {t.short: t for t in ALL_TYPES}
 
-Type = DataType | PointerType
+Type = DataType | PointerType | TensorMapType
 
 
 def dtype(name: str | DataType) -> DataType:

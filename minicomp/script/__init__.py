@@ -80,7 +80,9 @@ src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled
 runtime `src_bytes`), `cp_async_commit()`, `cp_async_wait(n)`, `cp_async_wait_all()`.
 Hopper barriers and bulk copies (minicomp.script.hopper has their meaning): `mbarrier_init`,
 `mbarrier_arrive`, `mbarrier_arrive_expect_tx`, `mbarrier_try_wait_parity`, `mbarrier_wait`,
-`fence_proxy_async`, `bulk_copy_g2s`.
+`fence_proxy_async`, `bulk_copy_g2s`. TMA (minicomp.script.tma): the parameter annotation
+`tensor_map(f16[dim.m, dim.k], box=(64, 64), swizzle=128)`, `tma_load`, `tma_store`,
+`bulk_commit_group`, `bulk_wait_group`, `bulk_wait_group_read`.
 
 Kernel IR prints as this language (minicomp.ir.printer.function_str), and
 minicomp.script.text.parse_function reads such text back into the same IR.
@@ -153,6 +155,13 @@ from minicomp.script.lang import (
     unroll,
 )
 from minicomp.script.mapping import TaskMapping, repeat, spatial
+from minicomp.script.tma import (
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    tma_load,
+    tma_store,
+)
 from minicomp.script.types import (
     bf16,
     boolean,
@@ -172,6 +181,7 @@ from minicomp.script.types import (
     i32,
     i64,
     ptr,
+    tensor_map,
     u8,
     u16,
     u32,
@@ -251,6 +261,12 @@ __all__ = [
     "mbarrier_wait",
     "fence_proxy_async",
     "bulk_copy_g2s",
+    "tensor_map",
+    "tma_load",
+    "tma_store",
+    "bulk_commit_group",
+    "bulk_wait_group",
+    "bulk_wait_group_read",
     "max",
     "min",
     "abs",

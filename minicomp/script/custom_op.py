@@ -389,6 +389,13 @@ def custom_op(
                 kernel._state.source.filename,
                 p.lineno,
             )
+        if p.kind == "tensor_map":
+            raise ScriptError(
+                f"{where}: parameter {p.name} is a TMA tensor map; an op's launches inside "
+                "compiled graphs pass tensors as pointers, so call the kernel directly instead",
+                kernel._state.source.filename,
+                p.lineno,
+            )
     names = (outputs,) if isinstance(outputs, str) else tuple(outputs)
     tensors = [p.name for p in sig.params if p.kind == "tensor"]
     for name in names:

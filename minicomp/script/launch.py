@@ -9,6 +9,9 @@ A launch whose grid has no block (an empty tensor) does nothing. The dynamic sha
 or over 227 KiB of dynamic shared memory, is refused. With the `emu_checks` option, the
 emulator checks every access to a tensor argument against its bounds (an
 `emu.OutOfBoundsError` names the kernel, the tensor, the index and the thread).
+A tensor-map parameter takes a tensor of its annotation's type and shape, contiguous or not
+(minicomp.backends.cuda.tensor_map says what TMA needs of it); each launch encodes its map for
+the target (the driver's CUtensorMap on the GPU, minicomp's description on cuda-emu).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from minicomp import config
 from minicomp.backends.c_like import narrow_bits
 from minicomp.backends.cuda.emu import MAX_DYNAMIC_SHARED
 from minicomp.backends.cuda.module import dynamic_shared_bytes
+from minicomp.backends.cuda.tensor_map import TensorMapError, encode
 from minicomp.ir import expr as E
 from minicomp.ir.symbols import compile_dims, launch_dims
 from minicomp.ir.types import fits, is_narrow_float, to_torch
@@ -51,6 +55,12 @@ class Binder:
         self.dims = launch_dims(f)
         shared = dynamic_shared_bytes(f)
         self.shared = shared if callable(shared) else lambda args: shared
+        by_name = {p.name: p for p in self.sig.params}
+        self.maps = [
+            (i, by_name[name])
+            for i, name in enumerate(self.order)
+            if name in by_name and by_name[name].kind == "tensor_map"
+        ]
 
     def error(self, p: Param | None, reason: str) -> ScriptError:
         line = p.lineno if p is not None else self.sig.lineno
@@ -101,6 +111,16 @@ class Binder:
                 raise self.error(p, self.shape_message(p, f"dimension {k} is {actual}", sizes))
         return [values[name] for name in self.order], device
 
+    def encode_maps(self, values: list, emulated: bool) -> list:
+        """`values` with each tensor-map argument's tensor replaced by its map's bytes."""
+        values = list(values)
+        for i, p in self.maps:
+            try:
+                values[i] = encode(p.name, values[i], p.var.type, emulated)
+            except TensorMapError as e:
+                raise self.error(p, f"argument {p.name}: {e}") from None
+        return values
+
     def scalar(self, p: Param, value) -> Any:
         dt = p.dtype
         what = f"argument {p.name} is a {dt} scalar"
@@ -140,6 +160,11 @@ class Binder:
             raise self.error(p, f"argument {p.name} is on {t.device}; kernels take cpu or cuda")
         if p.kind == "pointer":
             return t, t.device
+        if p.kind == "tensor_map" and p.shape is None:
+            if t.dim() != p.var.type.rank:
+                rank = p.var.type.rank
+                raise self.error(p, f"argument {p.name} has {t.dim()} dimensions, not {rank}")
+            return t, t.device
         if t.dim() != len(p.shape):
             raise self.error(
                 p, self.shape_message(p, f"it has {t.dim()} dimensions, not {len(p.shape)}", sizes)
@@ -157,7 +182,7 @@ class Binder:
             elif sizes[name] != actual:
                 reason = f"dimension {k} is {actual}, but {name} is {sizes[name]}"
                 raise self.error(p, self.shape_message(p, reason, sizes))
-        if not t.is_contiguous():
+        if p.kind == "tensor" and not t.is_contiguous():
             raise self.error(p, f"argument {p.name} is not contiguous; pass t.contiguous()")
         return t, t.device
 
@@ -218,6 +243,8 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
             run = state.builds[key] = target.build_script(
                 sf.module, binder.function, options, device, checks
             )
+    if binder.maps:
+        values = binder.encode_maps(values, target.emulated)
     addresses = [_address(v) for v in values]
     grid, block = binder.dims(addresses)
     shared = binder.shared(addresses)

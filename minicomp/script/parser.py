@@ -29,6 +29,7 @@ from minicomp.script import conversions as C
 from minicomp.script.errors import Issue
 from minicomp.script.expressions import ExprParser, check_scope_value, scope_value
 from minicomp.script.mapping import TaskMapping
+from minicomp.script.tma import TensorMapRef
 from minicomp.script.types import ScalarType
 from minicomp.script.values import Binding, Effect, TensorRef
 
@@ -110,6 +111,7 @@ class FunctionParser(ExprParser):
         self.attrs: dict[str, object] = {}
         self.callees: dict[object, object] = {}
         self.dynamic_bytes = 0
+        self.dynamic_vars: set[Var] = set()  # the dynamic shared tensors' variables
         self.pending_name: str | None = None
         self.once = _assigned_once(self.src.tree)
         self.inits: dict[Var, Expr] = {}  # the value of each variable assigned only once
@@ -123,6 +125,8 @@ class FunctionParser(ExprParser):
             self.taken.add(p.name)
             if p.kind == "scalar":
                 self.names[p.name] = Binding("var", p.var, self.root)
+            elif p.kind == "tensor_map":
+                self.names[p.name] = Binding("const", TensorMapRef(p.name, p.var, p.shape))
             else:
                 shape = p.shape if p.kind == "tensor" else (-1,)
                 self.names[p.name] = Binding("tensor", TensorRef(p.name, p.var, shape))
@@ -220,6 +224,7 @@ class FunctionParser(ExprParser):
             if start % dt.nbytes:
                 raise Issue(f"dynamic shared tensor {name} is not aligned to its {dt}")
             offset = start // dt.nbytes
+            self.dynamic_vars.add(var)
             self.dynamic_bytes = max(self.dynamic_bytes, start + size * dt.nbytes)
             size += offset
         self.emit(S.DeclareArray(var, dt, size, scope))

@@ -12,15 +12,26 @@ from minicomp.ir import expr as E
 from minicomp.ir.expr import Dim, Var
 from minicomp.ir.types import DataType, i64
 from minicomp.ir.types import PointerType as IRPointer
+from minicomp.ir.types import TensorMapType as IRTensorMap
 from minicomp.script import lang
 from minicomp.script.errors import Issue, ScriptError, Source
 from minicomp.script.expressions import ExprParser, check_scope_value, scope_value
-from minicomp.script.types import PointerType, ScalarType, TensorType, ptr
+from minicomp.script.types import (
+    PointerType,
+    ScalarType,
+    TensorMapType,
+    TensorType,
+    check_tensor_map,
+    ptr,
+)
+from minicomp.script.types import tensor_map as _tensor_map
 
 
 @dataclass(frozen=True)
 class Param:
-    """A parameter: kind "scalar", "tensor" (with a shape) or "pointer", and its IR variable."""
+    """A parameter: kind "scalar", "tensor" (with a shape), "pointer" or "tensor_map" (with the
+    shape of the tensor the caller passes; its IR variable's type is an ir.types.TensorMapType),
+    and its IR variable."""
 
     name: str
     kind: str
@@ -65,13 +76,17 @@ class _AnnotationParser(ExprParser):
     def lookup(self, name: str):
         if name in self.sizes:
             return self.sizes[name]
-        return check_scope_value(name, scope_value(self.fn, name))
+        value = scope_value(self.fn, name)
+        return value if value is _tensor_map else check_scope_value(name, value)
 
     def call(self, node: ast.Call):
         func = self.value(node.func)
         if func is ptr and len(node.args) == 1 and not node.keywords:
             return ptr(self.value(node.args[0]))
-        raise Issue("an annotation is a type such as f32, f32[m, n] or ptr(f32)")
+        raise Issue(
+            "an annotation is a type such as f32, f32[m, n], ptr(f32) or "
+            "tensor_map(f16[m, k], box=(64, 64), swizzle=128)"
+        )
 
 
 _names_lock = threading.Lock()
@@ -152,6 +167,19 @@ def parse_signature(src: Source, fn, extra: tuple[Var, ...] = ()) -> Signature:
         elif isinstance(t, PointerType):
             v = Var(arg.arg, IRPointer(t.dtype))
             params.append(Param(arg.arg, "pointer", t.dtype, v, None, arg.lineno))
+        elif isinstance(t, TensorMapType):
+            node = _tensor_node(arg.annotation)
+            shape = None
+            if isinstance(node, ast.Subscript):  # else only the rank is known: the box's
+                shape = _shape(src, fn, arg, t.tensor, sizes, evaluated, node)
+            if shape is not None and len(shape) != len(t.box):
+                raise src.error(
+                    node,
+                    f"parameter {arg.arg}: the box has {len(t.box)} sizes, the tensor "
+                    f"{len(shape)} dimensions",
+                )
+            v = Var(arg.arg, IRTensorMap(t.dtype, t.box, t.swizzle))
+            params.append(Param(arg.arg, "tensor_map", t.dtype, v, shape, arg.lineno))
         else:
             shape = _shape(src, fn, arg, t, sizes, evaluated)
             v = Var(arg.arg, IRPointer(t.dtype))
@@ -175,6 +203,8 @@ def parse_signature(src: Source, fn, extra: tuple[Var, ...] = ()) -> Signature:
 
 def _annotation(src: Source, parser: _AnnotationParser, arg: ast.arg, evaluated: dict):
     node = arg.annotation
+    if isinstance(node, ast.Call) and _is_tensor_map(parser, node.func):
+        return _tensor_map_annotation(src, parser, arg, evaluated)
     if isinstance(node, ast.Subscript):
         # Only the element type now; the shape waits until the size parameters are known.
         base = _evaluate(src, parser, node.value, evaluated.get(arg.arg), "scalar")
@@ -185,6 +215,52 @@ def _annotation(src: Source, parser: _AnnotationParser, arg: ast.arg, evaluated:
     if not isinstance(t, ScalarType | TensorType | PointerType):
         raise src.error(node, f"parameter {arg.arg}: {t!r} is not a type such as f32 or f32[n]")
     return t
+
+
+def _is_tensor_map(parser: _AnnotationParser, func: ast.AST) -> bool:
+    try:
+        return parser.value(func) is _tensor_map
+    except ScriptError:
+        return False
+
+
+def _tensor_map_annotation(src: Source, parser: _AnnotationParser, arg: ast.arg, evaluated):
+    """`tensor_map(dtype[dims], box=(...), swizzle=s)`: its element type, box and swizzle now
+    (the shape waits for the size parameters, as a tensor's does)."""
+    node = arg.annotation
+    names = ("tensor", "box", "swizzle")
+    if len(node.args) > 3 or any(k.arg not in names for k in node.keywords):
+        raise src.error(node, "tensor_map() takes (tensor type, box=(...), swizzle=0)")
+    given = dict(zip(names, node.args)) | {k.arg: k.value for k in node.keywords}
+    if "tensor" not in given or "box" not in given:
+        raise src.error(node, f"parameter {arg.arg}: tensor_map() needs a tensor type and a box")
+    tensor = given["tensor"]
+    fallback = evaluated.get(arg.arg)
+    fallback = fallback.tensor.scalar if isinstance(fallback, TensorMapType) else None
+    element = tensor.value if isinstance(tensor, ast.Subscript) else tensor
+    base = _evaluate(src, parser, element, fallback, "scalar")
+    if not isinstance(base, ScalarType):
+        raise src.error(tensor, f"parameter {arg.arg}: {base!r} is not a scalar type")
+    known = evaluated.get(arg.arg)
+    known = known if isinstance(known, TensorMapType) else None
+    box = _evaluate(src, parser, given["box"], known and known.box, "whole")
+    swizzle = 0
+    if "swizzle" in given:
+        swizzle = _evaluate(src, parser, given["swizzle"], known and known.swizzle, "whole")
+    t = _tensor_map(base, box, swizzle)
+    try:
+        check_tensor_map(t)
+    except ValueError as e:
+        raise src.error(node, f"parameter {arg.arg}: {e}") from None
+    return t
+
+
+def _tensor_node(node: ast.Call) -> ast.AST:
+    """The tensor type written in a tensor_map() annotation."""
+    for k in node.keywords:
+        if k.arg == "tensor":
+            return k.value
+    return node.args[0]
 
 
 def _evaluate(src, parser, node, fallback, part: str):
@@ -201,12 +277,13 @@ def _evaluate(src, parser, node, fallback, part: str):
     return fallback
 
 
-def _shape(src, fn, arg, t: TensorType, sizes: dict[str, Var], evaluated: dict):
-    node = arg.annotation
+def _shape(src, fn, arg, t: TensorType, sizes: dict[str, Var], evaluated: dict, node=None):
+    node = arg.annotation if node is None else node
     parser = _AnnotationParser(src, fn, sizes)
     if isinstance(node, ast.Subscript):
         items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         fallback = evaluated.get(arg.arg)
+        fallback = fallback.tensor if isinstance(fallback, TensorMapType) else fallback
         dims = []
         for k, item in enumerate(items):
             try:

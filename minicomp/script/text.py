@@ -19,7 +19,7 @@ import math
 import types
 
 from minicomp.ir.func import Function, Module
-from minicomp.script import hopper, lang
+from minicomp.script import hopper, lang, tma
 from minicomp.script import types as script_types
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction
@@ -73,6 +73,7 @@ def _namespace() -> dict:
     scope = {k: v for k, v in vars(lang).items() if isinstance(v, primitive)}
     scope.update(lang.MATH)
     scope.update({p.name: p for p in hopper.PRIMITIVES})
+    scope.update({p.name: p for p in tma.PRIMITIVES}, tensor_map=script_types.tensor_map)
     scope.update({repr(t): t for t in script_types.SCALAR_TYPES})
     scope.update(ptr=script_types.ptr, math=math)
     return scope

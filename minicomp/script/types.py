@@ -91,3 +91,73 @@ f8e5m2fnuz = float8_e5m2fnuz = ScalarType(T.f8e5m2fnuz)
 
 SCALAR_TYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
 SCALAR_TYPES += (f8e4m3fn, f8e5m2, f8e4m3fnuz, f8e5m2fnuz)
+
+
+class TensorMapType:
+    """The annotation `tensor_map(dtype[dims], box=(...), swizzle=0)`: a TMA tensor map of a
+    contiguous row-major tensor of that shape, copied in boxes of `box` elements (one size a
+    dimension, outermost first) whose shared copies are swizzled by `swizzle` bytes (0, 32,
+    64 or 128). The caller passes the tensor; the launch encodes the map."""
+
+    __slots__ = ("tensor", "box", "swizzle")
+
+    def __init__(self, tensor: TensorType, box: tuple[int, ...], swizzle: int):
+        self.tensor = tensor
+        self.box = box
+        self.swizzle = swizzle
+
+    @property
+    def dtype(self) -> DataType:
+        return self.tensor.dtype
+
+    def __repr__(self) -> str:
+        return f"tensor_map({self.tensor!r}, box={self.box!r}, swizzle={self.swizzle})"
+
+
+TMA_SWIZZLES = (0, 32, 64, 128)
+TMA_MAX_RANK = 5
+TMA_MAX_BOX = 256
+
+
+def tensor_map(tensor: TensorType | ScalarType, box=None, swizzle: int = 0) -> TensorMapType:
+    """A tensor-map parameter annotation (see TensorMapType). Python evaluates annotations when
+    the function is defined; the script's signature checks them (`check_tensor_map`), so that
+    a bad box is an error at the script's line."""
+    if isinstance(tensor, ScalarType):
+        tensor = TensorType(tensor, ())
+    if isinstance(box, int) and not isinstance(box, bool):
+        box = (box,)
+    return TensorMapType(tensor, tuple(box) if isinstance(box, tuple | list) else box, swizzle)
+
+
+def check_tensor_map(m: TensorMapType) -> None:
+    """Raise ValueError naming what the driver would refuse of a tensor map's box or swizzle."""
+    tensor, box, swizzle = m.tensor, m.box, m.swizzle
+    if not isinstance(tensor, TensorType):
+        raise ValueError(f"tensor_map() takes a tensor type such as f16[m, k], not {tensor!r}")
+    if not isinstance(box, tuple) or not 1 <= len(box) <= TMA_MAX_RANK:
+        raise ValueError(f"the box of tensor_map() is a tuple of 1 to {TMA_MAX_RANK} sizes")
+    for b in box:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= TMA_MAX_BOX:
+            raise ValueError(
+                f"the box of tensor_map() has sizes 1 to {TMA_MAX_BOX} (compile-time ints), "
+                f"not {b!r}"
+            )
+    if tensor.shape and len(tensor.shape) != len(box):
+        raise ValueError(
+            f"the box of tensor_map() has {len(box)} sizes; the tensor {tensor!r} has "
+            f"{len(tensor.shape)} dimensions"
+        )
+    if swizzle not in TMA_SWIZZLES or isinstance(swizzle, bool):
+        raise ValueError(f"the swizzle of tensor_map() is 0, 32, 64 or 128 bytes, not {swizzle!r}")
+    inner = box[-1] * tensor.dtype.nbytes
+    if inner % 16:
+        raise ValueError(
+            f"the box's inner dimension is {inner} bytes ({box[-1]} {tensor.dtype}); TMA needs "
+            "a multiple of 16"
+        )
+    if swizzle and inner > swizzle:
+        raise ValueError(
+            f"the box's inner dimension is {inner} bytes ({box[-1]} {tensor.dtype}), over the "
+            f"{swizzle}-byte swizzle span"
+        )

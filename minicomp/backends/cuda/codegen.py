@@ -38,6 +38,8 @@ from minicomp.backends.cuda.intrinsics_async import HEADER_PATH as ASYNC_HEADER_
 from minicomp.backends.cuda.intrinsics_async import AsyncIntrinsics
 from minicomp.backends.cuda.intrinsics_mma import HEADER_PATH as MMA_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_mma import MmaIntrinsics
+from minicomp.backends.cuda.intrinsics_tma import HEADER_PATH as TMA_HEADER_PATH
+from minicomp.backends.cuda.intrinsics_tma import TmaIntrinsics
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
@@ -127,9 +129,9 @@ _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
 @functools.lru_cache(maxsize=1)
 def device_header() -> str:
-    """The text of device.h (common.h inlined), mma.h then async.h, which every generated CUDA
-    source carries inline."""
-    paths = (HEADER_PATH, MMA_HEADER_PATH, ASYNC_HEADER_PATH)
+    """The text of device.h (common.h inlined), mma.h, async.h then tma.h, which every
+    generated CUDA source carries inline."""
+    paths = (HEADER_PATH, MMA_HEADER_PATH, ASYNC_HEADER_PATH, TMA_HEADER_PATH)
     return "\n".join(inline_includes(path) for path in paths)
 
 
@@ -163,7 +165,7 @@ def c_string_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-class CudaRenderer(MmaIntrinsics, AsyncIntrinsics, CLikeRenderer):
+class CudaRenderer(MmaIntrinsics, TmaIntrinsics, AsyncIntrinsics, CLikeRenderer):
     """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
 
     reserved_names = CUDA_RESERVED
@@ -211,8 +213,9 @@ class CudaRenderer(MmaIntrinsics, AsyncIntrinsics, CLikeRenderer):
             return f"{t}* {self.name_of(s.var)} = ({t}*){DYNAMIC_SMEM};"
         local = super().array_decl(s)
         if s.scope == "shared":
-            # ldmatrix rows, cp.async and vector accesses need 16-byte aligned shared arrays.
-            return "alignas(16) __shared__ " + local
+            # ldmatrix rows, cp.async and vector accesses need 16-byte aligned shared arrays,
+            # TMA copies more (TmaIntrinsics).
+            return f"alignas({self.shared_alignment(s)}) __shared__ " + local
         if s.scope != "local":
             raise ValueError(f"unknown memory scope {s.scope!r} of array {s.var.name}")
         # Vector accesses copy whole register arrays as 16-byte words.

@@ -270,6 +270,8 @@ static void run_queue(Block* b) {
 #endif
 }
 
+static void async_thread_exit(Block* b);  // emu_async.h
+
 static void fiber_main(Fiber* f) {
     Block* b = f->block;
 #ifdef MC_EMU_ASAN
@@ -277,6 +279,7 @@ static void fiber_main(Fiber* f) {
     __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
     b->body(b->args);
+    if (b->async) async_thread_exit(b);  // emu_async.h: its TMA stores complete
     f->state = DONE;
     b->done++;
     switch_away(b, f, true);  // never resumed

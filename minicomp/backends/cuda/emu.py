@@ -43,20 +43,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from minicomp.backends.cpu import compiler
+from minicomp.backends.ctypes_params import TensorMapBytes
 from minicomp.backends.cuda.arch import LARGEST
 from minicomp.backends.cuda.intrinsics_async import BLOCKING_INTRINSICS
 from minicomp.backends.cuda.intrinsics_async import HELPER_TOKENS as ASYNC_TOKENS
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
+from minicomp.backends.cuda.intrinsics_tma import HELPER_TOKENS as TMA_TOKENS
+from minicomp.backends.cuda.intrinsics_tma import TENSOR_MAP_CTYPE, TMA_INTRINSICS
 from minicomp.ir import c_names
 from minicomp.ir.expr import Call
 from minicomp.ir.func import Function
 from minicomp.ir.functor import Visitor
-from minicomp.ir.types import PointerType
+from minicomp.ir.types import PointerType, TensorMapType
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
 CHECKS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_checks.h")
 LENS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_lens.h")
 ASYNC_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_async.h")
+TMA_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_tma.h")
+SWIZZLE_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "swizzle.h")
 DEFAULT_CXXFLAGS = "-O2 -std=c++17 -fPIC -shared -pthread -fno-strict-aliasing"
 _ASAN_FLAGS = "-fsanitize=address -fsanitize-recover=address -fno-omit-frame-pointer -g"
 # The kernel-address instrumentation as a call before every load and store (emu_checks.h
@@ -115,9 +120,10 @@ _SYNC_INTRINSICS = (
     )
     | WARP_COLLECTIVE_INTRINSICS
     | BLOCKING_INTRINSICS
+    | TMA_INTRINSICS
 )
 _SYNC_TOKENS = re.compile(
-    rf"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|{ASYNC_TOKENS})\b"
+    rf"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|{ASYNC_TOKENS}|{TMA_TOKENS})\b"
 )
 
 _C_SCALARS = {
@@ -279,6 +285,8 @@ def _param_names(source: str, kernel: str, count: int) -> tuple[str, ...]:
 
 
 def _ir_type_name(t) -> str:
+    if isinstance(t, TensorMapType):
+        return TENSOR_MAP_CTYPE
     if isinstance(t, PointerType):
         return f"{_IR_SCALARS[t.elem.short]}*"
     return _IR_SCALARS[t.short]
@@ -309,8 +317,14 @@ def _clean_type(ctype: str) -> str:
     return " ".join(ctype.replace("__restrict__", " ").split())
 
 
+def _unpack(ctype: str, i: int) -> str:
+    if _clean_type(ctype) == TENSOR_MAP_CTYPE:
+        return f"mc_emu_tensor_map(a[{i}])"  # tma.h: ctypes aligns its bytes to 8 only
+    return f"*({_clean_type(ctype)}*)a[{i}]"
+
+
 def _wrapper(spec: KernelSpec) -> str:
-    unpack = ", ".join(f"*({_clean_type(t)}*)a[{i}]" for i, t in enumerate(spec.params))
+    unpack = ", ".join(_unpack(t, i) for i, t in enumerate(spec.params))
     return (
         f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
         f'extern "C" int mc_emu_launch_{spec.name}(unsigned gx, unsigned gy, unsigned gz,\n'
@@ -330,7 +344,14 @@ def emulator_prelude(*, ucontext: bool = False) -> str:
     emu_lens.h in their places) and emu_mma.h (read once per process)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
-    for path in (CHECKS_HEADER_PATH, LENS_HEADER_PATH, ASYNC_HEADER_PATH):
+    # emu_async.h includes emu_tma.h, which includes swizzle.h: replaced after them.
+    for path in (
+        CHECKS_HEADER_PATH,
+        LENS_HEADER_PATH,
+        ASYNC_HEADER_PATH,
+        TMA_HEADER_PATH,
+        SWIZZLE_HEADER_PATH,
+    ):
         with open(path, encoding="utf-8") as f:
             # In the build cache, the prelude has no headers beside it to include.
             header = header.replace(f'#include "{os.path.basename(path)}"\n', f.read())
@@ -381,6 +402,8 @@ def _as_dims(value: int | Sequence[int]) -> tuple[int, int, int]:
 
 
 def _ctype(ctype: str):
+    if _clean_type(ctype) == TENSOR_MAP_CTYPE:
+        return TensorMapBytes
     if "*" in ctype:
         return ctypes.c_void_p
     words = [w for w in _clean_type(ctype).split() if w not in ("const", "volatile")]
@@ -688,6 +711,13 @@ def _argument(kernel: str, i: int, value: Any, ctype):
                 f"kernel {kernel}: argument {i} is on {value.device}; cuda-emu runs on CPU tensors"
             )
         return ctypes.c_void_p(value.data_ptr())
+    if ctype is TensorMapBytes:
+        if not isinstance(value, bytes | bytearray) or len(value) != ctypes.sizeof(ctype):
+            raise TypeError(
+                f"kernel {kernel}: argument {i} is a tensor map, its {ctypes.sizeof(ctype)} "
+                f"bytes encoded by minicomp.backends.cuda.tensor_map, got {type(value).__name__}"
+            )
+        return ctype(value)
     if ctype is ctypes.c_void_p and not isinstance(value, int):
         raise TypeError(f"kernel {kernel}: argument {i} is a pointer, got {type(value).__name__}")
     return ctype(value)

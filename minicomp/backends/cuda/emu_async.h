@@ -14,8 +14,18 @@
 // waiters blocked. A block in which no thread can go on (all wait, blocked or spinning on
 // try_wait with no barrier changing) is a deadlock, reported with each barrier waited on, its
 // pending arrivals and outstanding bytes, never a hang.
+//
+// TMA tensor copies (emu_tma.h moves their data) share the queue: a tensor load is a queued
+// copy whose bytes are its whole box (out-of-bounds elements included, as on a GPU), landing
+// swizzled with zeros outside the tensor. A tensor store snapshots its shared source at issue
+// and writes the elements inside the tensor when a bulk_wait_group (or the thread's end)
+// completes its bulk group; if the source has changed by the time bulk_wait_group_read (or
+// bulk_wait_group, or the thread's end) waits for it, the store read memory being overwritten
+// (a GPU may read it at any moment until then): an error naming the store's line.
 #ifndef MC_EMU_ASYNC_H
 #define MC_EMU_ASYNC_H
+
+#include "emu_tma.h"
 
 namespace mc_emu {
 
@@ -23,6 +33,20 @@ struct BulkCopy {
     void* dst;
     const void* src;
     uint32_t bytes;
+    bool tensor;       // a TMA load of the box at `coords` described by `desc`
+    TmaDesc desc;
+    int32_t coords[TMA_MAX_RANK];
+};
+
+// A TMA store not yet completed: its shared source as it was at issue, its bulk group.
+struct TmaStore {
+    TmaDesc desc;
+    int32_t coords[TMA_MAX_RANK];
+    const void* src;
+    std::vector<unsigned char> snapshot;
+    unsigned long long group;
+    bool read;  // bulk_wait_group_read has checked its source
+    int line;
 };
 
 struct Mbar {
@@ -48,6 +72,8 @@ struct FiberWait {
 struct AsyncState {
     std::vector<Mbar> bars;
     std::vector<FiberWait> waits;  // by fiber
+    std::vector<std::vector<TmaStore>> stores;      // by fiber, issued and not completed
+    std::vector<unsigned long long> committed;      // by fiber: bulk groups committed
     unsigned long long epoch = 0;  // changes with every arrival, copy and phase
 };
 
@@ -55,6 +81,8 @@ static AsyncState& async_state(Block* b) {
     if (!b->async) {
         b->async.reset(new AsyncState);
         b->async->waits.assign(b->nthreads, FiberWait{});
+        b->async->stores.resize(b->nthreads);
+        b->async->committed.assign(b->nthreads, 0);
     }
     return *b->async;
 }
@@ -110,7 +138,10 @@ MC_LENS_UNINSTRUMENTED static void settle(Block* b, Mbar& m, const char* name, i
     if (m.pending || m.copies.empty()) return;
     long long landed = 0;
     for (const BulkCopy& c : m.copies) {
-        memcpy(c.dst, c.src, c.bytes);
+        if (c.tensor)
+            tma_land(c.desc, c.coords, c.dst);
+        else
+            memcpy(c.dst, c.src, c.bytes);
         landed += c.bytes;
     }
     m.copies.clear();
@@ -189,9 +220,124 @@ MC_LENS_UNINSTRUMENTED static void bulk_copy(void* dst, const void* src, uint32_
     MC_LENS_COUNT(LENS_CP_ASYNC, 1);
     Mbar& m = bar_of(b, addr, name, line, "a bulk copy completing");
     memset(dst, 0xff, bytes);  // until it lands: a read without the wait sees NaNs and -1s
-    m.copies.push_back(BulkCopy{dst, src, bytes});
+    BulkCopy c{};
+    c.dst = dst;
+    c.src = src;
+    c.bytes = bytes;
+    m.copies.push_back(c);
     async_state(b).epoch++;
     if (m.pending == 0 && m.waiters) settle(b, m, name, line);
+}
+
+// The tensor map a kernel was given, checked; `what` names the primitive.
+static const TmaDesc& tma_desc(Block* b, const void* map, const char* what, int line) {
+    const TmaDesc& d = *(const TmaDesc*)map;
+    if (d.magic != TMA_MAGIC || d.rank < 1 || d.rank > (uint32_t)TMA_MAX_RANK) {
+        async_fail(b, format("%s (line %d): its tensor map was not encoded by minicomp's cuda-emu "
+                             "launch",
+                             what, line));
+    }
+    return d;
+}
+
+static void tma_aligned(Block* b, const TmaDesc& d, const void* smem, const char* what,
+                        int line) {
+    if ((uintptr_t)smem % tma_alignment(d)) {
+        async_fail(b, format("%s (line %d): its shared box at %p is not %u-byte aligned (a GPU "
+                             "faults)",
+                             what, line, smem, tma_alignment(d)));
+    }
+}
+
+MC_LENS_UNINSTRUMENTED static void tma_load(void* dst, const void* map, uint64_t* addr,
+                                            const char* name, int line,
+                                            std::initializer_list<int32_t> coords) {
+    Block* b = async_block();
+    const TmaDesc& d = tma_desc(b, map, "tma_load", line);
+    tma_aligned(b, d, dst, "tma_load", line);
+    MC_LENS_COUNT(LENS_CP_ASYNC, 1);
+    Mbar& m = bar_of(b, addr, name, line, "a tensor copy completing");
+    BulkCopy c{};
+    c.dst = dst;
+    c.bytes = tma_box_bytes(d);
+    c.tensor = true;
+    c.desc = d;
+    int k = 0;
+    for (int32_t x : coords) c.coords[k++] = x;
+    memset(dst, 0xff, c.bytes);  // until it lands, as a bulk copy's destination
+    m.copies.push_back(c);
+    async_state(b).epoch++;
+    if (m.pending == 0 && m.waiters) settle(b, m, name, line);
+}
+
+MC_LENS_UNINSTRUMENTED static void tma_store(const void* map, const void* src, int line,
+                                             std::initializer_list<int32_t> coords) {
+    Block* b = async_block();
+    const TmaDesc& d = tma_desc(b, map, "tma_store", line);
+    tma_aligned(b, d, src, "tma_store", line);
+    MC_LENS_COUNT(LENS_CP_ASYNC, 1);
+    AsyncState& s = async_state(b);
+    unsigned me = b->current->linear;
+    TmaStore st{};
+    st.desc = d;
+    int k = 0;
+    for (int32_t x : coords) st.coords[k++] = x;
+    st.src = src;
+    uint32_t span = d.swizzle ? d.swizzle : 1;
+    uint32_t bytes = (tma_box_bytes(d) + span - 1) / span * span;
+    st.snapshot.assign((const unsigned char*)src, (const unsigned char*)src + bytes);
+    st.group = s.committed[me];
+    st.line = line;
+    s.stores[me].push_back(std::move(st));
+}
+
+// Refuse a store whose shared source changed since its issue; `when` names the wait.
+static void tma_check_source(Block* b, TmaStore& st, const char* when) {
+    if (st.read) return;
+    if (memcmp(st.src, st.snapshot.data(), st.snapshot.size())) {
+        async_fail(b, format("the shared source of tma_store (line %d) was overwritten before %s "
+                             "waited for the store to read it (bulk_commit_group, then "
+                             "bulk_wait_group_read, before writing it again)",
+                             st.line, when));
+    }
+    st.read = true;
+}
+
+static void bulk_commit() {
+    Block* b = async_block();
+    async_state(b).committed[b->current->linear]++;
+}
+
+// Completes (`read`: only checks the sources of) this thread's stores in committed groups
+// older than its `n` most recent ones; `n` < 0: every store, committed or not.
+static void bulk_wait(int n, bool read, const char* when) {
+    Block* b = async_block();
+    AsyncState& s = async_state(b);
+    unsigned me = b->current->linear;
+    std::vector<TmaStore>& stores = s.stores[me];
+    unsigned long long done = n < 0 ? ~0ull
+                              : s.committed[me] > (unsigned long long)n ? s.committed[me] - n
+                                                                        : 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < stores.size(); i++) {
+        TmaStore& st = stores[i];
+        if (st.group < done || n < 0) {
+            tma_check_source(b, st, when);
+            if (!read) {
+                tma_write(st.desc, st.coords, st.src, st.snapshot.data());
+                continue;
+            }
+        }
+        if (kept != i) stores[kept] = std::move(st);
+        kept++;
+    }
+    stores.resize(kept);
+}
+
+// A thread ending completes its stores (a GPU finishes them before the block's memory goes).
+static void async_thread_exit(Block* b) {
+    if (!b->async || b->async->stores[b->current->linear].empty()) return;
+    bulk_wait(-1, false, "the thread's end");
 }
 
 static inline bool phase_done(const Mbar& m, uint32_t parity) {
@@ -297,5 +443,27 @@ static std::string describe_async_waits(Block* b) {
 #define mc_fence_proxy_async() ((void)0)
 #define mc_bulk_copy_g2s(dst, src, bytes, bar) \
     ::mc_emu::bulk_copy(dst, src, bytes, bar, #bar, __LINE__)
+#define MC_EMU_TMA_LOAD(dst, map, bar, ...) \
+    ::mc_emu::tma_load(dst, map, bar, #bar, __LINE__, {__VA_ARGS__})
+#define mc_tma_load_1d MC_EMU_TMA_LOAD
+#define mc_tma_load_2d MC_EMU_TMA_LOAD
+#define mc_tma_load_3d MC_EMU_TMA_LOAD
+#define mc_tma_load_4d MC_EMU_TMA_LOAD
+#define mc_tma_load_5d MC_EMU_TMA_LOAD
+#define MC_EMU_TMA_STORE(map, src, ...) ::mc_emu::tma_store(map, src, __LINE__, {__VA_ARGS__})
+#define mc_tma_store_1d MC_EMU_TMA_STORE
+#define mc_tma_store_2d MC_EMU_TMA_STORE
+#define mc_tma_store_3d MC_EMU_TMA_STORE
+#define mc_tma_store_4d MC_EMU_TMA_STORE
+#define mc_tma_store_5d MC_EMU_TMA_STORE
+#define mc_bulk_commit_group() ::mc_emu::bulk_commit()
+template <int N>
+static inline void mc_bulk_wait_group() {
+    ::mc_emu::bulk_wait(N, false, "bulk_wait_group");
+}
+template <int N>
+static inline void mc_bulk_wait_group_read() {
+    ::mc_emu::bulk_wait(N, true, "bulk_wait_group_read");
+}
 
 #endif  // MC_EMU_ASYNC_H

@@ -30,6 +30,8 @@ INTRINSIC_OPCODES = {
     "mc_cp_async_ca": "LDGSTS",
     "mc_cp_async_cg": "LDGSTS",
     "mc_bulk_copy_g2s": "UBLKCP",
+    "mc_tma_load_": "UTMALDG",
+    "mc_tma_store_": "UTMASTG",
 }
 # Opcodes that say something about a kernel's speed, reported even when the count is zero.
 NOTABLE = ("HMMA", "LDSM", "LDGSTS", "FFMA", "LDG", "STG", "LDS", "STS", "LDL", "STL", "BAR")
@@ -128,8 +130,9 @@ INSTRUCTION_CLASSES: dict[str, Callable[[str, tuple[str, ...]], bool]] = {
     # QMMA (fp8, sm_89), and Hopper's warpgroup HGMMA/IGMMA/QGMMA (wgmma).
     "tensor core": _is("HMMA", "IMMA", "DMMA", "QMMA", "HGMMA", "IGMMA", "QGMMA"),
     "ldmatrix": _is("LDSM"),
-    # cp.async (LDGSTS), and Hopper's bulk and tensor-map copies (cp.async.bulk).
-    "async copy": _is("LDGSTS", "UBLKCP", "UTMALDG"),
+    # cp.async (LDGSTS), and Hopper's bulk and tensor-map copies (cp.async.bulk), loads and
+    # stores (UTMASTG).
+    "async copy": _is("LDGSTS", "UBLKCP", "UTMALDG", "UTMASTG"),
     "global load": _is("LDG"),
     "global load 128-bit": _wide("LDG"),
     "global store": _is("STG"),

@@ -1,0 +1,161 @@
+"""TMA tensor maps on the host: checking a tensor against a map's requirements and encoding the
+map's 128 bytes for a launch.
+
+On the GPU (`cuda` target) the bytes are the driver's CUtensorMap, made by
+`cuTensorMapEncodeTiled` (cuda-python's cuda.bindings.driver) from `driver_arguments`, which
+needs no GPU and is what the tests check. On `cuda-emu` they are minicomp's own description of
+the same size (`emulator_bytes`; emu_tma.h's TmaDesc reads it): base address, element size,
+rank, swizzle, then sizes, byte strides and box, innermost dimension first as in the driver's
+arrays, and the out-of-bounds fill (0: zeros).
+
+`check_tensor` raises TensorMapError saying what the driver would refuse: the data 16-byte
+aligned, the innermost stride 1 element and the others multiples of 16 bytes (under 2^40), the
+sizes 1 to 2^32, the element type the map's.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from minicomp.ir.types import TensorMapType, to_torch
+
+MAX_RANK = 5
+MAP_BYTES = 128
+_MAGIC = 0x4D54434D  # "MCTM", emu_tma.h's TMA_MAGIC
+# Element types by size where the driver has no type of their own: bits are copied.
+_DATA_TYPES = {
+    "float16": 6,
+    "bfloat16": 9,
+    "float32": 7,
+    "float64": 8,
+    "int32": 3,
+    "int64": 5,
+    "uint32": 2,
+    "uint64": 4,
+}
+_BY_SIZE = {1: 0, 2: 1}  # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16
+_SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_NONE, _32B, _64B, _128B
+L2_PROMOTION_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+
+
+class TensorMapError(ValueError):
+    """A tensor cannot be described by a tensor map as its kernel declares it."""
+
+
+def check_tensor(name: str, t: Any, m: TensorMapType) -> None:
+    """Raise TensorMapError, naming parameter `name`, when torch tensor `t` cannot back map `m`."""
+    what = f"tensor map {name}"
+    if t.dtype != to_torch(m.elem):
+        raise TensorMapError(
+            f"{what} holds {m.elem.name} elements, got a {str(t.dtype)[6:]} tensor"
+        )
+    if t.dim() != m.rank:
+        raise TensorMapError(f"{what} has {m.rank} dimensions, got a tensor of {t.dim()}")
+    size = t.element_size()
+    if t.data_ptr() % 16:
+        raise TensorMapError(
+            f"{what}: the tensor's data at {t.data_ptr():#x} is not 16-byte aligned (TMA needs it)"
+        )
+    for k, n in enumerate(t.shape):
+        if not 1 <= n <= 2**32:
+            raise TensorMapError(f"{what}: dimension {k} has {n} elements; TMA takes 1 to 2^32")
+    if t.stride(-1) != 1:
+        raise TensorMapError(
+            f"{what}: the innermost dimension has stride {t.stride(-1)}; TMA needs 1 (pass "
+            "t.contiguous())"
+        )
+    for k in range(m.rank - 1):
+        nbytes = t.stride(k) * size
+        if nbytes % 16 or not 0 < nbytes < 2**40:
+            raise TensorMapError(
+                f"{what}: dimension {k} has a stride of {nbytes} bytes ({t.stride(k)} elements); "
+                "TMA needs a positive multiple of 16 bytes (pad the rows)"
+            )
+
+
+def _innermost_first(t: Any) -> tuple[list[int], list[int]]:
+    """The tensor's sizes and byte strides, innermost dimension first."""
+    size = t.element_size()
+    dims = [int(n) for n in reversed(t.shape)]
+    strides = [int(s) * size for s in reversed(t.stride())]
+    return dims, strides
+
+
+def driver_arguments(t: Any, m: TensorMapType) -> dict[str, Any]:
+    """The keyword arguments of cuTensorMapEncodeTiled for tensor `t` under map `m` (enums as
+    their integer values)."""
+    dims, strides = _innermost_first(t)
+    elem = m.elem
+    data_type = _DATA_TYPES.get(elem.name, _BY_SIZE.get(elem.nbytes))
+    if data_type is None:
+        raise TensorMapError(f"TMA cannot copy {elem.name} elements")
+    return {
+        "tensorDataType": data_type,
+        "tensorRank": m.rank,
+        "globalAddress": t.data_ptr(),
+        "globalDim": dims,
+        "globalStrides": strides[1:],  # the innermost one is the element's size
+        "boxDim": list(reversed(m.box)),
+        "elementStrides": [1] * m.rank,
+        "interleave": 0,  # CU_TENSOR_MAP_INTERLEAVE_NONE
+        "swizzle": _SWIZZLES[m.swizzle],
+        "l2Promotion": L2_PROMOTION_128B,
+        "oobFill": 0,  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros
+    }
+
+
+def driver_call(t: Any, m: TensorMapType) -> tuple:
+    """The positional arguments of cuda-python's cuTensorMapEncodeTiled for tensor `t` under map
+    `m`: driver_arguments in the bindings' types (building them needs no GPU)."""
+    from cuda.bindings import driver
+
+    a = driver_arguments(t, m)
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    return (
+        driver.CUtensorMapDataType(a["tensorDataType"]),
+        a["tensorRank"],
+        a["globalAddress"],
+        [u64(n) for n in a["globalDim"]],
+        [u64(n) for n in a["globalStrides"]],
+        [u32(n) for n in a["boxDim"]],
+        [u32(n) for n in a["elementStrides"]],
+        driver.CUtensorMapInterleave(a["interleave"]),
+        driver.CUtensorMapSwizzle(a["swizzle"]),
+        driver.CUtensorMapL2promotion(a["l2Promotion"]),
+        driver.CUtensorMapFloatOOBfill(a["oobFill"]),
+    )
+
+
+def driver_bytes(t: Any, m: TensorMapType) -> bytes:
+    """The CUtensorMap of CUDA tensor `t` under map `m`, encoded by the CUDA driver."""
+    from cuda.bindings import driver
+
+    from minicomp.backends.cuda.driver import CudaDriverError, ensure_context
+
+    ensure_context(t.device.index)  # the driver initialised, its context current
+    err, tensor_map = driver.cuTensorMapEncodeTiled(*driver_call(t, m))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaDriverError(
+            f"cuTensorMapEncodeTiled failed: {err.name} for {driver_arguments(t, m)}"
+        )
+    return struct.pack("<16Q", *(int(v) for v in tensor_map.opaque))
+
+
+def emulator_bytes(t: Any, m: TensorMapType) -> bytes:
+    """minicomp's own 128-byte description of tensor `t` under map `m` (emu_tma.h's TmaDesc)."""
+    dims, strides = _innermost_first(t)
+    pad = MAX_RANK - m.rank
+    box = list(reversed(m.box))
+    head = struct.pack("<QIIII", t.data_ptr(), _MAGIC, m.elem.nbytes, m.rank, m.swizzle)
+    body = struct.pack("<5Q5Q5II", *dims, *[0] * pad, *strides, *[0] * pad, *box, *[0] * pad, 0)
+    data = head + body
+    assert len(data) == MAP_BYTES
+    return data
+
+
+def encode(name: str, t: Any, m: TensorMapType, emulated: bool) -> bytes:
+    """The 128 bytes a kernel's tensor-map parameter `name` gets for tensor `t`: checked, then
+    encoded for the emulator or by the driver."""
+    check_tensor(name, t, m)
+    return emulator_bytes(t, m) if emulated else driver_bytes(t, m)
