@@ -172,6 +172,9 @@ _OPERANDS = {
     "mbarrier_try_wait_parity": "me",
     "mbarrier_wait": "me",
     "bulk_copy_g2s": "mmem",
+    # minicomp.script.wgmma
+    "wgmma_mma_async": "mmmiiiiiie",
+    "wgmma_wait_group": "imi",
 }
 _ARRAY_FUNCTIONS = {"local": "register_tensor", "shared": "shared_tensor"}
 _LOOP_FUNCTIONS = {"unroll": "unroll", "parallel": "parallel", "vectorize": "vectorize"}

@@ -80,7 +80,8 @@ src_bytes=None)` (4, 8 or 16 bytes from a global to a shared tensor, zero-filled
 runtime `src_bytes`), `cp_async_commit()`, `cp_async_wait(n)`, `cp_async_wait_all()`.
 Hopper barriers and bulk copies (minicomp.script.hopper has their meaning): `mbarrier_init`,
 `mbarrier_arrive`, `mbarrier_arrive_expect_tx`, `mbarrier_try_wait_parity`, `mbarrier_wait`,
-`fence_proxy_async`, `bulk_copy_g2s`.
+`fence_proxy_async`, `bulk_copy_g2s`. Hopper warpgroup MMA (minicomp.script.wgmma, sm_90a):
+`wgmma_fence`, `wgmma_mma_async`, `wgmma_commit_group`, `wgmma_wait_group`.
 
 Kernel IR prints as this language (minicomp.ir.printer.function_str), and
 minicomp.script.text.parse_function reads such text back into the same IR.
@@ -177,6 +178,12 @@ from minicomp.script.types import (
     u32,
     u64,
 )
+from minicomp.script.wgmma import (
+    wgmma_commit_group,
+    wgmma_fence,
+    wgmma_mma_async,
+    wgmma_wait_group,
+)
 
 globals().update(MATH)
 
@@ -251,6 +258,10 @@ __all__ = [
     "mbarrier_wait",
     "fence_proxy_async",
     "bulk_copy_g2s",
+    "wgmma_fence",
+    "wgmma_mma_async",
+    "wgmma_commit_group",
+    "wgmma_wait_group",
     "max",
     "min",
     "abs",

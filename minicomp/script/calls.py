@@ -15,6 +15,7 @@ from minicomp.script import conversions as C
 from minicomp.script import hopper as _hopper
 from minicomp.script import lang, mapping
 from minicomp.script import mma as _mma
+from minicomp.script import wgmma as _wgmma
 from minicomp.script.errors import Issue
 from minicomp.script.types import ScalarType, ptr
 from minicomp.script.values import Effect, TensorRef
@@ -383,4 +384,5 @@ HANDLERS = {
     "pow": _pow,
     **_mma.HANDLERS,
     **_hopper.HANDLERS,
+    **_wgmma.HANDLERS,
 }

@@ -110,6 +110,7 @@ class FunctionParser(ExprParser):
         self.attrs: dict[str, object] = {}
         self.callees: dict[object, object] = {}
         self.dynamic_bytes = 0
+        self.dynamic_arrays: set[Var] = set()  # dynamic shared tensors' variables
         self.pending_name: str | None = None
         self.once = _assigned_once(self.src.tree)
         self.inits: dict[Var, Expr] = {}  # the value of each variable assigned only once
@@ -220,6 +221,7 @@ class FunctionParser(ExprParser):
             if start % dt.nbytes:
                 raise Issue(f"dynamic shared tensor {name} is not aligned to its {dt}")
             offset = start // dt.nbytes
+            self.dynamic_arrays.add(var)
             self.dynamic_bytes = max(self.dynamic_bytes, start + size * dt.nbytes)
             size += offset
         self.emit(S.DeclareArray(var, dt, size, scope))
