@@ -8,24 +8,26 @@ renders them):
 
 - `wgmma_mma_async(acc, a, b, swizzle=0, scale_d=1)`: starts D = A * B^T + D (scale_d 1) or
   D = A * B^T (scale_d 0, a runtime value) for the warpgroup, PTX
-  `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`. `a` is a 64x16 tile
-  of A and `b` an Nx16 tile of B (B's rows are D's columns), both in shared memory and
-  K-major (16 consecutive K elements a row), f16 or bf16 alike. `acc` is a register
+  `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`, or `m64nNk32.f32.
+  {e4m3,e5m2}.{e4m3,e5m2}` for float8 (f8e4m3fn, f8e5m2, either pair). `a` is a 64xK tile of
+  A and `b` an NxK tile of B (B's rows are D's columns), a K step being 32 bytes (16 f16 or
+  bf16 elements alike, 32 float8), both in shared memory and K-major. `acc` is a register
   tensor of N/2 f32, this thread's part of the 64xN accumulator (N is 8, 16, 32, 64, 96,
   128, 192 or 256): element i of thread t (warp w = t % 128 // 32, lane l = t % 32) is
   D[16w + l // 4 + 8 * (i // 2 % 2), 8 * (i // 4) + 2 * (l % 4) + i % 2].
   The shape of the shared tensors says the layout, from which the primitive builds the
   two 64-bit matrix descriptors (start address >> 4, leading and stride byte offsets,
   swizzle mode in bits 62-63):
-    swizzle=0: a tensor of shape (..., R / 8, K / 8, 8, 8), the 8x8 core matrices (8 rows of
-      16 bytes) stored one after another; the operand is the core matrix at the tile's first
-      row group and K group, such as `a_s[0, 2 * kk]` (the K step kk of 16).
-    swizzle=32, 64 or 128: a tensor of shape (..., R, S / 2): rows of exactly one S-byte
-      swizzle span (S / 2 elements), stored swizzled (chunk c of row r at chunk c ^ r % (S /
-      16), minicomp/backends/cuda/swizzle.h, as TMA writes them); the operand is the tile's
-      first row at its K offset, such as `a_s[0, 16 * kk]`. Such a tensor must be a
-      `dynamic_shared_tensor` placed at a multiple of 8 * S bytes (the swizzle pattern's
-      period): static shared arrays are only 16-byte aligned.
+    swizzle=0: a tensor of shape (..., R / 8, K / c, 8, c), c = 16 bytes of elements: the
+      core matrices (8 rows of 16 bytes) stored one after another; the operand is the core
+      matrix at the tile's first row group and K group, such as `a_s[0, 2 * kk]` (K step kk).
+    swizzle=32, 64 or 128: a tensor of shape (..., R, S bytes of elements): rows of exactly
+      one S-byte swizzle span, stored swizzled (the 16-byte chunk c of a row at chunk
+      c ^ (its 128-byte unit of the address) % (S / 16), minicomp/backends/cuda/swizzle.h, as
+      TMA writes them); the operand is the tile's first row at its K offset, such as
+      `a_s[0, 16 * kk]`. Such a tensor must be a `dynamic_shared_tensor` placed at a multiple
+      of 8 * S bytes (the swizzle pattern's period): static shared arrays are only 16-byte
+      aligned.
   The accumulator reads as NaN, on the emulator, until the `wgmma_wait_group` that retires
   the mma; shared memory is read then too, so the operands must stay unchanged until it.
 - `wgmma_fence()`: orders this thread's earlier register accesses before later mma_asyncs
@@ -60,13 +62,16 @@ wgmma_wait_group = Primitive("wgmma_wait_group")
 wgmma_mma_async = Primitive("wgmma_mma_async")
 
 PRIMITIVES = (wgmma_fence, wgmma_commit_group, wgmma_wait_group, wgmma_mma_async)
-WGMMA_TYPES = (T.f16, T.bf16)
+SIXTEEN_BIT = (T.f16, T.bf16)
+FLOAT8 = (T.f8e4m3fn, T.f8e5m2)
+WGMMA_TYPES = SIXTEEN_BIT + FLOAT8
 N_VALUES = (8, 16, 32, 64, 96, 128, 192, 256)
 """The N of m64nNk16 the device helpers (wgmma.h) have."""
 SWIZZLE_MODES = {0: 0, 128: 1, 64: 2, 32: 3}
 """The descriptor's swizzle field (bits 62-63) of each swizzle span in bytes."""
-M, K = 64, 16
-CORE_BYTES = 128  # an 8x8 core matrix of 16-bit elements
+M = 64
+K_BYTES = 32  # a K step: 16 elements of 16 bits, 32 of float8
+CORE_BYTES = 128  # a core matrix: 8 rows of 16 bytes
 MAX_OFFSET = 1 << 18  # descriptor byte offsets: 14 bits of bytes >> 4
 _NAME = "wgmma_mma_async"
 
@@ -91,19 +96,21 @@ def _const(v) -> int | None:
 
 
 def _layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, int]:
-    """The operand of `rows` x 16 elements at `node`, with the leading and stride byte offsets
-    its tensor's shape gives under `swizzle`."""
+    """The operand of `rows` x (a K step of 32 bytes) at `node`, with the leading and stride
+    byte offsets its tensor's shape gives under `swizzle`."""
     op, base, idx = _tile(p, node, what)
     _check(p, node, op, what, "shared", 0, WGMMA_TYPES)
     shape = base.shape if base is not None else ()
+    size = op.dtype.nbytes
+    core = 16 // size  # elements a core matrix row
     known = all(isinstance(d, int) for d in shape)
     at = [_const(i) for i in idx] + [0] * (len(shape) - len(idx))
     if swizzle == 0:
-        if not known or len(shape) < 4 or tuple(shape[-2:]) != (8, 8):
+        if not known or len(shape) < 4 or tuple(shape[-2:]) != (8, core):
             raise p.src.error(
                 node,
-                f"{what} without swizzle must be a tensor of 8x8 core matrices, shape "
-                f"(..., rows / 8, K / 8, 8, 8); {op.name} has shape {tuple(shape)}",
+                f"{what} without swizzle must be a tensor of 8x{core} core matrices, shape "
+                f"(..., rows / 8, K / {core}, 8, {core}); {op.name} has shape {tuple(shape)}",
             )
         groups, kgroups = shape[-4], shape[-3]
         if at[-2:] != [0, 0]:
@@ -116,8 +123,8 @@ def _layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, 
         if kg is not None and kgroups - kg < 2:
             raise p.src.error(
                 node,
-                f"{what} needs 16 K elements (2 core matrices); {op.name} has "
-                f"{(kgroups - kg) * 8} from there",
+                f"{what} needs {2 * core} K elements (2 core matrices); {op.name} has "
+                f"{(kgroups - kg) * core} from there",
             )
         _aligned(p, node, op, what, 16)
         return op, CORE_BYTES, kgroups * CORE_BYTES
@@ -136,11 +143,11 @@ def _layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, 
             f"{what} needs {rows} rows from a multiple of 8; {op.name} has {shape[-2]} and the "
             f"tile starts at row {r0}",
         )
-    if k0 is not None and (k0 % 8 or (k0 + K) * op.dtype.nbytes > swizzle):
+    if k0 is not None and (k0 % core or k0 * size + K_BYTES > swizzle):
         raise p.src.error(
             node,
-            f"{what} starts at K element {k0}; it must be a multiple of 8 with 16 elements "
-            f"left in the {swizzle}-byte span",
+            f"{what} starts at K element {k0}; it must be a multiple of {core} with "
+            f"{K_BYTES // size} elements left in the {swizzle}-byte span",
         )
     _swizzle_aligned(p, node, op, what, swizzle, base.offset)
     return op, 16, 8 * swizzle
@@ -209,10 +216,13 @@ def _swizzle(p, node) -> int:
 
 
 def _same_type(p, node, a: Operand, b: Operand) -> None:
-    if a.dtype != b.dtype:
+    """Refuse b unless it is a's type (16-bit) or a float8 type like a's."""
+    family = FLOAT8 if a.dtype in FLOAT8 else (a.dtype,)
+    if b.dtype not in family:
+        allowed = " or ".join(t.short for t in family)
         raise p.src.error(
             node,
-            f"the b operand of {_NAME}() must hold {a.dtype} elements like a; {b.name} is "
+            f"the b operand of {_NAME}() must hold {allowed} elements like a; {b.name} is "
             f"{b.dtype}",
         )
 

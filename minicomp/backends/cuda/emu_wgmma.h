@@ -18,8 +18,12 @@
 // count); a swizzled operand whose start is not in the first row of an aligned swizzle
 // pattern; work still pending when a thread exits.
 //
-// Each thread's results are c (or 0 when scale-d is 0) plus the 16 exact products, added in k
-// order with rounding to nearest after each addition, as emu_mma.h's mma.sync.
+// The lens counts each mma_async as n / 2 m16n8k16 mma (the same operations), priced at the
+// device's mma.sync rate.
+//
+// Each thread's results are c (or 0 when scale-d is 0) plus the 16 (float8: 32) exact
+// products, added in k order with rounding to nearest after each addition, as emu_mma.h's
+// mma.sync.
 #ifndef MC_EMU_WGMMA_H
 #define MC_EMU_WGMMA_H
 
@@ -38,7 +42,7 @@ struct WgmmaOperand {
 
 struct WgmmaOp {
     unsigned n;
-    bool bf16;
+    unsigned kind;  // wgmma.h's: 0 f16, 1 bf16, 2-5 float8 pairs (e4m3/e5m2 of a, then of b)
     float* d;
     WgmmaOperand a, b;
     int scale_d;
@@ -126,48 +130,60 @@ static void extent(A& a, uintptr_t& lo, uintptr_t& hi) {
     }
 }
 
-// The element (row, k) of a K-major operand, where the descriptor places it.
-static uintptr_t element(const WgmmaOperand& o, unsigned row, unsigned k) {
+// The bytes of an element of a K-major operand, and its K elements a step (32 bytes).
+static unsigned element_bytes(unsigned kind) { return kind >= 2 ? 1 : 2; }
+
+// Where the descriptor places byte `kb` of row `row` of a K-major operand.
+static uintptr_t element(const WgmmaOperand& o, unsigned row, unsigned kb) {
     uint64_t desc = o.desc;
     uintptr_t start = (uintptr_t)(desc & 0x3fffu) << 4;
     uintptr_t lbo = (uintptr_t)((desc >> 16) & 0x3fffu) << 4;
     uintptr_t sbo = (uintptr_t)((desc >> 32) & 0x3fffu) << 4;
     unsigned span = span_of((unsigned)(desc >> 62));
     uintptr_t base = (o.ref & ~(uintptr_t)ADDRESS_BITS) | start;
-    if (!span) return base + row / 8 * sbo + k / 8 * lbo + row % 8 * 16 + k % 8 * 2;
-    uintptr_t u = base + row / 8 * sbo + row % 8 * span + k * 2;
+    if (!span) return base + row / 8 * sbo + kb / 16 * lbo + row % 8 * 16 + kb % 16;
+    uintptr_t u = base + row / 8 * sbo + row % 8 * span + kb;
     return (u & ~(uintptr_t)0xffffffffu) | mc_swizzle((unsigned)u, span);
 }
 
-// The operand's element (row, k) as a float, refused outside its tensor.
-MC_LENS_UNINSTRUMENTED static float load(Block* b, const WgmmaOp& op, const WgmmaOperand& o,
-                                         unsigned row, unsigned k) {
-    uintptr_t at = element(o, row, k);
-    if (at < o.lo || at + 2 > o.hi) {
+// Element (row, k) of operand a (`second` false) or b of `op` as a float, refused outside its
+// tensor.
+MC_LENS_UNINSTRUMENTED static float load(Block* b, const WgmmaOp& op, bool second, unsigned row,
+                                         unsigned k) {
+    const WgmmaOperand& o = second ? op.b : op.a;
+    unsigned size = element_bytes(op.kind);
+    uintptr_t at = element(o, row, k * size);
+    if (at < o.lo || at + size > o.hi) {
         fail(b, format("wgmma_mma_async (line %d): the descriptor of operand %s places its "
                        "element (%u, %u) at byte %lld of that tensor, which has %llu bytes (a "
                        "wrong start, leading or stride byte offset)",
                        op.line, o.name, row, k, (long long)(at - o.lo),
                        (unsigned long long)(o.hi - o.lo)));
     }
-    uint16_t h;
-    memcpy(&h, (const void*)at, 2);
-    return op.bf16 ? mma::bf16_to_f32(h) : mma::f16_to_f32(h);
+    if (size == 2) {
+        uint16_t h;
+        memcpy(&h, (const void*)at, 2);
+        return op.kind == 1 ? mma::bf16_to_f32(h) : mma::f16_to_f32(h);
+    }
+    unsigned char x = *(const unsigned char*)at;
+    bool e5m2 = second ? (op.kind - 2) & 1 : (op.kind - 2) >> 1;
+    return e5m2 ? mma::e5m2_to_f32(x) : mma::e4m3_to_f32(x);
 }
 
 // Computes `op` for the calling thread (shared memory as it is now): its results go to the
 // next pending mma on the same registers, as its input, or else to the registers.
 MC_LENS_UNINSTRUMENTED static void retire(Block* b, WgmmaThread& th, const WgmmaOp& op) {
     unsigned t = b->current->linear % 128, w = t / 32, l = t % 32;
-    float A[2][16];
+    unsigned K = 32 / element_bytes(op.kind);
+    float A[2][32];
     for (unsigned h = 0; h < 2; h++)
-        for (unsigned k = 0; k < 16; k++) A[h][k] = load(b, op, op.a, 16 * w + l / 4 + 8 * h, k);
+        for (unsigned k = 0; k < K; k++) A[h][k] = load(b, op, false, 16 * w + l / 4 + 8 * h, k);
     std::vector<float> d(op.n / 2);
     for (unsigned i = 0; i < op.n / 2; i++) {
         unsigned col = 8 * (i >> 2) + 2 * (l & 3) + (i & 1);
         float acc = op.scale_d ? op.c[i] : 0.0f;
-        for (unsigned k = 0; k < 16; k++) {
-            float product = A[(i >> 1) & 1][k] * load(b, op, op.b, col, k);
+        for (unsigned k = 0; k < K; k++) {
+            float product = A[(i >> 1) & 1][k] * load(b, op, true, col, k);
             acc = acc + product;
         }
         d[i] = acc;
@@ -196,7 +212,7 @@ static void check_swizzle(Block* b, const WgmmaOperand& o, int line) {
     }
 }
 
-static void issue(unsigned n, bool bf16, float* d, WgmmaOperand a, WgmmaOperand b_op,
+static void issue(unsigned n, unsigned kind, float* d, WgmmaOperand a, WgmmaOperand b_op,
                   int scale_d, int line) {
     Block* b = block();
     Fiber* f = b->current;
@@ -242,7 +258,10 @@ static void issue(unsigned n, bool bf16, float* d, WgmmaOperand a, WgmmaOperand 
         }
     }
     th.issued++;
-    WgmmaOp op{n, bf16, d, a, b_op, scale_d, chained, line, {}};
+    // Priced as mma.sync m16n8k16 equivalents: 2 * 64 * n * 16 operations are n / 2 of them,
+    // n / 8 a warp, counted as lens counts warp instructions (once a thread).
+    MC_LENS_COUNT(LENS_MMA, n / 8);
+    WgmmaOp op{n, kind, d, a, b_op, scale_d, chained, line, {}};
     if (!chained) op.c.assign(d, d + n / 2);
     for (unsigned i = 0; i < n / 2; i++) d[i] = NAN;  // until the wait that retires it
     th.pending.push_back(std::move(op));
@@ -273,7 +292,7 @@ static void wait(unsigned n, int line) {
 }
 
 template <class A, class B>
-static void mma_async(unsigned n, bool bf16, float* d, A& a, const void* a_at, uint32_t lbo_a,
+static void mma_async(unsigned n, unsigned kind, float* d, A& a, const void* a_at, uint32_t lbo_a,
                       uint32_t sbo_a, B& b, const void* b_at, uint32_t lbo_b, uint32_t sbo_b,
                       uint32_t mode, int scale_d, const char* a_name, const char* b_name,
                       int line) {
@@ -281,7 +300,7 @@ static void mma_async(unsigned n, bool bf16, float* d, A& a, const void* a_at, u
     WgmmaOperand ob{descriptor((uintptr_t)b_at, lbo_b, sbo_b, mode), (uintptr_t)b_at, 0, 0, b_name};
     extent(a, oa.lo, oa.hi);
     extent(b, ob.lo, ob.hi);
-    issue(n, bf16, d, oa, ob, scale_d, line);
+    issue(n, kind, d, oa, ob, scale_d, line);
 }
 
 }  // namespace wgmma
@@ -323,8 +342,8 @@ static std::string wgmma_finish(Block* b) {
 #define mc_wgmma_commit_group() ::mc_emu::wgmma::commit()
 #define mc_wgmma_wait_group(N) ::mc_emu::wgmma::wait(N, __LINE__)
 #define mc_wgmma_wait_group_fenced(N, COUNT, acc) ::mc_emu::wgmma::wait(N, __LINE__)
-#define mc_wgmma_mma_async(N, BF16, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, scale) \
-    ::mc_emu::wgmma::mma_async(N, BF16, d, a, &(a)[ai], lbo_a, sbo_a, b, &(b)[bi], lbo_b,     \
+#define mc_wgmma_mma_async(N, KIND, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, scale) \
+    ::mc_emu::wgmma::mma_async(N, KIND, d, a, &(a)[ai], lbo_a, sbo_a, b, &(b)[bi], lbo_b,     \
                                sbo_b, mode, scale, #a, #b, __LINE__)
 
 #endif  // MC_EMU_WGMMA_H

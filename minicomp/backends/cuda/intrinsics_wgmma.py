@@ -10,7 +10,8 @@ of wgmma.h (inline PTX) or, under the emulator, of emu_wgmma.h (emu.h includes i
 - `wgmma_wait_group(n[, acc, ai, count])`: `wgmma.wait_group.sync.aligned n`; with an
   accumulator, an empty asm on each of its `count` registers after it.
 - `wgmma_mma_async(acc, ai, a, aidx, b, bidx, n, swizzle, lbo_a, sbo_a, lbo_b, sbo_b,
-  scale_d)`: `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`, both
+  scale_d)`: `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`, or
+  `m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2}` for float8 (f8e4m3fn, f8e5m2, either pair), both
   operands K-major in shared memory through descriptors built from `&a[aidx]` and
   `&b[bidx]` with the given byte offsets and swizzle span (0, 32, 64 or 128 bytes);
   `acc[ai]` on are this thread's n/2 f32 accumulators, `scale_d` (0 or 1) whether they are
@@ -25,7 +26,9 @@ from __future__ import annotations
 import os
 
 from minicomp.ir import expr as E
-from minicomp.ir.types import PointerType, bf16, f16, f32, i32
+from minicomp.ir.func import Module
+from minicomp.ir.functor import Visitor
+from minicomp.ir.types import PointerType, bf16, f8e4m3fn, f8e5m2, f16, f32, i32
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 HEADER_PATH = os.path.join(_DIR, "wgmma.h")
@@ -41,6 +44,40 @@ HELPER_TOKENS = r"mc_wgmma_\w+"
 """Their CUDA spellings, as a regular expression."""
 SWIZZLE_MODES = {0: 0, 128: 1, 64: 2, 32: 3}
 N_VALUES = (8, 16, 32, 64, 96, 128, 192, 256)
+# wgmma.h's KIND of each operand type pair: m64nNk16 of 16-bit types, m64nNk32 of float8.
+KINDS = {
+    (f16, f16): 0,
+    (bf16, bf16): 1,
+    (f8e4m3fn, f8e4m3fn): 2,
+    (f8e4m3fn, f8e5m2): 3,
+    (f8e5m2, f8e4m3fn): 4,
+    (f8e5m2, f8e5m2): 5,
+}
+_OPERAND_TYPES = (f16, bf16, f8e4m3fn, f8e5m2)
+
+
+class _WgmmaFinder(Visitor):
+    def __init__(self):
+        super().__init__()
+        self.found = False
+
+    def visit_Call(self, c: E.Call) -> None:
+        self.found |= c.name in WGMMA_INTRINSICS
+        self.visit(c.args)
+
+
+def uses_wgmma(module: Module) -> bool:
+    """Whether a function of `module` uses a wgmma intrinsic."""
+    finder = _WgmmaFinder()
+    for f in module.functions:
+        finder.visit(f.body)
+    return finder.found
+
+
+def feature_arch(arch: str, module: Module) -> str:
+    """The architecture to compile `module` for on a device of `arch`: sm_90a, where wgmma
+    exists, for a module using it on an sm_90 device; else `arch`."""
+    return arch + "a" if arch == "sm_90" and uses_wgmma(module) else arch
 
 
 class WgmmaIntrinsics:
@@ -95,13 +132,13 @@ class WgmmaIntrinsics:
         if n not in N_VALUES or swizzle not in SWIZZLE_MODES:
             raise ValueError(f"wgmma_mma_async has no m64n{n}k16 or no {swizzle}-byte swizzle")
         d = self._wgmma_buffer(acc, "the accumulator of wgmma_mma_async", "local", (f32,))
-        a_name = self._wgmma_buffer(a, "the a operand of wgmma_mma_async", "shared", (f16, bf16))
-        b_name = self._wgmma_buffer(b, "the b operand of wgmma_mma_async", "shared", (f16, bf16))
-        if a.type.elem != b.type.elem:
-            raise ValueError(f"wgmma_mma_async of {a.type.elem} by {b.type.elem}: {e}")
+        a_name = self._wgmma_buffer(a, "the a operand of wgmma_mma_async", "shared", _OPERAND_TYPES)
+        b_name = self._wgmma_buffer(b, "the b operand of wgmma_mma_async", "shared", _OPERAND_TYPES)
+        kind = KINDS.get((a.type.elem, b.type.elem))
+        if kind is None:
+            raise ValueError(f"wgmma_mma_async has no {a.type.elem} by {b.type.elem}: {e}")
         lbo_a, sbo_a, lbo_b, sbo_b = offsets
         scale = self.expr(E.cast(e.args[12], i32))
-        kind = int(a.type.elem == bf16)
         return (
             f"mc_wgmma_mma_async({n}, {kind}, &{d}[{self.expr(ai)}], {a_name}, "
             f"{self.expr(aidx)}, {lbo_a}, {sbo_a}, {b_name}, {self.expr(bidx)}, {lbo_b}, "

@@ -30,7 +30,7 @@ INTRINSIC_OPCODES = {
     "mc_cp_async_ca": "LDGSTS",
     "mc_cp_async_cg": "LDGSTS",
     "mc_bulk_copy_g2s": "UBLKCP",
-    "mc_wgmma_mma_async": "HGMMA",
+    "mc_wgmma_mma_async": "HGMMA|QGMMA",  # f16/bf16, float8
 }
 # Opcodes that say something about a kernel's speed, reported even when the count is zero.
 NOTABLE = ("HMMA", "LDSM", "LDGSTS", "FFMA", "LDG", "STG", "LDS", "STS", "LDL", "STL", "BAR")

@@ -7,9 +7,9 @@
    so a kernel using one fails to compile saying so. Under the emulator (MC_EMULATE)
    emu_wgmma.h defines the same macros.
 
-   An mma_async takes this thread's N/2 f32 accumulators as a register array, and builds the
-   two 64-bit shared-memory matrix descriptors from the operands' addresses and the byte
-   offsets the script's layout gives: bits 0-13 the start address >> 4, 16-29 the leading
+   An mma_async (m64nNk16 of f16/bf16, m64nNk32 of float8) takes this thread's N/2 f32
+   accumulators as a register array, and builds the two 64-bit shared-memory matrix
+   descriptors from the operands' addresses and the byte offsets the script's layout gives: bits 0-13 the start address >> 4, 16-29 the leading
    byte offset >> 4, 32-45 the stride byte offset >> 4, 62-63 the swizzle mode (0 none, 1
    128-byte, 2 64-byte, 3 32-byte); the base offset (bits 49-51) stays 0, so a swizzled
    operand starts in the first row of an aligned swizzle pattern. The operand lists of each N
@@ -23,8 +23,8 @@
 #define mc_wgmma_commit_group() mc_wgmma_commit_group_<>()
 #define mc_wgmma_wait_group(N) mc_wgmma_wait_group_<N>()
 #define mc_wgmma_wait_group_fenced(N, COUNT, acc) mc_wgmma_wait_group_fenced_<N, COUNT>(acc)
-#define mc_wgmma_mma_async(N, BF16, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, scale) \
-    mc_wgmma_mma_async_<N, BF16>(d, &(a)[ai], lbo_a, sbo_a, &(b)[bi], lbo_b, sbo_b, mode, scale)
+#define mc_wgmma_mma_async(N, KIND, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, scale) \
+    mc_wgmma_mma_async_<N, KIND>(d, &(a)[ai], lbo_a, sbo_a, &(b)[bi], lbo_b, sbo_b, mode, scale)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -43,13 +43,25 @@ MC_DEVICE void mc_wgmma_wait_group_() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-/* The wait, then an empty asm on each accumulator register, so that no read of them moves
-   above the wait. */
+/* An empty asm on each of COUNT registers from acc[I], so that no access of them moves across
+   it (recursion, not a loop: every index a constant). */
+template <int I, int COUNT>
+struct McFenceRegisters {
+    MC_DEVICE void run(float* acc) {
+        asm volatile("" : "+f"(acc[I])::"memory");
+        McFenceRegisters<I + 1, COUNT>::run(acc);
+    }
+};
+template <int COUNT>
+struct McFenceRegisters<COUNT, COUNT> {
+    MC_DEVICE void run(float*) {}
+};
+
+/* The wait, then the accumulator's registers fenced, so that no read of them moves above it. */
 template <int N, int COUNT>
 MC_DEVICE void mc_wgmma_wait_group_fenced_(float* acc) {
     mc_wgmma_wait_group_<N>();
-#pragma unroll
-    for (int i = 0; i < COUNT; i++) asm volatile("" : "+f"(acc[i])::"memory");
+    McFenceRegisters<0, COUNT>::run(acc);
 }
 
 MC_DEVICE uint64_t mc_wgmma_desc(const void* p, uint32_t lbo, uint32_t sbo, uint32_t mode) {
@@ -58,28 +70,35 @@ MC_DEVICE uint64_t mc_wgmma_desc(const void* p, uint32_t lbo, uint32_t sbo, uint
            ((uint64_t)mode << 62);
 }
 
-/* wgmma.mma_async.sync.aligned.m64nNk16.f32.S.S with both operands K-major from shared memory
-   (no transpose), scale-a and scale-b 1, scale-d from a register. */
-template <int N, int BF16>
+/* wgmma.mma_async.sync.aligned.m64nNkK.f32.A.B with both operands K-major from shared memory
+   (no transpose), scale-a and scale-b 1, scale-d from a register. KIND: 0 f16, 1 bf16 (k16);
+   2 e4m3.e4m3, 3 e4m3.e5m2, 4 e5m2.e4m3, 5 e5m2.e5m2 (k32, float8, no transpose operands). */
+template <int N, int KIND>
 struct McWgmma;
 
-#define MC_WGMMA_KIND(N, BF16, S)                                                              \
+#define MC_WGMMA_KIND(N, KIND, SHAPE, TRANS)                                                   \
     template <>                                                                                \
-    struct McWgmma<N, BF16> {                                                                  \
+    struct McWgmma<N, KIND> {                                                                  \
         MC_DEVICE void run(float* d, uint64_t da, uint64_t db, int scale_d) {                  \
             asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " MC_WG_SCALE_##N ", 0;\n"         \
-                         " wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." S "." S " {"       \
-                         MC_WG_REGS_##N "}, " MC_WG_TAIL_##N "}\n"                              \
+                         " wgmma.mma_async.sync.aligned.m64n" #N SHAPE " {" MC_WG_REGS_##N      \
+                         "}, " MC_WG_TAIL_##N TRANS ";\n}\n"                                    \
                          : MC_WG_OUTS_##N                                                      \
                          : "l"(da), "l"(db), "r"(scale_d)                                      \
                          : "memory");                                                          \
         }                                                                                      \
     };
-#define MC_WGMMA_N(N) MC_WGMMA_KIND(N, 0, "f16") MC_WGMMA_KIND(N, 1, "bf16")
+#define MC_WGMMA_N(N)                                          \
+    MC_WGMMA_KIND(N, 0, "k16.f32.f16.f16", ", 0, 0")           \
+    MC_WGMMA_KIND(N, 1, "k16.f32.bf16.bf16", ", 0, 0")         \
+    MC_WGMMA_KIND(N, 2, "k32.f32.e4m3.e4m3", "")               \
+    MC_WGMMA_KIND(N, 3, "k32.f32.e4m3.e5m2", "")               \
+    MC_WGMMA_KIND(N, 4, "k32.f32.e5m2.e4m3", "")               \
+    MC_WGMMA_KIND(N, 5, "k32.f32.e5m2.e5m2", "")
 
 #define MC_WG_REGS_8 \
     "%0, %1, %2, %3"
-#define MC_WG_TAIL_8 "%4, %5, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_8 "%4, %5, p, 1, 1"
 #define MC_WG_SCALE_8 "%6"
 #define MC_WG_OUTS_8 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -87,7 +106,7 @@ MC_WGMMA_N(8)
 
 #define MC_WG_REGS_16 \
     "%0, %1, %2, %3, %4, %5, %6, %7"
-#define MC_WG_TAIL_16 "%8, %9, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_16 "%8, %9, p, 1, 1"
 #define MC_WG_SCALE_16 "%10"
 #define MC_WG_OUTS_16 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -96,7 +115,7 @@ MC_WGMMA_N(16)
 
 #define MC_WG_REGS_32 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define MC_WG_TAIL_32 "%16, %17, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_32 "%16, %17, p, 1, 1"
 #define MC_WG_SCALE_32 "%18"
 #define MC_WG_OUTS_32 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -107,7 +126,7 @@ MC_WGMMA_N(32)
 #define MC_WG_REGS_64 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define MC_WG_TAIL_64 "%32, %33, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_64 "%32, %33, p, 1, 1"
 #define MC_WG_SCALE_64 "%34"
 #define MC_WG_OUTS_64 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -121,7 +140,7 @@ MC_WGMMA_N(64)
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define MC_WG_TAIL_96 "%48, %49, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_96 "%48, %49, p, 1, 1"
 #define MC_WG_SCALE_96 "%50"
 #define MC_WG_OUTS_96 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -139,7 +158,7 @@ MC_WGMMA_N(96)
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define MC_WG_TAIL_128 "%64, %65, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_128 "%64, %65, p, 1, 1"
 #define MC_WG_SCALE_128 "%66"
 #define MC_WG_OUTS_128 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -162,7 +181,7 @@ MC_WGMMA_N(128)
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
     "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, " \
     "%87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define MC_WG_TAIL_192 "%96, %97, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_192 "%96, %97, p, 1, 1"
 #define MC_WG_SCALE_192 "%98"
 #define MC_WG_OUTS_192 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -192,7 +211,7 @@ MC_WGMMA_N(192)
     "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, " \
     "%103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, " \
     "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define MC_WG_TAIL_256 "%128, %129, p, 1, 1, 0, 0;\n"
+#define MC_WG_TAIL_256 "%128, %129, p, 1, 1"
 #define MC_WG_SCALE_256 "%130"
 #define MC_WG_OUTS_256 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
@@ -221,11 +240,11 @@ MC_WGMMA_N(256)
 #undef MC_WGMMA_N
 #undef MC_WGMMA_KIND
 
-template <int N, int BF16>
+template <int N, int KIND>
 MC_DEVICE void mc_wgmma_mma_async_(float* d, const void* a, uint32_t lbo_a, uint32_t sbo_a,
                                    const void* b, uint32_t lbo_b, uint32_t sbo_b, uint32_t mode,
                                    int scale_d) {
-    McWgmma<N, BF16>::run(d, mc_wgmma_desc(a, lbo_a, sbo_a, mode),
+    McWgmma<N, KIND>::run(d, mc_wgmma_desc(a, lbo_a, sbo_a, mode),
                           mc_wgmma_desc(b, lbo_b, sbo_b, mode), scale_d);
 }
 
@@ -251,7 +270,7 @@ template <int N, int COUNT>
 MC_DEVICE void mc_wgmma_wait_group_fenced_(float*) {
     static_assert(N < 0, MC_WGMMA_NEEDS_SM90A("wgmma_wait_group"));
 }
-template <int N, int BF16>
+template <int N, int KIND>
 MC_DEVICE void mc_wgmma_mma_async_(float*, const void*, uint32_t, uint32_t, const void*, uint32_t,
                                    uint32_t, uint32_t, int) {
     static_assert(N < 0, MC_WGMMA_NEEDS_SM90A("wgmma_mma_async"));
