@@ -55,8 +55,9 @@ def tile_matmul(n: int, kt: int, swizzle: int, dt=f16, bug: str = "", bdt=None):
     are stored before the final wait), "overwrite" (a is zeroed before the final wait),
     "no_fence" (no wgmma_fence), "unswizzled" (the tiles are written row-major while the
     descriptors say swizzled), "stride" (the explicit form with a's stride byte offset one
-    row short), "misaligned" (a starts one row into its swizzle pattern), "three_warps" (only
-    warps 0-2 issue). `bdt` is b's type when it differs from a's (float8 pairs)."""
+    row short), "misaligned" (a starts one row into its swizzle pattern), "unaligned" (a
+    starts 8 bytes into a 16-byte chunk), "three_warps" (only warps 0-2 issue). `bdt` is b's
+    type when it differs from a's (float8 pairs)."""
     bdt = bdt or dt
     size = 1 if dt in (f8e4m3fn, f8e5m2) else 2
     core = 16 // size  # elements a row of a core matrix, or a 16-byte chunk
@@ -65,6 +66,7 @@ def tile_matmul(n: int, kt: int, swizzle: int, dt=f16, bug: str = "", bdt=None):
     steps = kt // step
     final_wait = 1 if bug in ("no_wait", "early_read") else 0
     row0 = 1 if bug == "misaligned" else 0
+    k_shift = 4 if bug == "unaligned" else 0  # elements: a's start 8 bytes off
     # Rows a swizzle pattern has (1: none, for the "unswizzled" bug).
     pattern = swizzle // 16 if swizzle and bug != "unswizzled" else 1
     issuers = 96 if bug == "three_warps" else 128
@@ -125,9 +127,10 @@ def tile_matmul(n: int, kt: int, swizzle: int, dt=f16, bug: str = "", bdt=None):
                 else:
                     k0 = s * step
                     r0 = (t // 1024 + 1) * row0  # a runtime 1 for the "misaligned" bug
+                    kx = (t // 1024 + 1) * k_shift  # and 4 for "unaligned"
                     wgmma_mma_async(
                         acc,
-                        a_s[k0 // span, r0, k0 % span],
+                        a_s[k0 // span, r0, k0 % span + kx],
                         b_s[k0 // span, 0, k0 % span],
                         swizzle=swizzle,
                     )
@@ -216,6 +219,11 @@ def test_a_stride_off_by_one_row_gives_a_wrong_result():
 def test_a_swizzled_operand_off_its_pattern_is_an_error():
     with pytest.raises(EmulatorError, match=r"128-byte swizzle but starts at byte 128"):
         run(tile_matmul(16, 64, 128, bug="misaligned"), 16, 64)
+
+
+def test_an_operand_off_16_bytes_is_an_error():
+    with pytest.raises(EmulatorError, match=r"operand a_s starts at byte 8 .*not a multiple of 16"):
+        run(tile_matmul(16, 32, 64, bug="unaligned"), 16, 32)
 
 
 def test_every_thread_of_the_warpgroup_takes_part():

@@ -15,8 +15,8 @@
 // Errors, naming the kernel's source line: an mma_async that does not continue a pending
 // mma on its registers without a wgmma_fence since the thread's last wait (or its start); a
 // warpgroup that is not complete, or whose threads issue different mma_asyncs (operands or
-// count); a swizzled operand whose start is not in the first row of an aligned swizzle
-// pattern; work still pending when a thread exits.
+// count); an operand not 16-byte aligned, or swizzled and starting off the first row of an
+// aligned swizzle pattern; work still pending when a thread exits.
 //
 // The lens counts each mma_async as n / 2 m16n8k16 mma (the same operations), priced at the
 // device's mma.sync rate.
@@ -242,8 +242,14 @@ static void issue(unsigned n, unsigned kind, float* d, WgmmaOperand a, WgmmaOper
                        "mma_async that does not continue a pending one",
                        line, since.c_str()));
     }
-    check_swizzle(b, a, line);
-    check_swizzle(b, b_op, line);
+    for (const WgmmaOperand* o : {&a, &b_op}) {
+        if (o->ref % 16) {
+            fail(b, format("wgmma_mma_async (line %d): operand %s starts at byte %llu of its "
+                           "tensor, not a multiple of 16 (a descriptor holds address / 16)",
+                           line, o->name, (unsigned long long)(o->ref - o->lo)));
+        }
+        check_swizzle(b, *o, line);
+    }
     std::vector<WgmmaIssue>& ops = s.warpgroups[wg];
     WgmmaIssue mine{a.desc, b_op.desc, n, line};
     if (th.issued == ops.size()) {
