@@ -184,6 +184,41 @@ def test_a_float8_tile_matches_float64(swizzle, dt, bdt):
 GEMM_128B = tile_matmul(64, 128, 128)
 
 
+@minicomp.script
+def two_warpgroups(a: bf16[128, 32], b: bf16[16, 32], out: f32[128, 16]):
+    """out = a @ b.T with 256 threads: warpgroup g multiplies rows 64g to 64g + 63 of a."""
+    attrs.grid_dim = 1
+    attrs.block_dim = 256
+    t = threadIdx.x
+    a_s = shared_tensor(bf16, (16, 4, 8, 8))
+    b_s = shared_tensor(bf16, (2, 4, 8, 8))
+    for i in range(t, 128 * 32, 256):
+        a_s[i // 32 // 8, i % 32 // 8, i // 32 % 8, i % 8] = a[i // 32, i % 32]
+    for i in range(t, 16 * 32, 256):
+        b_s[i // 32 // 8, i % 32 // 8, i // 32 % 8, i % 8] = b[i // 32, i % 32]
+    fence_proxy_async()
+    syncthreads()
+    g = t // 128
+    acc = register_tensor(f32, (8,))
+    wgmma_fence()
+    for s in range(2):
+        wgmma_mma_async(acc, a_s[8 * g, 2 * s], b_s[0, 2 * s], scale_d=s)
+    wgmma_commit_group()
+    wgmma_wait_group(0, acc)
+    w = t % 128 // 32
+    lane = t % 32
+    for i in unroll(range(8)):
+        row = 64 * g + 16 * w + lane // 4 + 8 * (i // 2 % 2)
+        out[row, 8 * (i // 4) + 2 * (lane % 4) + i % 2] = acc[i]
+
+
+def test_each_warpgroup_multiplies_its_own_rows():
+    a, b = torch.randn(128, 32).bfloat16(), torch.randn(16, 32).bfloat16()
+    out = torch.full((128, 16), math.nan)
+    two_warpgroups.with_target("cuda-emu")(a, b, out)
+    torch.testing.assert_close(out.double(), a.double() @ b.double().T, rtol=0, atol=1e-4)
+
+
 def test_an_accumulator_read_before_its_wait_is_nan():
     out, _ = run(tile_matmul(16, 64, 0, bug="early_read"), 16, 64)
     assert out.isnan().all(), "the accumulators of a pending mma_async must read as NaN"

@@ -95,8 +95,8 @@ static Block* block() {
 [[noreturn]] static void fail(Block* b, const std::string& message) {
     Fiber* f = b->current;
     if (b->error.empty()) {
-        b->error = format("kernel %s, thread (%u,%u,%u) of block (%u,%u,%u): ", b->kernel,
-                          f->tid.x, f->tid.y, f->tid.z, b->idx.x, b->idx.y, b->idx.z) +
+        b->error = format("thread (%u,%u,%u) of block (%u,%u,%u): ", f->tid.x, f->tid.y,
+                          f->tid.z, b->idx.x, b->idx.y, b->idx.z) +
                    message;
     }
     switch_away(b, f, false);
@@ -321,20 +321,20 @@ static std::string wgmma_finish(Block* b) {
     for (unsigned i = 0; i < b->nthreads && error.empty(); i++) {
         const WgmmaThread& th = s->threads[i];
         if (th.pending.empty()) continue;
-        error = format("kernel %s, thread %u of block (%u,%u,%u) exits with %zu "
-                       "wgmma_mma_async pending (the last issued at line %d, %zu in committed "
-                       "groups): a wgmma_wait_group must retire them",
-                       b->kernel, i, b->idx.x, b->idx.y, b->idx.z, th.pending.size(),
+        error = format("thread %u of block (%u,%u,%u) exits with %zu wgmma_mma_async "
+                       "pending (the last issued at line %d, %zu in committed groups): a "
+                       "wgmma_wait_group must retire them",
+                       i, b->idx.x, b->idx.y, b->idx.z, th.pending.size(),
                        th.pending.back().line, th.pending.size() - th.open);
     }
     for (unsigned i = 0; i < b->nthreads && error.empty(); i++) {
         const WgmmaThread& th = s->threads[i];
         const WgmmaThread& first = s->threads[i / 128 * 128];
         if (th.issued != first.issued) {
-            error = format("kernel %s, block (%u,%u,%u): thread %u issued %u wgmma_mma_async "
+            error = format("block (%u,%u,%u): thread %u issued %u wgmma_mma_async "
                            "but thread %u of the same warpgroup %u; all 128 threads of a warpgroup "
                            "take part in each",
-                           b->kernel, b->idx.x, b->idx.y, b->idx.z, i / 128 * 128,
+                           b->idx.x, b->idx.y, b->idx.z, i / 128 * 128,
                            first.issued, i, th.issued);
         }
     }
