@@ -175,6 +175,9 @@ _OPERANDS = {
     # minicomp.script.tma (tma_load and tma_store: _tma_call)
     "bulk_wait_group": "i",
     "bulk_wait_group_read": "i",
+    # minicomp.script.wgmma
+    "wgmma_mma_async": "mmmiiiiiie",
+    "wgmma_wait_group": "imi",
 }
 _ARRAY_FUNCTIONS = {"local": "register_tensor", "shared": "shared_tensor"}
 _LOOP_FUNCTIONS = {"unroll": "unroll", "parallel": "parallel", "vectorize": "vectorize"}

@@ -82,7 +82,9 @@ Hopper barriers and bulk copies (minicomp.script.hopper has their meaning): `mba
 `mbarrier_arrive`, `mbarrier_arrive_expect_tx`, `mbarrier_try_wait_parity`, `mbarrier_wait`,
 `fence_proxy_async`, `bulk_copy_g2s`. TMA (minicomp.script.tma): the parameter annotation
 `tensor_map(f16[dim.m, dim.k], box=(64, 64), swizzle=128)`, `tma_load`, `tma_store`,
-`bulk_commit_group`, `bulk_wait_group`, `bulk_wait_group_read`.
+`bulk_commit_group`, `bulk_wait_group`, `bulk_wait_group_read`. Hopper warpgroup MMA
+(minicomp.script.wgmma, sm_90a): `wgmma_fence`, `wgmma_mma_async`, `wgmma_commit_group`,
+`wgmma_wait_group`.
 
 Kernel IR prints as this language (minicomp.ir.printer.function_str), and
 minicomp.script.text.parse_function reads such text back into the same IR.
@@ -187,6 +189,12 @@ from minicomp.script.types import (
     u32,
     u64,
 )
+from minicomp.script.wgmma import (
+    wgmma_commit_group,
+    wgmma_fence,
+    wgmma_mma_async,
+    wgmma_wait_group,
+)
 
 globals().update(MATH)
 
@@ -267,6 +275,10 @@ __all__ = [
     "bulk_commit_group",
     "bulk_wait_group",
     "bulk_wait_group_read",
+    "wgmma_fence",
+    "wgmma_mma_async",
+    "wgmma_commit_group",
+    "wgmma_wait_group",
     "max",
     "min",
     "abs",

@@ -16,6 +16,7 @@ from minicomp.script import hopper as _hopper
 from minicomp.script import lang, mapping
 from minicomp.script import mma as _mma
 from minicomp.script import tma as _tma
+from minicomp.script import wgmma as _wgmma
 from minicomp.script.errors import Issue
 from minicomp.script.types import ScalarType, ptr
 from minicomp.script.values import Effect, TensorRef
@@ -385,4 +386,5 @@ HANDLERS = {
     **_mma.HANDLERS,
     **_hopper.HANDLERS,
     **_tma.HANDLERS,
+    **_wgmma.HANDLERS,
 }

@@ -40,6 +40,8 @@ from minicomp.backends.cuda.intrinsics_mma import HEADER_PATH as MMA_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_mma import MmaIntrinsics
 from minicomp.backends.cuda.intrinsics_tma import HEADER_PATH as TMA_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_tma import TmaIntrinsics
+from minicomp.backends.cuda.intrinsics_wgmma import HEADER_PATH as WGMMA_HEADER_PATH
+from minicomp.backends.cuda.intrinsics_wgmma import WgmmaIntrinsics
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
@@ -129,9 +131,9 @@ _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
 @functools.lru_cache(maxsize=1)
 def device_header() -> str:
-    """The text of device.h (common.h inlined), mma.h, async.h then tma.h, which every
+    """The text of device.h (common.h inlined), mma.h, async.h, tma.h then wgmma.h, which every
     generated CUDA source carries inline."""
-    paths = (HEADER_PATH, MMA_HEADER_PATH, ASYNC_HEADER_PATH, TMA_HEADER_PATH)
+    paths = (HEADER_PATH, MMA_HEADER_PATH, ASYNC_HEADER_PATH, TMA_HEADER_PATH, WGMMA_HEADER_PATH)
     return "\n".join(inline_includes(path) for path in paths)
 
 
@@ -165,7 +167,7 @@ def c_string_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-class CudaRenderer(MmaIntrinsics, TmaIntrinsics, AsyncIntrinsics, CLikeRenderer):
+class CudaRenderer(MmaIntrinsics, TmaIntrinsics, AsyncIntrinsics, WgmmaIntrinsics, CLikeRenderer):
     """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
 
     reserved_names = CUDA_RESERVED

@@ -40,7 +40,7 @@ typedef unsigned long long uint64_t;
    arrays are typed pointers into it. The emulator defines the name as a per-block buffer.
    Device printf needs no declaration: NVRTC has it built in, the emulator uses stdio's. */
 #ifndef MC_EMULATE
-extern __shared__ __align__(16) unsigned char mc_dynamic_smem[];
+extern __shared__ __align__(1024) unsigned char mc_dynamic_smem[];
 #endif
 
 /* ---- bit casts ---- */

@@ -76,6 +76,7 @@ enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_MBAR, DONE };
 
 struct Block;
 struct AsyncState;  // emu_async.h
+struct WgmmaState;  // emu_wgmma.h
 
 struct Fiber {
     uint3 tid;
@@ -120,6 +121,7 @@ struct Block {
     size_t qhead, qtail;
     std::string error;
     std::unique_ptr<AsyncState> async;  // its mbarriers and bulk copies, once it uses one
+    WgmmaState* wgmma;  // its threads' wgmma queues, once one issues (freed by wgmma_finish)
 #ifdef MC_EMU_UCONTEXT
     ucontext_t sched;
 #else
@@ -543,7 +545,10 @@ struct Worker {
     unsigned char* dynamic_smem(size_t n) {
         if (n != smem_bytes) {
             free(smem);
-            smem = n ? (unsigned char*)aligned_alloc(16, (n + 15) & ~(size_t)15) : nullptr;
+            // 1024-byte aligned, as device.h declares it: swizzle patterns repeat that often.
+            void* p = nullptr;
+            smem = n && !posix_memalign(&p, 1024, (n + 15) & ~(size_t)15) ? (unsigned char*)p
+                                                                           : nullptr;
             smem_bytes = smem ? n : 0;
         }
         return smem;
@@ -561,6 +566,8 @@ static std::string misaligned_error() {
     return format("misaligned %u-byte vector access at %p (a GPU raises a misaligned address "
                   "error)", tls_misaligned_bytes, tls_misaligned);
 }
+
+static std::string wgmma_finish(Block* b);  // emu_wgmma.h
 
 // Runs block `linear` of the grid; returns an error message, or "" on success.
 static std::string run_one_block(const char* kernel, Body body, void** args, bool fibers,
@@ -616,7 +623,9 @@ static std::string run_one_block(const char* kernel, Body body, void** args, boo
     tls_block = &b;
     bool ok = run_guarded(&b, run_fibers);
     tls_block = nullptr;
+    std::string wgmma = wgmma_finish(&b);  // work left pending, an incomplete warpgroup
     if (!ok) return violation_error();
+    if (b.error.empty()) b.error = wgmma;
     return b.error.empty() ? misaligned_error() : b.error;
 }
 

@@ -50,6 +50,9 @@ from minicomp.backends.cuda.intrinsics_async import HELPER_TOKENS as ASYNC_TOKEN
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
 from minicomp.backends.cuda.intrinsics_tma import HELPER_TOKENS as TMA_TOKENS
 from minicomp.backends.cuda.intrinsics_tma import TENSOR_MAP_CTYPE, TMA_INTRINSICS
+from minicomp.backends.cuda.intrinsics_wgmma import EMU_HEADER_PATH as WGMMA_HEADER_PATH
+from minicomp.backends.cuda.intrinsics_wgmma import HELPER_TOKENS as WGMMA_TOKENS
+from minicomp.backends.cuda.intrinsics_wgmma import WGMMA_INTRINSICS
 from minicomp.ir import c_names
 from minicomp.ir.expr import Call
 from minicomp.ir.func import Function
@@ -121,9 +124,11 @@ _SYNC_INTRINSICS = (
     | WARP_COLLECTIVE_INTRINSICS
     | BLOCKING_INTRINSICS
     | TMA_INTRINSICS
+    | WGMMA_INTRINSICS
 )
 _SYNC_TOKENS = re.compile(
-    rf"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|{ASYNC_TOKENS}|{TMA_TOKENS})\b"
+    r"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|"
+    rf"{ASYNC_TOKENS}|{TMA_TOKENS}|{WGMMA_TOKENS})\b"
 )
 
 _C_SCALARS = {
@@ -340,8 +345,9 @@ def _wrapper(spec: KernelSpec) -> str:
 
 @functools.cache
 def emulator_prelude(*, ucontext: bool = False) -> str:
-    """What every emulated kernel starts with: the emulator's macros, emu.h (emu_checks.h and
-    emu_lens.h in their places) and emu_mma.h (read once per process)."""
+    """What every emulated kernel starts with: the emulator's macros, emu.h (emu_checks.h,
+    emu_lens.h, emu_async.h with emu_tma.h and swizzle.h in their places), emu_mma.h and
+    emu_wgmma.h (read once per process)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
     # emu_async.h includes emu_tma.h, which includes swizzle.h: replaced after them.
@@ -355,8 +361,9 @@ def emulator_prelude(*, ucontext: bool = False) -> str:
         with open(path, encoding="utf-8") as f:
             # In the build cache, the prelude has no headers beside it to include.
             header = header.replace(f'#include "{os.path.basename(path)}"\n', f.read())
-    with open(EMU_HEADER_PATH, encoding="utf-8") as f:
-        header += "\n" + f.read()
+    for path in (EMU_HEADER_PATH, WGMMA_HEADER_PATH):
+        with open(path, encoding="utf-8") as f:
+            header += "\n" + f.read()
     prefix = "#define MC_EMULATE 1\n" + ("#define MC_EMU_UCONTEXT 1\n" if ucontext else "")
     return prefix + header
 

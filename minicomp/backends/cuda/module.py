@@ -8,6 +8,7 @@ from typing import Any
 from minicomp.backends.ctypes_params import param_ctype
 from minicomp.backends.cuda import driver
 from minicomp.backends.cuda.codegen import render_module
+from minicomp.backends.cuda.intrinsics_wgmma import feature_arch
 from minicomp.backends.cuda.nvrtc import CudaBinary, compile_cuda, supported_archs
 from minicomp.ir import expr as E
 from minicomp.ir.func import Function, Module
@@ -78,8 +79,9 @@ def build(
     library: str | None = None,
 ) -> CudaModule:
     """Render `module` to CUDA C, compile it with NVRTC (cached; `library` as for nvrtc.load)
-    and load it on the device."""
+    and load it on the device: for `arch`, else the device's (sm_90a on an sm_90 device for a
+    module using wgmma)."""
     source = render_module(module)
-    arch = arch or pick_arch(device_index, library=library)
+    arch = arch or feature_arch(pick_arch(device_index, library=library), module)
     binary = compile_cuda(source, arch=arch, name=module.name, cache_dir=cache_dir, library=library)
     return CudaModule(module, source, binary, device_index)

@@ -32,6 +32,7 @@ INTRINSIC_OPCODES = {
     "mc_bulk_copy_g2s": "UBLKCP",
     "mc_tma_load_": "UTMALDG",
     "mc_tma_store_": "UTMASTG",
+    "mc_wgmma_mma_async": "HGMMA|QGMMA",  # f16/bf16, float8
 }
 # Opcodes that say something about a kernel's speed, reported even when the count is zero.
 NOTABLE = ("HMMA", "LDSM", "LDGSTS", "FFMA", "LDG", "STG", "LDS", "STS", "LDL", "STL", "BAR")
