@@ -27,6 +27,7 @@ from minicomp.dynamo.output_aliases import (
     view_inputs,
 )
 from minicomp.dynamo.overlap import find_overlapping_write
+from minicomp.dynamo.scatter_views import write_scatters_into_views
 from minicomp.logs import warn_user
 from minicomp.passes.graph.group_fallback import KernelsFailed
 from minicomp.record import CompileRecord
@@ -191,7 +192,9 @@ def _import_and_compile(
     from minicomp.compiler import link
     from minicomp.dynamo import graph_cache
 
-    restride_like_eager(gm)  # before the key: the graph as the importer reads it
+    # Before the key: the graph as the importer reads it.
+    restride_like_eager(gm)
+    write_scatters_into_views(gm)
     device_index = _cuda_index(gm)
     key = None
     t0 = time.perf_counter()

@@ -100,14 +100,15 @@ class PlanBuilder:
                 constants[self.add_slot(v, strides=v.type.strides)] = t
             else:
                 constants[self.add_constant_slot(name, t)] = t
-        for value, name in g.input_writes.items():
-            self.slot[value] = self.slot[name]  # a kernel writes it into the input
         steps: list[Step] = []
         fresh = []
         escaping = escaping_values(g)
         for n in g.nodes:
             for v in n.outputs:
                 if v.name in self.slot:
+                    continue
+                if v.name in g.input_writes:  # a kernel writes it into an input (or view)
+                    self.slot[v.name] = self.slot[g.input_writes[v.name]]
                     continue
                 internal = isinstance(n, _LAUNCHED) and v not in escaping and not self.is_late(v)
                 k = self.add_slot(v, workspace=internal)
@@ -203,12 +204,11 @@ class PlanBuilder:
 def written_values(graph: Graph) -> set[Value]:
     """The values an operator writes into: those ATen calls mutate (the arguments their
     schema marks written; the first of a callable that is no ATen op and says it writes it),
-    and the inputs kernels compute values in (Graph.input_writes)."""
-    out = {
-        v
-        for v in graph.inputs
-        if isinstance(v, Value) and v.name in set(graph.input_writes.values())
-    }
+    and the inputs or views kernels compute values in (Graph.input_writes); with each, the
+    memory a view written into shows (its first argument's, transitively)."""
+    named = {v.name: v for n in graph.nodes for v in n.outputs}
+    named.update((v.name, v) for v in graph.inputs if isinstance(v, Value))
+    out = {named[name] for name in graph.input_writes.values()}
     for n in graph.nodes:
         if not isinstance(n, ExternOp) or not n.mutates:
             continue
@@ -222,6 +222,11 @@ def written_values(graph: Graph) -> set[Value]:
             a = n.args[k] if k < len(n.args) else None
             refs = a if isinstance(a, tuple) else (a,)
             out.update(n.inputs[r.index] for r in refs if isinstance(r, ArgRef))
+    # A view written into writes the memory it views.
+    for n in reversed(graph.nodes):
+        first = n.args[0] if isinstance(n, ExternOp) and n.args else None
+        if isinstance(first, ArgRef) and n.returns_views and out.intersection(n.outputs):
+            out.add(n.inputs[first.index])
     return out
 
 

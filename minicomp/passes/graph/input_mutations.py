@@ -15,6 +15,11 @@ the value can be computed in the input's memory instead:
   old value after it: the kernel writes it into the input (`Graph.input_writes`, which the
   layouts and the plan builder follow), one pass over the input and no temporary.
 
+A slice or select assignment into an input arrives as a copy into a view of it
+(dynamo/scatter_views.py): where the assigned value is a kernel's output that reads no part of
+the input, the kernel writes it into the view (taken before the kernel runs); else the copy of
+the assigned elements stays.
+
 Anywhere else the copy stays, an ATen `copy_` into the input: correct, as eager, at the cost
 of the temporary. An input whose old value is read later (by an operator after the write, a
 view of it, or the graph's outputs) keeps it.
@@ -36,29 +41,33 @@ COPY = torch.ops.aten.copy_.default
 
 
 def write_inputs_in_place(graph: Graph) -> Graph:
-    """`graph` with each `copy_(input, value)` dropped where `value` can be computed in the
-    input's memory (see the module docstring)."""
+    """`graph` with each `copy_(input, value)` (or copy into a view of an input) dropped
+    where `value` can be computed in that memory (see the module docstring)."""
     inputs = {v for v in graph.inputs if isinstance(v, Value)}
+    views = _input_views(graph, inputs)
     nodes: list[Op | None] = list(graph.nodes)
+    before: dict[int, list[Op]] = {}  # node index -> views moved to just before it
     writes = dict(graph.input_writes)
     read_after = _readers(graph)
     position = {v: k for k, n in enumerate(graph.nodes) for v in n.outputs}
     returned = graph.output_values()
     renamed: dict[Value, Value] = {}
     for k, n in enumerate(graph.nodes):
-        if not _is_input_copy(n, inputs) or read_after.intersection(n.outputs):
+        if not _is_copy(n) or read_after.intersection(n.outputs):
             continue
         target, value = n.inputs
+        base, view = (target, None) if target in inputs else views.get(target, (None, None))
         j = position.get(value)
-        if j is None or (value.shape, value.dtype) != (target.shape, target.dtype):
+        if base is None or j is None or (value.shape, value.dtype) != (target.shape, target.dtype):
             continue
-        aliases = _aliases(graph, target, n)
+        aliases = _aliases(graph, base, n)
         if returned & aliases or any(
-            m is not n and aliases.intersection(m.inputs) for m in graph.nodes[j + 1 :]
+            m is not n and m is not view and aliases.intersection(m.inputs)
+            for m in graph.nodes[j + 1 :]
         ):
             continue  # the input's old value is read after the write
         producer = nodes[j]
-        if isinstance(producer, ExternOp):
+        if isinstance(producer, ExternOp) and view is None:
             new = scatter_in_place(producer)
             if new is None or producer.inputs[new.args[0].index] is not target:
                 continue
@@ -73,6 +82,10 @@ def write_inputs_in_place(graph: Graph) -> Graph:
                 continue
             nodes[j] = kernel
             writes[value.name] = target.name
+            v = graph.nodes.index(view) if view is not None else -1
+            if v > j:  # the view the kernel writes into is taken before it runs
+                nodes[v] = None
+                before.setdefault(j, []).append(view)
         else:
             continue
         nodes[k] = None
@@ -80,22 +93,34 @@ def write_inputs_in_place(graph: Graph) -> Graph:
         renamed.update((o, value) for o in n.outputs)
     if all(n is not None for n in nodes):
         return graph
-    kept = tuple(n for n in nodes if n is not None)
+    kept = tuple(m for j, n in enumerate(nodes) for m in (*before.get(j, ()), n) if m is not None)
     outputs = tuple(renamed.get(o, o) if isinstance(o, Value) else o for o in graph.outputs)
     return graph.replace(nodes=kept, outputs=outputs, input_writes=writes)
 
 
-def _is_input_copy(n: Op, inputs: set[Value]) -> bool:
-    """Whether `n` is AOTAutograd's `copy_(input, value)` of a graph input."""
+def _is_copy(n: Op) -> bool:
+    """Whether `n` is `copy_(destination, value)` (AOTAutograd's of a mutated input)."""
     return (
         isinstance(n, ExternOp)
         and n.target is COPY
         and n.args[:2] == (ArgRef(0), ArgRef(1))
         and len(n.inputs) == 2
-        and n.inputs[0] in inputs
-        and n.inputs[1] is not n.inputs[0]
         and not n.kwargs
     )
+
+
+def _input_views(graph: Graph, inputs: set[Value]) -> dict[Value, tuple[Value, ExternOp]]:
+    """The values ATen calls return as views of a graph input (its slice or select, which
+    the importer keeps a view where the graph writes into it: dynamo/scatter_views.py): value
+    -> (input, the call)."""
+    out = {}
+    for n in graph.nodes:
+        first = n.args[0] if isinstance(n, ExternOp) and n.args else None
+        if isinstance(first, ArgRef) and n.returns_views and not n.mutates:
+            base = n.inputs[first.index]
+            if base in inputs and len(n.inputs) == 1 and len(n.outputs) == 1:
+                out[n.outputs[0]] = (base, n)
+    return out
 
 
 def _readers(graph: Graph) -> set[Value]:
