@@ -74,7 +74,7 @@ def test_kv_cache_steps_match_eager(write, target):
     compiled = compile_minicomp(model, target)
     records = []
     with torch.no_grad(), recording(records):
-        for step in (3, 0, 15, 4):
+        for step in (3, 0, 15):
             q, k, v = step_inputs()
             pos = torch.tensor([step])
             assert_same(compiled(q, k, v, pos), eager(q, k, v, pos), atol=1e-4, rtol=1e-4)
@@ -82,6 +82,7 @@ def test_kv_cache_steps_match_eager(write, target):
             assert_same(model.v, eager.v)
     (record,) = records
     assert whole_cache_writes(record) == []
+    assert len(record.graph.outputs) == 1  # no new cache for AOTAutograd to copy back
     in_place = [n for n in record.graph.nodes if isinstance(n, ExternOp) and n.mutates]
     assert [n.target for n in in_place] == [torch.ops.aten.index_put_.default] * 2
 
@@ -102,7 +103,7 @@ def test_kv_cache_with_dynamic_sizes(fn, target):
     compiled = compile_minicomp(fn, target, dynamic=True)
     records = []
     with torch.no_grad(), recording(records):
-        for batch, seq in ((2, 16), (3, 10), (3, 10)):
+        for batch, seq in ((2, 16), (3, 10)):
             cache = torch.randn(batch, HEADS, seq, DIM) * 100
             cache_eager = cache.clone()
             q, k, _ = step_inputs(batch)
@@ -210,11 +211,12 @@ def test_inputs_sharing_memory(target):
         assert_same(base, base_eager)
 
 
-def test_training_graphs_keep_mutations_out_of_the_graph(target):
+def test_training_graphs_keep_mutations_out_of_the_graph():
+    # The same AOTAutograd path on every target: cpu alone.
     torch.manual_seed(0)
     model = nn.BatchNorm1d(4)
     eager = nn.BatchNorm1d(4)
-    compiled = compile_minicomp(model, target)
+    compiled = compile_minicomp(model, "cpu")
     records = []
     with recording(records):
         for _ in range(2):
