@@ -129,6 +129,12 @@ def sine_in_place(buf, x):
     return x + 1
 
 
+def returns_the_new_value(buf, x):
+    new = x * 2
+    buf.copy_(new)
+    return new  # its own memory in eager: not the buffer's
+
+
 def flip_in_place(buf, x):
     buf.copy_(buf.flip(0) * x)  # each element reads another: not in place
     return x + 1
@@ -169,6 +175,7 @@ def returns_the_input(buf, x):
         (assign_a_slice, True),
         (assign_a_column_then_read, False),
         (scale_then_add, False),  # a reduction kernel reading the input: the copy stays
+        (returns_the_new_value, False),
         (flip_in_place, False),
         (read_old_after_write, False),
         (write_a_view, False),
@@ -183,9 +190,11 @@ def test_input_mutations_match_eager(fn, fused, target):
             buf, x = torch.randn(4, 6), torch.randn(4, 6)
             args = (x, torch.tensor([2])) if fn is read_old_after_write else (x,)
             buf_eager = buf.clone()
-            out = compiled(buf, *args)
-            assert_same(out, fn(buf_eager, *args))
+            out, expected = compiled(buf, *args), fn(buf_eager, *args)
+            assert_same(out, expected)
             assert_same(buf, buf_eager)
+            buf.fill_(7.0), buf_eager.fill_(7.0)  # an output sharing buf's memory in one only
+            assert_same(out, expected)
             if fn is returns_the_input:
                 assert out.data_ptr() == buf.data_ptr()
     (record,) = records

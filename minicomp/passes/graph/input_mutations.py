@@ -22,7 +22,8 @@ the assigned elements stays.
 
 Anywhere else the copy stays, an ATen `copy_` into the input: correct, as eager, at the cost
 of the temporary. An input whose old value is read later (by an operator after the write, a
-view of it, or the graph's outputs) keeps it.
+view of it, or the graph's outputs) keeps it, and so does a value the graph returns (eager's
+is a tensor of its own, which a later write into the input must not change).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def write_inputs_in_place(graph: Graph) -> Graph:
         if base is None or j is None or (value.shape, value.dtype) != (target.shape, target.dtype):
             continue
         aliases = _aliases(graph, base, n)
-        if returned & aliases or any(
+        if returned & (aliases | _aliases(graph, value, n)):
+            continue  # eager returns the old value, or the new one in memory of its own
+        if any(
             m is not n and m is not view and aliases.intersection(m.inputs)
             for m in graph.nodes[j + 1 :]
         ):
