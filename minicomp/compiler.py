@@ -33,6 +33,7 @@ from minicomp.ir.graph import FusedOp, Graph, KernelOp, Value
 from minicomp.ir.scratch import scratch_of
 from minicomp.passes.graph.fusion import fuse
 from minicomp.passes.graph.group_fallback import failed, failing_subset
+from minicomp.passes.graph.input_mutations import write_inputs_in_place
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.graph.reinplace import reinplace_convolutions, reinplace_scatters
 from minicomp.passes.graph.shared_views import duplicate_shared_views
@@ -114,8 +115,10 @@ def lower(
         layouts = layouts_for(graph)
 
     # Last: which values are memory of the plan's own is known once groups are final.
-    in_place = [reinplace_scatters, reinplace_convolutions]
+    in_place = [write_inputs_in_place, reinplace_scatters, reinplace_convolutions]
     graph = record.graph = run_passes(graph, in_place, trace=trace)
+    if graph.input_writes:  # values computed in an input's memory take its strides
+        layouts = layouts_for(graph)
     groups = [n for n in graph.nodes if isinstance(n, FusedOp)]
     kernels = _schedule(graph, target, layouts, choose, options, unfused)
     record.tuning = getattr(choose, "decisions", list)()  # a test's chooser may not keep them

@@ -27,6 +27,7 @@ from minicomp.dynamo.output_aliases import (
     view_inputs,
 )
 from minicomp.dynamo.overlap import find_overlapping_write
+from minicomp.dynamo.scatter_views import write_scatters_into_views
 from minicomp.logs import warn_user
 from minicomp.passes.graph.group_fallback import KernelsFailed
 from minicomp.record import CompileRecord
@@ -191,7 +192,9 @@ def _import_and_compile(
     from minicomp.compiler import link
     from minicomp.dynamo import graph_cache
 
-    restride_like_eager(gm)  # before the key: the graph as the importer reads it
+    # Before the key: the graph as the importer reads it.
+    restride_like_eager(gm)
+    write_scatters_into_views(gm)
     device_index = _cuda_index(gm)
     key = None
     t0 = time.perf_counter()
@@ -564,10 +567,24 @@ def make_backend(options: config.Options, records: list | None = None) -> Callab
             bw_compiler=bw,
             inference_compiler=inference,
             decompositions=decomposition_table(),
+            # An inference graph ends with copy_(input, new value) for each input whose data
+            # it mutates, which the plan writes in the input's own memory
+            # (passes/graph/input_mutations.py); a training graph's mutations stay
+            # AOTAutograd's, copied back after the call.
+            keep_inference_input_mutations=not needs_grad(gm, example_inputs),
         )
         return compiler(gm, example_inputs)
 
     return backend
+
+
+def needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
+    """Whether AOTAutograd may make a graph with a backward of this Dynamo graph: grad mode
+    is on and an input or a parameter requires grad (else it is an inference graph)."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    return any(t.requires_grad for t in (*tensors, *gm.parameters()))
 
 
 def minicomp_backend(

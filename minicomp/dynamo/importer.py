@@ -12,6 +12,11 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from minicomp.dynamo.opaque_inputs import is_opaque, opaque_kind
+from minicomp.dynamo.scatter_views import (
+    WRITTEN_VIEW,
+    WRITTEN_VIEW_REASON,
+    write_scatters_into_views,
+)
 from minicomp.dynamo.symbolic import from_sympy, shape_of
 from minicomp.ir import types as T
 from minicomp.ir.collectives import is_collective
@@ -267,6 +272,9 @@ class Importer:
             return
         if n.name in self.externs:
             self.extern(n, outs, self.externs[n.name])
+            return
+        if n.meta.get(WRITTEN_VIEW):
+            self.extern(n, outs, WRITTEN_VIEW_REASON)  # its memory must be the input's
             return
         try:
             self.lower(n, outs)
@@ -601,8 +609,10 @@ def import_graph(
     positions `frozen` names become constants holding its tensors (options.freeze), and the
     nodes `externs` names (with the reason why) stay ATen calls. The fake tensors' strides
     are first made eager's where PyTorch's fake implementations differ (restride_like_eager):
-    graph outputs keep them."""
+    graph outputs keep them; slice and select assignments into an input become writes into
+    a view of it (write_scatters_into_views)."""
     from minicomp.dynamo.eager_strides import restride_like_eager
 
     restride_like_eager(gm)
+    write_scatters_into_views(gm)
     return Importer(gm, frozen, externs).run()

@@ -229,6 +229,9 @@ class Graph:
     name the values they add after those they derive from: see `origin_of`). `storages` gives,
     for the values that are an ATen graph node's result, an id of the memory eager PyTorch
     holds that result in: two values with one id share memory in eager (a view and its base).
+    `input_writes` maps values that a kernel computes in the memory of a graph input (the new
+    value of an input the graph mutates: passes/graph/input_mutations.py) to that input's
+    name.
     """
 
     inputs: tuple[GraphInput, ...]
@@ -237,6 +240,7 @@ class Graph:
     constants: Mapping[str, Any] = field(default_factory=dict)
     origins: Mapping[str, str] = field(default_factory=dict)
     storages: Mapping[str, int] = field(default_factory=dict)
+    input_writes: Mapping[str, str] = field(default_factory=dict)
 
     def producers(self) -> dict[Value, Op]:
         """The operator producing each value."""

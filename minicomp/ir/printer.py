@@ -542,6 +542,8 @@ def graph_str(g: G.Graph) -> str:
     lines = [f"graph({ins}):"]
     for n in g.nodes:
         lines.extend("    " + line for line in op_str(n).splitlines())
+    for value, name in g.input_writes.items():
+        lines.append(f"    # %{value} is written in the memory of input %{name}")
     outs = ", ".join("None" if o is None else repr(o) for o in g.outputs)
     lines.append(f"    return ({outs})")
     return "\n".join(lines)

@@ -18,6 +18,9 @@ captures it and replays it, and every later call replays:
   later ones until that result is dropped) and from then on outputs are copied out of the
   graph's memory (a caller that keeps results, such as an inference loop assigning each result
   over the last, pays a copy, never a wrong value).
+Inputs the plan writes into (an inference graph's mutated inputs: a KV cache) are captured in
+place when they are static inputs at the layout the kernels expect, so each replay writes the
+caller's tensor; any other is copied into its static buffer before a replay and back after it.
 Plans with symbolic sizes are not captured (one graph per size binding is future work).
 """
 
@@ -139,6 +142,10 @@ class _Captured:
         self.plan = plan
         self.copied: list[tuple[int, torch.Tensor]] = []  # (argument position, static buffer)
         self.in_place: dict[int, int] = {}  # argument position -> captured address
+        # Inputs the plan writes into (a KV cache) that were copied into a static buffer:
+        # the buffer is copied back into the caller's tensor after each replay.
+        self.written: list[tuple[int, torch.Tensor]] = []
+        written = {pos for pos, _ in plan.written_inputs}
         call_args = list(args)
         env = plan.bind(args)
         checked = set(plan.checked_inputs)
@@ -154,6 +161,8 @@ class _Captured:
                 buf = torch.empty_strided(a.shape, want, dtype=a.dtype, device=a.device)
                 self.copied.append((pos, buf.copy_(a)))
                 call_args[pos] = buf
+                if pos in written:
+                    self.written.append((pos, buf))
         self.slots, self.env = plan.prepare(call_args)
         owned = {b.untyped_storage().data_ptr() for _, b in self.copied}
         owned |= {t.untyped_storage().data_ptr() for t in self.slots if isinstance(t, torch.Tensor)}
@@ -173,6 +182,7 @@ class _Captured:
                 outs = {k for s in steps if not _unready(s) for k in s.outputs}
                 fixed = {k: self.slots[k] for k in outs if isinstance(self.slots[k], torch.Tensor)}
                 self.segments.append(_Segment(None, steps, fixed))
+        self.write_back(args)
         storages = _output_storages(plan.collect(self.slots, self.env), owned)
         # Counted once the outputs list is gone: only the capture's references (and ours).
         self.held = [(st, _use_count(st)) for st in storages]
@@ -208,7 +218,14 @@ class _Captured:
                 if slots[k] is not t:
                     t.copy_(slots[k])
                     slots[k] = t
+        self.write_back(args)
         return self.outputs(copy)
+
+    def write_back(self, args: Sequence[Any]) -> None:
+        """Copy what the plan wrote into the static buffers of written inputs back into the
+        caller's tensors (in stream order, after the replay)."""
+        for pos, buf in self.written:
+            args[pos].copy_(buf)
 
 
 def _detach(out: Any) -> Any:
@@ -309,14 +326,24 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+# The in-place ATen calls on an input a plan may replay: a copy into it, or an in-place
+# scatter (passes/graph/input_mutations.py), whose memory stays where it was captured.
+IN_PLACE_WRITES = frozenset(
+    {"copy_", "index_put_", "index_copy_", "index_add_", "index_fill_", "scatter_"}
+    | {"scatter_add_", "scatter_reduce_", "masked_scatter_", "put_"}
+)
+
+
 def _supported(plan: Plan) -> tuple[bool, str]:
     """Whether a plan can be captured, and why not."""
     if plan.shape_binders or any(kind == "symbol" for kind, _ in plan.inputs):
         return False, "symbolic sizes"
     inputs = {slot for kind, slot in plan.inputs if kind == "tensor"}
     for step in plan.steps:
-        target = getattr(step, "target", None)
-        schema = getattr(target, "_schema", None)
-        if schema is not None and schema.is_mutable and inputs & set(step.reads):
-            return False, f"{schema.name} mutates an input"
+        schema = getattr(getattr(step, "target", None), "_schema", None)
+        if schema is None or not schema.is_mutable or not inputs & set(step.reads):
+            continue
+        name = schema.name.split("::")[-1]
+        if name not in IN_PLACE_WRITES:  # resize_, set_...: the memory itself may change
+            return False, f"{name} mutates an input"
     return True, ""

@@ -277,15 +277,37 @@ class Plan:
     fresh: list[int]  # slots allocated fresh per call (graph outputs written by kernels)
     shape_binders: list[tuple[int, int, str]] = field(default_factory=list)
     checked_inputs: list[int] = field(default_factory=list)
+    # Input slots some step writes into: a kernel computing a value in an input's memory
+    # (Graph.input_writes), an in-place ATen call on an input.
+    written: frozenset[int] = frozenset()
     _layouts: dict = field(default_factory=dict)
     _workspaces: dict = field(default_factory=dict, repr=False)
     _schedule: tuple | None = field(default=None, repr=False)
     error_flag: ErrorFlag | None = field(default=None, repr=False)
     _fixed: Any = field(default=None, repr=False)
+    _written: list = field(default_factory=list, repr=False)
 
     def __post_init__(self):
         if self.error_flag is None:
             self.steps, self.error_flag = _with_error_flag(self.steps, self.slots)
+        checked = set(self.checked_inputs)
+        self._written = [(pos, k) for pos, k in self.written_inputs if k in checked]
+
+    @property
+    def written_inputs(self) -> list[tuple[int, int]]:
+        """(argument position, slot) of each input the plan writes into (`written`)."""
+        return [
+            (pos, ref)
+            for pos, (kind, ref) in enumerate(self.inputs)
+            if kind == "tensor" and ref in self.written
+        ]
+
+    def write_back(self, args: Sequence[Any], slots: list) -> None:
+        """Copy into the caller's tensors the inputs the plan wrote into a restrided copy of
+        (prepare's: an input kernels read in other strides than it came with)."""
+        for pos, k in self._written:
+            if slots[k] is not args[pos]:
+                args[pos].copy_(slots[k])
 
     def bind(self, args: Sequence[Any]) -> Env:
         env: Env = {}
@@ -398,6 +420,8 @@ class Plan:
             step.run(slots, env)
             for k in dead:
                 slots[k] = None
+        if self._written:
+            self.write_back(args, slots)
         return self.collect(slots, env)
 
     def _fixed_call(self) -> FixedCall | None:
@@ -574,6 +598,7 @@ class FixedCall:
         plain = all(kind == "slot" and ref not in plan.constants for kind, ref in plan.outputs)
         self.out_slots = [ref for _, ref in plan.outputs] if plain else None
         self.collect = plan.collect
+        self.write_back = plan.write_back if plan._written else None
 
     @staticmethod
     def _kernel_call(step: Step, addresses: set[int], env: Env) -> tuple | None:
@@ -614,6 +639,8 @@ class FixedCall:
                 call(*[slots[k] if bare else slots[k].data_ptr() for k, bare in buffers], *sizes)
             for k in dead:
                 slots[k] = None
+        if self.write_back is not None:
+            self.write_back(args, slots)
         if self.out_slots is not None:
             return [slots[k] for k in self.out_slots]
         return self.collect(slots, self.env)

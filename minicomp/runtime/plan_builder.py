@@ -77,6 +77,7 @@ class PlanBuilder:
         g = self.graph
         outputs = g.output_values()
         inputs, binders, checked = [], [], []
+        written = set(g.input_writes.values())
         kernel_reads = {v for n in g.nodes if isinstance(n, _LAUNCHED) for v in n.inputs}
         kernel_reads |= eager_stride_reads(g)
         for pos, v in enumerate(g.inputs):
@@ -85,7 +86,7 @@ class PlanBuilder:
                 continue
             k = self.add_slot(v)
             inputs.append(("tensor", k))
-            if v in kernel_reads:
+            if v in kernel_reads or v.name in written:
                 checked.append(k)
             for d, size in enumerate(v.shape):
                 if isinstance(size, Var):
@@ -105,6 +106,9 @@ class PlanBuilder:
         for n in g.nodes:
             for v in n.outputs:
                 if v.name in self.slot:
+                    continue
+                if v.name in g.input_writes:  # a kernel writes it into an input (or view)
+                    self.slot[v.name] = self.slot[g.input_writes[v.name]]
                     continue
                 internal = isinstance(n, _LAUNCHED) and v not in escaping and not self.is_late(v)
                 k = self.add_slot(v, workspace=internal)
@@ -133,7 +137,8 @@ class PlanBuilder:
             else:
                 outs.append(("size", lambda env, o=o: o))
         constants.update(self.scratch_constants)
-        return Plan(self.slots, inputs, steps, outs, constants, fresh, binders, checked)
+        written = frozenset(self.slot[v.name] for v in written_values(g))
+        return Plan(self.slots, inputs, steps, outs, constants, fresh, binders, checked, written)
 
     def is_late(self, v: Value) -> bool:
         """Whether the size or layout of `v` uses a symbol bound while the plan runs."""
@@ -194,6 +199,35 @@ class PlanBuilder:
             reads if n.returns_views else [],
             n.binds,
         )
+
+
+def written_values(graph: Graph) -> set[Value]:
+    """The values an operator writes into: those ATen calls mutate (the arguments their
+    schema marks written; the first of a callable that is no ATen op and says it writes it),
+    and the inputs or views kernels compute values in (Graph.input_writes); with each, the
+    memory a view written into shows (its first argument's, transitively)."""
+    named = {v.name: v for n in graph.nodes for v in n.outputs}
+    named.update((v.name, v) for v in graph.inputs if isinstance(v, Value))
+    out = {named[name] for name in graph.input_writes.values()}
+    for n in graph.nodes:
+        if not isinstance(n, ExternOp) or not n.mutates:
+            continue
+        schema = getattr(n.target, "_schema", None)
+        written = (
+            [k for k, a in enumerate(schema.arguments) if a.alias_info and a.alias_info.is_write]
+            if schema is not None
+            else [0]
+        )
+        for k in written:
+            a = n.args[k] if k < len(n.args) else None
+            refs = a if isinstance(a, tuple) else (a,)
+            out.update(n.inputs[r.index] for r in refs if isinstance(r, ArgRef))
+    # A view written into writes the memory it views.
+    for n in reversed(graph.nodes):
+        first = n.args[0] if isinstance(n, ExternOp) and n.args else None
+        if isinstance(first, ArgRef) and n.returns_views and out.intersection(n.outputs):
+            out.add(n.inputs[first.index])
+    return out
 
 
 def escaping_values(graph: Graph) -> set[Value]:

@@ -66,8 +66,11 @@ class CpuKernelBuilder:
         self.layouts = layouts
         loop_vars = set(op.outer_vars) | set(op.inner_vars)
         self.sig: KernelSignature = signature(op, layouts, loop_vars)
-        self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
         self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
+        # Outputs too: a group computing an input's new value in its memory reads the input
+        # through its output (passes/graph/input_mutations.py).
+        buffers = zip(op.inputs + op.outputs, self.sig.inputs + self.sig.outputs)
+        self.buffers = {v.name: (p, layouts[v.name]) for v, p in buffers}
         self.small = False  # whether the reduction is unrolled in each output (see reduction)
 
     def expr(self, e: Expr) -> Expr:

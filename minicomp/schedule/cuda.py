@@ -136,8 +136,11 @@ class CudaKernelBuilder:
         self.sms = sms
         loop_vars = set(op.outer_vars) | set(op.inner_vars)
         self.sig: KernelSignature = signature(op, layouts, loop_vars)
-        self.buffers = {v.name: (p, layouts[v.name]) for v, p in zip(op.inputs, self.sig.inputs)}
         self.out_bufs = [(p, layouts[v.name]) for v, p in zip(op.outputs, self.sig.outputs)]
+        # Outputs too: a group computing an input's new value in its memory reads the input
+        # through its output (passes/graph/input_mutations.py).
+        buffers = zip(op.inputs + op.outputs, self.sig.inputs + self.sig.outputs)
+        self.buffers = {v.name: (p, layouts[v.name]) for v, p in buffers}
         loops = zip(op.outer_vars + op.inner_vars, op.outer_extents + op.inner_extents)
         self.stages = substitute(op.stages, {v: const(0) for v, x in loops if is_unit(x)})
         self.reduces = [s for s in self.stages if isinstance(s, ReduceStage)]

@@ -219,3 +219,29 @@ def test_a_view_kept_of_a_result_is_never_overwritten():
     first = g(x3, w, b)
     assert_same(g(x, w, b), mlp(x, w, b))
     assert_same(first, mlp(x3, w, b))
+
+
+def decode_step(cache, state, x, i):
+    cache.index_copy_(0, i, x)  # an in-place ATen call on the input
+    state.copy_(x.cos().expand_as(state))  # a kernel writing into the input
+    return cache.sum(0)
+
+
+@pytest.mark.parametrize("static", [(0, 1), ()], ids=["captured in place", "copied"])
+def test_written_inputs_reach_the_callers_tensors_at_every_replay(static):
+    cache, state, x = torch.randn(8, 4), torch.randn(3, 4), torch.randn(1, 4)
+    traced = torch.func.functionalize(decode_step, remove="mutations")
+    gm = make_fx(traced, decomposition_table=decomposition_table())(
+        cache.clone(), state.clone(), x, torch.tensor([3])
+    )
+    options = config.resolve({"target": "cpu", "cuda_graphs": False})
+    plan = compile_graph(import_graph(gm), options, CompileRecord())
+    assert [pos for pos, _ in plan.written_inputs] == [0, 1]
+    g = GraphedPlan(plan, static, new_graph=ReplayGraph)
+    cache_ref, state_ref = cache.clone(), state.clone()
+    for step in (3, 0, 7, 5):
+        x, i = torch.randn(1, 4), torch.tensor([step])
+        assert_same(g(cache, state, x, i), [decode_step(cache_ref, state_ref, x, i)])
+        torch.testing.assert_close(cache, cache_ref)
+        torch.testing.assert_close(state, state_ref)
+    assert g.captures == 1 and g.enabled

@@ -82,7 +82,8 @@ def eager_stride_reads(graph: Graph) -> set[Value]:
 def layouts_for(graph: Graph) -> dict[str, tuple]:
     """Strides of every value: PyTorch's for graph inputs, outputs, constants, ATen-call
     results, the values ATen calls read with eager's strides (eager_stride_reads) and what
-    strided kernel launches write; row-major for the other intermediates minicomp writes."""
+    strided kernel launches write; an input's for a value computed in its memory
+    (Graph.input_writes); row-major for the other intermediates minicomp writes."""
     outputs = graph.output_values() | eager_stride_reads(graph)
     out: dict[str, tuple] = {}
     for v in graph.inputs:
@@ -96,6 +97,8 @@ def layouts_for(graph: Graph) -> dict[str, tuple]:
             keep = keep or isinstance(n, KernelOp) and n.strided
             strides = v.type.strides if keep and v.type.strides is not None else None
             out[v.name] = strides if strides is not None else contiguous_strides(v.shape)
+    for value, name in graph.input_writes.items():
+        out[value] = out[name]  # computed in the input's memory
     return out
 
 

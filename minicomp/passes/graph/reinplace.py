@@ -47,7 +47,7 @@ SCATTERS = frozenset(
 
 def reinplace_scatters(graph: Graph) -> Graph:
     """Run functional scatters as their in-place variants where their input is dead after."""
-    return _reinplace(graph, _scatter_in_place)
+    return _reinplace(graph, scatter_in_place)
 
 
 def reinplace_convolutions(graph: Graph) -> Graph:
@@ -91,14 +91,18 @@ def _reinplace(graph: Graph, in_place: Callable[[Op], ExternOp | None]) -> Graph
 def _owned_memory(graph: Graph) -> set:
     """Values in memory the plan allocates for them alone: kernel outputs and the results of
     ATen calls that return new tensors (not graph inputs or constants, which no op makes)."""
-    owned = set()
+    owned: set = set()
+    written = graph.input_writes  # kernel outputs in the memory of an input
     for n in graph.nodes:
+        if any(v.name in written for v in n.outputs):
+            owned.update(v for v in n.outputs if v.name not in written)
+            continue
         if isinstance(n, (FusedOp, KernelOp)) or isinstance(n, ExternOp) and not n.returns_views:
             owned.update(n.outputs)
     return owned
 
 
-def _scatter_in_place(n: Op) -> ExternOp | None:
+def scatter_in_place(n: Op) -> ExternOp | None:
     """The functional scatter `n` (an ExternOp whose first argument is its first input)
     calling its in-place overload, or None."""
     if not isinstance(n, ExternOp) or len(n.outputs) != 1 or not n.args:
