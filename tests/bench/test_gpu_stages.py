@@ -99,7 +99,7 @@ def test_models_stage_rehearsal(tmp_path):
     rows, _ = _run_stage("models", tmp_path)
     models = [r for r in rows if r["kind"] == "model"]
     assert {(r["model"], r["batch"], r["backend"]) for r in models} >= {
-        ("gpt2", b, backend) for b in (1, 2) for backend in ("eager", "inductor", "minicomp-ss0")
+        ("gpt2", 1, backend) for backend in ("eager", "inductor", "minicomp-ss0")
     }
     assert all(r["status"] == "pass" for r in models), [r["error"] for r in models]
     minicomp = [r for r in models if r["backend"] == "minicomp-ss0"]

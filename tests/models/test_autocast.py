@@ -55,6 +55,8 @@ def test_gpt2_training_step_under_autocast(dtype, target):
     # Compiled autocast keeps some values in f32 that eager rounds to half (inside fused
     # kernels), so it need not match eager autocast bit for bit; it must be as close to the
     # float32 gradients as eager autocast is.
+    if target == "cpu" and dtype == "f16":
+        pytest.skip("f16 training on cpu: test_float16_training_under_a_gradient_scaler")
     dtype = DTYPES[dtype]
     model = gpt2(target)
     eager, reference = copy.deepcopy(model), copy.deepcopy(model)
