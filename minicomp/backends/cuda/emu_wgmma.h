@@ -91,17 +91,8 @@ static Block* block() {
     return b;
 }
 
-// Ends the block with `message`; the calling thread never resumes.
-[[noreturn]] static void fail(Block* b, const std::string& message) {
-    Fiber* f = b->current;
-    if (b->error.empty()) {
-        b->error = format("thread (%u,%u,%u) of block (%u,%u,%u): ", f->tid.x, f->tid.y,
-                          f->tid.z, b->idx.x, b->idx.y, b->idx.z) +
-                   message;
-    }
-    switch_away(b, f, false);
-    abort();
-}
+// Ends the block with `message`, as emu_async.h's errors do; the thread never resumes.
+[[noreturn]] static void fail(Block* b, const std::string& message) { async_fail(b, message); }
 
 // The descriptor wgmma.h builds: bits 0-13 start >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4,
 // 62-63 the swizzle mode; the start is the low 18 bits of the address, as in .shared space.
