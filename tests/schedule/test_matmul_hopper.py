@@ -128,3 +128,30 @@ def test_every_offered_config_compiles_for_sm_90a_without_spills(tmp_path):
             assert any(op.startswith(prefix) for op in ops), (config, prefix, sorted(ops))
         (report,) = sass.check_kernels(k.source, binary.cubin)
         assert report.ok, report
+
+
+# ---- the performance lens
+
+
+def test_the_lens_counts_the_tma_traffic_and_the_wgmma_work():
+    from minicomp.lens.counts import KernelCounts
+    from minicomp.lens.session import recording
+
+    a, b = inputs(torch.float16)
+    out = poisoned(M, N, torch.float32)
+    with minicomp.config.patch(lens=True), recording() as session:
+        matmul_hopper(a, b, out, config=TWO_GROUPS)
+    torch.testing.assert_close(out.double(), expected(a, b), rtol=1e-4, atol=1e-3)
+    (launch,) = session.launches
+    sample = launch.sample
+    assert launch.function.attrs.template == "matmul_hopper[128x64x64_s3]"
+    # 3 tiles of 4 K steps, each step 2 warpgroups x 4 m64n64k16: 32 m16n8k16 each.
+    counts = KernelCounts.from_sample(sample)
+    assert counts.wgmma == 3 * 4 * 2 * 4 * 32 and counts.mma == 0
+    # The copies read A and B through their maps (arguments 0 and 1), every row of each once
+    # a tile: A's 67 rows in each of the 3 column tiles, B's 130 once; whole sectors of 400-byte
+    # rows.
+    assert set(sample.read) == {0, 1} and sample.written == (2,)
+    assert sample.read_sectors[0] * 32 == pytest.approx(a.nbytes, rel=0.1)
+    assert sample.read_sectors[1] * 32 == pytest.approx(b.nbytes, rel=0.1)
+    assert counts.global_load_bytes == 3 * a.nbytes + b.nbytes
