@@ -13,7 +13,13 @@ import minicomp
 from minicomp.backends.cuda import nvrtc
 from minicomp.backends.cuda.emu import EmulatorError
 from minicomp.ir import types as T
-from minicomp.schedule.templates.matmul_hopper import CONFIGS, HopperConfig, kernel, matmul_hopper
+from minicomp.schedule.templates.matmul_hopper import (
+    CONFIGS,
+    HopperConfig,
+    kernel,
+    matmul_hopper,
+    pick_config,
+)
 from minicomp.script import ScriptError
 
 M, N, K = 67, 130, 200  # odd edges; K is 4 stages of 64, the last one partial
@@ -82,6 +88,12 @@ def test_operands_need_rows_of_whole_16_bytes():
     a, b = inputs(torch.float16, k=K + 1)
     with pytest.raises(ScriptError, match=r"argument a: tensor map a: .*stride"):
         matmul_hopper(a, b, poisoned(M, N, torch.float32), config=TWO_GROUPS)
+
+
+def test_the_config_fills_the_sms_with_the_largest_tiles():
+    assert pick_config(4096, 4096) == HopperConfig(bn=256, consumers=2, stages=4)
+    assert pick_config(16, 4096) == HopperConfig(bn=64, consumers=1, stages=8)
+    assert pick_config(4096, 11008).bm * pick_config(4096, 11008).bn == 128 * 128
 
 
 def test_the_launch_refuses_other_types_and_shapes():

@@ -142,6 +142,19 @@ CONFIGS = (
 comfortably under the shared-memory limit."""
 
 
+def pick_config(m: int, n: int, sms: int = H100_SMS) -> HopperConfig:
+    """The config of CONFIGS whose busiest SM has the least tile area to compute (ceil(tiles /
+    SMs) tiles of BM x BN, padding included), the larger tile among equals (fewer tiles read
+    fewer operand bytes through L2): 128 x 256 for a large square, 64 x 64 for a decode's
+    16-row product."""
+
+    def cost(c: HopperConfig) -> tuple[int, int]:
+        tiles = -(-m // c.bm) * -(-n // c.bn)
+        return -(-tiles // sms) * c.bm * c.bn, -c.bm * c.bn
+
+    return min(CONFIGS, key=cost)
+
+
 @functools.cache
 def kernel(
     config: HopperConfig,
@@ -254,11 +267,13 @@ def kernel(
     return matmul_hopper
 
 
-def matmul_hopper(a, b, out=None, config: HopperConfig = CONFIGS[1], grid: int | None = None):
-    """out = a @ b.T by the Hopper kernel of `config`, for torch tensors: a [M, K] and b [N, K]
-    f16 or bf16 (the same), out [M, N] contiguous in f16, bf16 or f32 (default: a new one of
-    a's type). `grid` is the number of persistent blocks (default: one a tile, at most an
-    H100's SMs)."""
+def matmul_hopper(
+    a, b, out=None, config: HopperConfig | None = None, grid: int | None = None, sms=H100_SMS
+):
+    """out = a @ b.T by the Hopper kernel of `config` (default: `pick_config` for `sms` SMs),
+    for torch tensors: a [M, K] and b [N, K] f16 or bf16 (the same), out [M, N] contiguous in
+    f16, bf16 or f32 (default: a new one of a's type). `grid` is the number of persistent
+    blocks (default: one a tile, at most `sms`)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
             f"matmul_hopper: a [M, K] and b [N, K] with the same K, not {list(a.shape)} and "
@@ -280,8 +295,9 @@ def matmul_hopper(a, b, out=None, config: HopperConfig = CONFIGS[1], grid: int |
         )
     if out.numel() == 0 or k == 0:  # nothing to load: TMA has no map of an empty dimension
         return out.zero_()
+    config = config or pick_config(m, n, sms)
     tiles = -(-m // config.bm) * -(-n // config.bn)
     if grid is None:
-        grid = min(tiles, H100_SMS)
+        grid = min(tiles, sms)
     kernel(config, in_type, out_type)(a, b, out, grid=max(grid, 1))
     return out
