@@ -1,10 +1,11 @@
 """The Hopper matmul (minicomp.schedule.templates.matmul_hopper: TMA ring, warpgroup MMA,
 persistent tiles) on cuda-emu against float64 at odd sizes on fresh inputs with poisoned
-outputs (one and two consumer warpgroups, f16 and bf16, f32 and 16-bit C, blocks looping over
-several tiles, K not a multiple of the stage), two stages and three giving the same bits, the
-bugs the ring must not have (a wrong phase parity deadlocks with the emulator's report; a
-stage freed before its mma's retire gives a wrong result), the launch's errors, and NVRTC for
-sm_90a: every offered config without spills, with HGMMA, UTMALDG and SYNCS in its SASS."""
+outputs (one and two consumer warpgroups, f16, bf16 and e4m3, f32 and 16-bit C, blocks
+looping over several tiles, K not a multiple of the stage), two stages and three giving the
+same bits, the bugs the ring must not have (a wrong phase parity deadlocks with the
+emulator's report; a stage freed before its mma's retire gives a wrong result), the launch's
+errors, the config choice, the lens's counts of its copies and mma's, and NVRTC for sm_90a:
+every offered config without spills, with HGMMA (QGMMA), UTMALDG and SYNCS in its SASS."""
 
 import pytest
 import torch
@@ -54,6 +55,13 @@ def test_the_product_matches_float64(config, dtype, out_dtype):
     torch.testing.assert_close(out.double(), expected(a, b), rtol=tol, atol=tol * 10)
 
 
+def test_a_float8_product_matches_float64():
+    # e4m3 operands: K 256 is two stages of 128; the products are exact in f32.
+    a, b = (torch.randn(rows, 256).to(torch.float8_e4m3fn) for rows in (M, N))
+    out = matmul_hopper(a, b, poisoned(M, N, torch.float32), config=ONE_GROUP, grid=2)
+    torch.testing.assert_close(out.double(), expected(a, b), rtol=1e-5, atol=1e-4)
+
+
 def test_two_stages_and_three_give_the_same_bits():
     a, b = inputs(torch.float16)
     two = HopperConfig(bn=TWO_GROUPS.bn, consumers=TWO_GROUPS.consumers, stages=2)
@@ -98,7 +106,9 @@ def test_the_config_fills_the_sms_with_the_largest_tiles():
 
 def test_the_launch_refuses_other_types_and_shapes():
     a, b = inputs(torch.float16)
-    with pytest.raises(ValueError, match="must both be float16 or bfloat16"):
+    with pytest.raises(
+        ValueError, match="must both be float16, bfloat16, float8_e4m3fn or float8_e5m2"
+    ):
         matmul_hopper(a, b.float())
     with pytest.raises(ValueError, match="with the same K"):
         matmul_hopper(a, b[:, :8])
@@ -121,7 +131,7 @@ def test_every_offered_config_compiles_for_sm_90a_without_spills(tmp_path):
     from minicomp.backends.cuda import sass
 
     for config, in_type, out_type in zip(
-        CONFIGS, (T.f16, T.bf16, T.f16, T.bf16), (T.f16, T.f32, T.bf16, T.f16)
+        CONFIGS, (T.f16, T.bf16, T.f8e4m3fn, T.bf16), (T.f16, T.f32, T.bf16, T.f16)
     ):
         k = kernel(config, in_type, out_type)
         name = k.ir.name
@@ -136,7 +146,8 @@ def test_every_offered_config_compiles_for_sm_90a_without_spills(tmp_path):
         except sass.SassUnavailableError as err:  # pragma: no cover - depends on the machine
             pytest.skip(str(err))
         ops = sass.full_opcode_counts(text)
-        for prefix in ("HGMMA", "UTMALDG", "SYNCS"):
+        mma = "QGMMA" if in_type.nbytes == 1 else "HGMMA"  # float8: QGMMA
+        for prefix in (mma, "UTMALDG", "SYNCS"):
             assert any(op.startswith(prefix) for op in ops), (config, prefix, sorted(ops))
         (report,) = sass.check_kernels(k.source, binary.cubin)
         assert report.ok, report

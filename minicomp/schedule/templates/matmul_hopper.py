@@ -1,6 +1,6 @@
-"""A Hopper (sm_90a) matmul: C[M, N] = A[M, K] @ B[N, K]^T with f16 or bf16 operands summed
-in f32 by warpgroup MMA, fed by TMA through a ring of shared-memory stages, written to C in
-f16, bf16 or f32.
+"""A Hopper (sm_90a) matmul: C[M, N] = A[M, K] @ B[N, K]^T with f16, bf16 or float8
+(e4m3fn, e5m2; A and B of one type, without scales) operands summed in f32 by warpgroup MMA,
+fed by TMA through a ring of shared-memory stages, written to C in f16, bf16 or f32.
 
 A block is C consumer warpgroups (threads 0 to 128C - 1) and one producer warp after them
 (warpgroups are four consecutive warps from a multiple of 128 threads, so the producer comes
@@ -10,15 +10,15 @@ consumer warpgroup `wg` owns rows 64wg to 64wg + 63 of the tile as one m64nBNk16
 t at row tile t % tiles_m, column tile t // tiles_m, so that the blocks running together
 share B's tiles), with a ring of STAGES stages that runs on across its tiles.
 
-Stage s holds A's BM x 64 and B's BN x 64 box of one K step, each row 128 bytes under TMA's
-128-byte swizzle (the layout wgmma's descriptors take with swizzle=128), in the dynamic
-shared memory: A's stages from byte 0, B's after them, every box at a multiple of 1024 bytes.
-Two mbarriers a stage order the ring. Step `it` (counted over the block's tiles) uses stage
-it % STAGES in round it // STAGES:
+Stage s holds A's BM x KS and B's BN x KS box of one K step (KS = 64 16-bit or 128 float8
+elements), each row 128 bytes under TMA's 128-byte swizzle (the layout wgmma's descriptors
+take with swizzle=128), in the dynamic shared memory: A's stages from byte 0, B's after
+them, every box at a multiple of 1024 bytes. Two mbarriers a stage order the ring. Step `it`
+(counted over the block's tiles) uses stage it % STAGES in round it // STAGES:
 
     producer (one thread)                consumers (every thread)
     wait empty[s], parity round % 2 ^ 1  wait full[s], parity round % 2
-    expect_tx(full[s], stage bytes)      fence; 4 mma_async (K 16 each); commit
+    expect_tx(full[s], stage bytes)      fence; 4 mma_async (32 bytes of K each); commit
     tma_load A box, B box -> full[s]     wait_group(1): the step before has retired
                                          arrive empty[stage of the step before]
 
@@ -32,8 +32,8 @@ i % 2 of element i of lane l of warp w), guarded at C's edges, while the produce
 loads the next tile's stages. TMA fills the boxes' rows and K columns past A's and B's edges
 with zeros, so a partial tile or K step needs no other care.
 
-TMA needs A's and B's rows 16-byte aligned (K a multiple of 8) and their data 16-byte
-aligned; the launch checks it (`matmul_hopper`). B must be K-major ([N, K] row-major, a
+TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
+data 16-byte aligned; the launch checks it (`matmul_hopper`). B must be K-major ([N, K] row-major, a
 linear layer's weight): wgmma reads MN-major 16-bit operands only through a descriptor mode
 the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offered.
 """
@@ -72,13 +72,14 @@ from minicomp.script.wgmma import (
     wgmma_wait_group,
 )
 
-BK = 64  # K elements a stage: one 128-byte swizzle span of 16-bit elements
+BK = 64  # K elements a stage for 16-bit operands: one 128-byte swizzle span (128 of float8)
+SPAN = 128  # bytes of K a stage: the swizzle span
 SWIZZLE = 128
 WARPGROUP = 128
 MAX_SHARED = 227 * 1024  # an H100's opt-in dynamic shared memory a block
 BARRIER_BYTES = 1024  # static shared memory the barriers may take, with room to spare
 
-INPUT_TYPES = (T.f16, T.bf16)
+INPUT_TYPES = (T.f16, T.bf16, T.f8e4m3fn, T.f8e5m2)
 OUTPUT_TYPES = (T.f16, T.bf16, T.f32)
 
 
@@ -101,7 +102,7 @@ class HopperConfig:
 
     @property
     def stage_bytes(self) -> int:
-        return (self.bm + self.bn) * BK * 2
+        return (self.bm + self.bn) * SPAN
 
     @property
     def shared_bytes(self) -> int:
@@ -162,9 +163,9 @@ def kernel(
     out_type: T.DataType = T.f16,
     bug: str = "",
 ):
-    """The script kernel of `config` for `in_type` operands (f16 or bf16) and an `out_type` C
-    (f16, bf16 or f32): matmul_hopper(a, b, c, grid=blocks) computes c = a @ b.T with a
-    persistent grid of `blocks` (at most the SMs).
+    """The script kernel of `config` for `in_type` operands (f16, bf16, f8e4m3fn, f8e5m2) and
+    an `out_type` C (f16, bf16 or f32): matmul_hopper(a, b, c, grid=blocks) computes
+    c = a @ b.T with a persistent grid of `blocks` (at most the SMs).
 
     `bug` plants one, for the tests: "parity" (the producer waits for the wrong phase of a
     free stage), "early_release" (consumers free a stage as soon as they have issued its
@@ -172,21 +173,23 @@ def kernel(
     config.check()
     if in_type not in INPUT_TYPES or out_type not in OUTPUT_TYPES:
         raise ValueError(
-            f"matmul_hopper: operands are f16 or bf16 and C f16, bf16 or f32, not {in_type} "
-            f"and {out_type}"
+            f"matmul_hopper: operands are f16, bf16 or float8 and C f16, bf16 or f32, not "
+            f"{in_type} and {out_type}"
         )
     dtype, out_dtype = ScalarType(in_type), ScalarType(out_type)
     BM, BN, STAGES = config.bm, config.bn, config.stages
     CONSUMERS = WARPGROUP * config.consumers
     STAGE_BYTES = config.stage_bytes
-    B_AT = STAGES * BM * BK * 2  # byte offset of B's stages: a multiple of 1024
+    B_AT = STAGES * BM * SPAN  # byte offset of B's stages: a multiple of 1024
+    KS = SPAN // in_type.nbytes  # K elements a stage
+    STEP = 32 // in_type.nbytes  # K elements an mma_async
     ACC = BN // 2
     NAME = f"matmul_hopper[{config.name}]"
 
     @script
     def matmul_hopper(
-        a: tensor_map(dtype[dim.m, dim.k], box=(BM, BK), swizzle=SWIZZLE),
-        b: tensor_map(dtype[dim.n, dim.k], box=(BN, BK), swizzle=SWIZZLE),
+        a: tensor_map(dtype[dim.m, dim.k], box=(BM, KS), swizzle=SWIZZLE),
+        b: tensor_map(dtype[dim.n, dim.k], box=(BN, KS), swizzle=SWIZZLE),
         c: out_dtype[dim.m, dim.n],
         m: i32,
         n: i32,
@@ -198,8 +201,8 @@ def kernel(
         attrs.min_blocks = 1
         attrs.template = NAME
         t = threadIdx.x
-        a_s = dynamic_shared_tensor(dtype, (STAGES, BM, BK), at=0)
-        b_s = dynamic_shared_tensor(dtype, (STAGES, BN, BK), at=B_AT)
+        a_s = dynamic_shared_tensor(dtype, (STAGES, BM, KS), at=0)
+        b_s = dynamic_shared_tensor(dtype, (STAGES, BN, KS), at=B_AT)
         full = shared_tensor(u64, (STAGES,))
         empty = shared_tensor(u64, (STAGES,))
         if t == 0:
@@ -209,7 +212,7 @@ def kernel(
         syncthreads()
         tiles_m = (m + BM - 1) // BM
         tiles = tiles_m * ((n + BN - 1) // BN)
-        steps = (k + BK - 1) // BK
+        steps = (k + KS - 1) // KS
         it = 0  # the block's K steps so far, over its tiles: the ring's position
         tile = blockIdx.x
         if t == CONSUMERS:  # the producer: one thread issues every copy
@@ -223,8 +226,8 @@ def kernel(
                     else:
                         mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
                     mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
-                    tma_load(a_s[s], a, m0, kt * BK, full[s])
-                    tma_load(b_s[s], b, n0, kt * BK, full[s])
+                    tma_load(a_s[s], a, m0, kt * KS, full[s])
+                    tma_load(b_s[s], b, n0, kt * KS, full[s])
                     it += 1
                 tile += grid
         elif t < CONSUMERS:
@@ -241,9 +244,9 @@ def kernel(
                     s = it % STAGES
                     mbarrier_wait(full[s], it // STAGES % 2)
                     wgmma_fence()
-                    for kk in unroll(range(BK // 16)):
+                    for kk in unroll(range(KS // STEP)):
                         wgmma_mma_async(
-                            acc, a_s[s, 64 * wg, 16 * kk], b_s[s, 0, 16 * kk], swizzle=SWIZZLE
+                            acc, a_s[s, 64 * wg, STEP * kk], b_s[s, 0, STEP * kk], swizzle=SWIZZLE
                         )
                     wgmma_commit_group()
                     if bug == "early_release":
@@ -271,9 +274,9 @@ def matmul_hopper(
     a, b, out=None, config: HopperConfig | None = None, grid: int | None = None, sms=H100_SMS
 ):
     """out = a @ b.T by the Hopper kernel of `config` (default: `pick_config` for `sms` SMs),
-    for torch tensors: a [M, K] and b [N, K] f16 or bf16 (the same), out [M, N] contiguous in
-    f16, bf16 or f32 (default: a new one of a's type). `grid` is the number of persistent
-    blocks (default: one a tile, at most `sms`)."""
+    for torch tensors: a [M, K] and b [N, K] f16, bf16 or float8 (the same), out [M, N]
+    contiguous in f16, bf16 or f32 (default: a new one of a's type, f16 for float8). `grid`
+    is the number of persistent blocks (default: one a tile, at most `sms`)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
             f"matmul_hopper: a [M, K] and b [N, K] with the same K, not {list(a.shape)} and "
@@ -282,11 +285,12 @@ def matmul_hopper(
     in_type = T.from_torch(a.dtype)
     if a.dtype != b.dtype or in_type not in INPUT_TYPES:
         raise ValueError(
-            f"matmul_hopper: a and b must both be float16 or bfloat16, not {a.dtype} and {b.dtype}"
+            f"matmul_hopper: a and b must both be float16, bfloat16, float8_e4m3fn or "
+            f"float8_e5m2, not {a.dtype} and {b.dtype}"
         )
     (m, k), n = a.shape, b.shape[0]
     if out is None:
-        out = a.new_empty(m, n)
+        out = a.new_empty(m, n, dtype=a.dtype if in_type.nbytes == 2 else T.to_torch(T.f16))
     out_type = T.from_torch(out.dtype)
     if tuple(out.shape) != (m, n) or not out.is_contiguous() or out_type not in OUTPUT_TYPES:
         raise ValueError(
