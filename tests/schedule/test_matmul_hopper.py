@@ -158,6 +158,8 @@ def test_every_offered_config_compiles_for_sm_90a_without_spills(tmp_path):
 
 def test_the_lens_counts_the_tma_traffic_and_the_wgmma_work():
     from minicomp.lens.counts import KernelCounts
+    from minicomp.lens.devices import H100
+    from minicomp.lens.profile import profile_session
     from minicomp.lens.session import recording
 
     a, b = inputs(torch.float16)
@@ -178,3 +180,6 @@ def test_the_lens_counts_the_tma_traffic_and_the_wgmma_work():
     assert sample.read_sectors[0] * 32 == pytest.approx(a.nbytes, rel=0.1)
     assert sample.read_sectors[1] * 32 == pytest.approx(b.nbytes, rel=0.1)
     assert counts.global_load_bytes == 3 * a.nbytes + b.nbytes
+    # The profile builds it for sm_90a, as the cuda target would: ptxas's registers.
+    (k,) = profile_session(session, H100).graph.kernels
+    assert k.resources is not None and k.resources.registers > 0, k
