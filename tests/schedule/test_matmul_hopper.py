@@ -101,7 +101,8 @@ def test_operands_need_rows_of_whole_16_bytes():
 def test_the_config_fills_the_sms_with_the_largest_tiles():
     assert pick_config(4096, 4096) == HopperConfig(bn=256, consumers=2, stages=4)
     assert pick_config(16, 4096) == HopperConfig(bn=64, consumers=1, stages=8)
-    assert pick_config(4096, 11008).bm * pick_config(4096, 11008).bn == 128 * 128
+    assert pick_config(4096, 11008) == HopperConfig(bn=256, consumers=2, stages=4)
+    assert pick_config(256, 4096) == HopperConfig(bn=128, consumers=1, stages=6)  # 128 blocks
 
 
 def test_the_launch_refuses_other_types_and_shapes():

@@ -144,16 +144,24 @@ comfortably under the shared-memory limit."""
 
 
 def pick_config(m: int, n: int, sms: int = H100_SMS) -> HopperConfig:
-    """The config of CONFIGS whose busiest SM has the least tile area to compute (ceil(tiles /
-    SMs) tiles of BM x BN, padding included), the larger tile among equals (fewer tiles read
-    fewer operand bytes through L2): 128 x 256 for a large square, 64 x 64 for a decode's
-    16-row product."""
+    """The largest tile of CONFIGS whose busiest SM has at most PICK_SLACK more tile area to
+    compute (ceil(tiles / SMs) tiles of BM x BN, padding included) than the least of them:
+    larger tiles read fewer operand bytes through L2, which bounds the large products in the
+    lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a 16-row decode product)."""
 
-    def cost(c: HopperConfig) -> tuple[int, int]:
+    def area(c: HopperConfig) -> int:
         tiles = -(-m // c.bm) * -(-n // c.bn)
-        return -(-tiles // sms) * c.bm * c.bn, -c.bm * c.bn
+        return -(-tiles // sms) * c.bm * c.bn
 
-    return min(CONFIGS, key=cost)
+    least = min(area(c) for c in CONFIGS)
+    fitting = [c for c in CONFIGS if area(c) <= least * (1 + PICK_SLACK)]
+    return max(fitting, key=lambda c: c.bm * c.bn)
+
+
+PICK_SLACK = 0.1
+"""How much more work a larger tile's busiest SM may have: at 4096 x 11008, 128 x 256 tiles
+give it 5% more than 128 x 128 ones and the lens still puts them ahead
+(benchmarks/results/lens-h100-2026-12-07-hopper.txt)."""
 
 
 @functools.cache
