@@ -257,6 +257,27 @@ class CudaEmuTarget(CudaSourceTarget):
     def build_script(self, module, function, options, device, checks):
         name = function.name
         source = render_module(module)
+        if options.lens:
+            # A counted build, as for a graph's kernels (unchecked: the lens instruments the
+            # same accesses): each launch goes to the open lens sessions
+            # (minicomp.lens.session) with the source NVRTC would compile.
+            counted = count_ops(function)
+            functions = tuple(counted if f.name == name else f for f in module.functions)
+            unit = render_module(Module(module.name, functions))
+            emu = build_emulated(unit, [counted], cache_dir=options.cache_dir, lens=True)
+
+            def counted_launch(args, grid, block, shared):
+                sample = default_sample(math.prod(grid), group=function.attrs.block_group)
+                only = lens_session.sample_only()
+                lens_session.record(
+                    function,
+                    source,
+                    emu.launch_counted(
+                        name, grid, block, args, shared, sample=sample, sample_only=only
+                    ),
+                )
+
+            return counted_launch
         emu = build_emulated(source, [function], cache_dir=options.cache_dir, checks=checks)
         # The emulator flushes the kernels' printf output before a launch returns.
         return lambda args, grid, block, shared: emu.launch(name, grid, block, args, shared)

@@ -159,6 +159,49 @@ def estimate_case(case: Case, device: str = "h100", options: dict | None = None)
     return LensRow(case.family, case.label, device, kernels, seconds, problem_roofline_us=best)
 
 
+def estimate_hopper(case: Case, device: str = "h100", configs=None) -> LensRow:
+    """The Hopper matmul (schedule/templates/matmul_hopper.py: TMA, wgmma, persistent tiles) on
+    `case`'s 16-bit product, launched directly with B stored K-major ([N, K]; the kernel is not
+    in the compiler's search space yet), counted at each of `configs` (default: all it offers)
+    and estimated on `device`: the row of the fastest, its problem roofline the flops at the
+    device's wgmma rate (the mma.sync rate's for the other rows)."""
+    from minicomp import config as minicomp_config
+    from minicomp.schedule.templates import matmul_hopper as hopper
+
+    target = get_device(device)
+    m, n, k = (case.fields[d] for d in "mnk")
+    start = time.monotonic()
+    best = None
+    for cfg in configs or hopper.CONFIGS:
+        a, b = case.make()[:2]
+        b = b.t().contiguous()  # [N, K]: wgmma's K-major B
+        try:
+            with minicomp_config.patch(**LENS_OPTIONS), recording(sample_only=True) as session:
+                hopper.matmul_hopper(a, b, config=cfg)
+            (k_est,) = profile_session(session, target).graph.kernels
+        except Exception as err:  # noqa: BLE001 - a case that breaks is a row that says why
+            return LensRow(case.family, case.label, device, error=f"{type(err).__name__}: {err}")
+        if best is None or k_est.time < best[1].time:
+            best = (cfg, k_est)
+    cfg, k_est = best
+    row = KernelRow(
+        kernel=k_est.kernel,
+        template=f"matmul_hopper[{cfg.name}]",
+        time_us=k_est.time * 1e6,
+        roofline_us=k_est.roofline_time * 1e6,
+        bound=k_est.bound,
+        sector_efficiency=k_est.counts.sector_efficiency,
+        bank_conflict_factor=k_est.counts.bank_conflict_factor,
+        occupancy=k_est.occupancy.fraction,
+        registers=None if k_est.resources is None else k_est.resources.registers,
+        spill_bytes=k_est.spill_bytes,
+    )
+    rate = target.wgmma_tflops_f16 or target.tensor_tflops_f16
+    best_us = max(case.flops / (rate * 1e12), case.min_bytes / (target.dram_gbps * 1e9)) * 1e6
+    seconds = time.monotonic() - start
+    return LensRow(case.family, case.label, device, [row], seconds, problem_roofline_us=best_us)
+
+
 HEADER = (
     "case",
     "kernels",

@@ -63,6 +63,11 @@ class KernelCounts:
     minimum_bytes: float
     """The bytes the kernel must move: the DRAM bytes it would move if each sector carried only
     bytes it asked for (each tensor it reads once, each it writes once, at most)."""
+    wgmma: float = 0.0
+    """Warpgroup MMA work in m16n8k16 equivalents (an m64nNk16 is N / 2 of them), priced at
+    the device's wgmma rate, apart from `mma`'s mma.sync."""
+    wgmma_instructions: float = 0.0
+    """Warp instructions of wgmma_mma_async (4 an mma_async: one a warp of the warpgroup)."""
 
     @property
     def threads_per_block(self) -> int:
@@ -92,6 +97,10 @@ class KernelCounts:
     @property
     def mma_flops(self) -> float:
         return self.mma * MMA_FLOPS
+
+    @property
+    def wgmma_flops(self) -> float:
+        return self.wgmma * MMA_FLOPS
 
     @classmethod
     def from_sample(
@@ -157,6 +166,8 @@ class KernelCounts:
             address_instructions=grid("address_instructions"),
             dram_bytes=read + written,
             minimum_bytes=read * _efficiency(c, "load") + needed * _efficiency(c, "store"),
+            wgmma=warp("wgmma"),
+            wgmma_instructions=warp("wgmma_instructions"),
         )
 
 

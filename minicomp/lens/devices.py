@@ -54,6 +54,9 @@ class Device:
     minicomp's templates emit (below `tensor_tflops_f16` on Hopper, whose peak needs wgmma)."""
     tensor_tflops_f16: float
     """Dense f16/bf16 tensor-core peak TFLOP/s (the datasheet's number without sparsity)."""
+    wgmma_tflops_f16: float = 0.0
+    """Dense f16/bf16 TFLOP/s with Hopper's warpgroup MMA (wgmma), 0 where the architecture has
+    none."""
     shared_wavefronts_per_sm_per_clock: float = 1.0
     """Shared-memory wavefronts an SM serves a clock: one is 32 banks x 4 bytes = 128 bytes."""
     launch_overhead_us: float = 2.5
@@ -90,6 +93,9 @@ class Device:
         """Shared-memory bytes a second, every wavefront moving 128 bytes."""
         return self._per_second(self.shared_wavefronts_per_sm_per_clock * 128)
 
+    def _wgmma(self) -> str:
+        return f", {self.wgmma_tflops_f16:g} by wgmma" if self.wgmma_tflops_f16 else ""
+
     def describe(self) -> str:
         """Its main numbers on one line, for an estimate's printed assumptions."""
         return (
@@ -97,8 +103,8 @@ class Device:
             f"DRAM {self.dram_gbps:g} GB/s, L2 {self.l2_bytes // MIB} MiB at ~{self.l2_gbps:g} "
             f"GB/s, FP32 {self.fp32_per_second * 2 / 1e12:.1f} TFLOP/s, tensor f16 "
             f"{self.tensor_tflops_f16:g} TFLOP/s dense ({self.mma_sync_tflops_f16:g} by "
-            f"mma.sync), launch {self.launch_overhead_us:g} us ({self.graph_launch_overhead_us:g} "
-            f"in a graph)"
+            f"mma.sync{self._wgmma()}), launch {self.launch_overhead_us:g} us "
+            f"({self.graph_launch_overhead_us:g} in a graph)"
         )
 
 
@@ -129,6 +135,10 @@ H100 = Device(
     mma_sync_tflops_f16=660,
     # 989.4 TFLOP/s dense f16/bf16 (1979 with sparsity): H100 whitepaper, H100 datasheet.
     tensor_tflops_f16=989,
+    # Assumption: wgmma (HGMMA) is the instruction the datasheet's peak is measured with, so it
+    # reaches all of it (the estimate's other units, and the tail, decide how much a kernel
+    # gets).
+    wgmma_tflops_f16=989,
 )
 
 # The same GH100 configuration as H100 SXM (132 SMs, the same clocks, 50 MB L2, the same 989

@@ -42,7 +42,11 @@ ASSUMPTIONS = (
     "read from L2 (no DRAM bytes, and none in the roofline's minimum)",
     "shared memory serves one wavefront an SM a clock; a tensor-core m16n8k16 is 4096 flops at "
     "the device's mma.sync rate, and so is an int8 m16n8k32 (twice the operations at twice the "
-    "rate); a float8 m16n8k32 is two of them (sm_90 unpacks its bytes to f16)",
+    "rate); a float8 m16n8k32 is two of them (sm_90 unpacks its bytes to f16); a warpgroup "
+    "m64nNk16 (wgmma) is N / 2 of them at the device's wgmma rate (a float8 m64nNk32 too: twice "
+    "the operations at twice the rate), and the shared memory it reads is not priced (wgmma "
+    "reads its operands from shared memory without the load path's wavefronts); a TMA or bulk "
+    "copy is one global request, its sectors those of the bytes it moves inside the tensor",
     f"an integer division by a run-time value costs {DIVIDE_INSTRUCTIONS} instructions (by a "
     f"constant, 2 or 3), a 64-bit integer operation {INT64_INSTRUCTIONS}, a transcendental call "
     "one special-function slot; integer work is free where the compiler folds it (constants in "
@@ -156,7 +160,7 @@ class KernelEstimate:
             "minimum_bytes": c.minimum_bytes,
             "dram_bytes": c.dram_bytes,
             "sector_bytes": c.sector_bytes,
-            "flops": c.flops + c.mma_flops,
+            "flops": c.flops + c.mma_flops + c.wgmma_flops,
             "registers": None if self.resources is None else self.resources.registers,
             "spill_bytes": self.spill_bytes,
             "notes": list(self.notes),
@@ -190,6 +194,7 @@ def estimate(
         + counts.shared_loads
         + counts.shared_stores
         + counts.mma
+        + counts.wgmma_instructions
         + counts.barriers * math.ceil(counts.threads_per_block / WARP)
     )
     clock = d.clock_ghz * 1e9
@@ -199,7 +204,7 @@ def estimate(
         "dram": counts.dram_bytes / (d.dram_gbps * 1e9),
         "l2": counts.sector_bytes / (d.l2_gbps * 1e9),
         "shared": counts.shared_wavefronts / (d.sms * d.shared_wavefronts_per_sm_per_clock * clock),
-        "tensor": counts.mma_flops / mma_rate,
+        "tensor": counts.mma_flops / mma_rate + _wgmma_time(counts, d),
         "fp32": (counts.fp_instructions + counts.conversions) / d.fp32_per_second,
         "int": int_ops / d.int32_per_second,
         "special": counts.special / d.sfu_per_second,
@@ -236,6 +241,16 @@ def estimate(
     return KernelEstimate(
         counts.kernel, d, counts, times, occ, busy, waves, roofline, resources, tuple(notes)
     )
+
+
+def _wgmma_time(counts: KernelCounts, device: Device) -> float:
+    """Seconds of the launch's warpgroup MMA at the device's wgmma rate (never, where it has
+    none: such a kernel does not run there)."""
+    if not counts.wgmma:
+        return 0.0
+    if not device.wgmma_tflops_f16:
+        return math.inf
+    return counts.wgmma_flops / (device.wgmma_tflops_f16 * 1e12)
 
 
 def sub_partitions_used(counts: KernelCounts, device: Device, occ: Occupancy) -> int:

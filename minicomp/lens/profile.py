@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 
 from minicomp import config
+from minicomp.backends.cuda.intrinsics_wgmma import feature_arch
+from minicomp.ir.func import Module
 from minicomp.lens.counts import KernelCounts, l2_resident, scratch_positions
 from minicomp.lens.devices import Device
 from minicomp.lens.estimate import ASSUMPTIONS, GraphEstimate, KernelEstimate, estimate
@@ -133,8 +135,10 @@ def profile_session(session: LensSession, device: Device) -> Profile:
     cache_dir = config.resolve().cache_dir
     before = None
     for launch in session.launches:
-        resources, classes = _compiled(launch.source, device.arch, cache_dir, problems)
         name = launch.function.name
+        # sm_90a for a kernel using wgmma on an sm_90 device, as the cuda target builds it.
+        arch = feature_arch(device.arch, Module(name, (launch.function,)))
+        resources, classes = _compiled(launch.source, arch, cache_dir, problems)
         in_l2 = l2_resident(launch.sample, before, device.l2_bytes)
         scratch = scratch_positions(launch.function)
         counts = KernelCounts.from_sample(launch.sample, in_l2, scratch)

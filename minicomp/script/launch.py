@@ -8,7 +8,9 @@ A launch whose grid has no block (an empty tensor) does nothing. The dynamic sha
 (`attrs.dynamic_smem`) is evaluated per launch; a block over `attrs.launch_bounds` threads,
 or over 227 KiB of dynamic shared memory, is refused. With the `emu_checks` option, the
 emulator checks every access to a tensor argument against its bounds (an
-`emu.OutOfBoundsError` names the kernel, the tensor, the index and the thread).
+`emu.OutOfBoundsError` names the kernel, the tensor, the index and the thread). With the
+`lens` option, the emulator counts each launch for the open lens sessions (minicomp.lens:
+`minicomp profile`), as it does a compiled graph's kernels.
 A tensor-map parameter takes a tensor of its annotation's type and shape, contiguous or not
 (minicomp.backends.cuda.tensor_map says what TMA needs of it); each launch encodes its map for
 the target (the driver's CUtensorMap on the GPU, minicomp's description on cuda-emu).
@@ -236,7 +238,7 @@ def launch(sf: ScriptFunction, args: Sequence, kwargs: dict) -> None:
         )
     checks = target.emulated and options.emu_checks
     key = (target.name, device.index if device is not None and device.type == "cuda" else None)
-    key += (checks,)
+    key += (checks, target.emulated and options.lens)
     with state.lock:
         run = state.builds.get(key)
         if run is None:

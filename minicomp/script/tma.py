@@ -22,13 +22,16 @@ multiples of 16 bytes, its data 16-byte aligned); the launch encodes the map
 - `bulk_wait_group_read(n)`: waits only until those groups have read their shared sources,
   which may then be overwritten.
 
-A shared operand is a static `shared_tensor` with room for the box (rounded up to the swizzle
-span), 128-byte aligned (1024 with a 128-byte swizzle): the code generator aligns the shared
-tensors these copies use, and a compile-time element offset is checked.
+A shared operand is a `shared_tensor` with room for the box (rounded up to the swizzle span),
+128-byte aligned (1024 with a 128-byte swizzle): the code generator aligns the static shared
+tensors these copies use; a `dynamic_shared_tensor` must be placed at a multiple of the
+alignment (the dynamic shared memory starts 1024-byte aligned). A compile-time element offset
+is checked; a runtime one (a ring's stage `ring[s]`) is checked by the emulator.
 """
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from minicomp.ir import expr as E
@@ -39,6 +42,7 @@ from minicomp.script.errors import Issue
 from minicomp.script.hopper import _barrier, _int
 from minicomp.script.lang import Primitive
 from minicomp.script.mma import _aligned, _args, _check, _effect, operand
+from minicomp.script.values import TensorRef
 
 tma_load = Primitive("tma_load")
 tma_store = Primitive("tma_store")
@@ -95,11 +99,7 @@ def _shared_box(p, node, m: TensorMapRef, name: str, what: str):
     op = operand(p, node, f"the {what} of {name}()")
     full = f"the {what} of {name}()"
     if op.var in p.dynamic_vars:
-        raise p.src.error(
-            node,
-            f"{full} must be a shared_tensor; {op.name} is a dynamic shared tensor, only "
-            "16-byte aligned",
-        )
+        _dynamic_aligned(p, node, op, m, full)
     if op.dtype != m.type.elem:
         raise p.src.error(
             node,
@@ -109,6 +109,23 @@ def _shared_box(p, node, m: TensorMapRef, name: str, what: str):
     _check(p, node, op, full, "shared", shared_room(m.type))
     _aligned(p, node, op, full, m.type.shared_alignment)
     return op
+
+
+def _dynamic_aligned(p, node, op, m: TensorMapRef, full: str) -> None:
+    """Refuse a dynamic shared tensor placed off the box's alignment: the dynamic shared
+    memory starts 1024-byte aligned (device.h), so a tensor placed at a multiple of the
+    alignment is aligned; a compile-time index into it is checked by the caller, a runtime
+    one by the emulator."""
+    align = m.type.shared_alignment
+    base = p.value(node.value if isinstance(node, ast.Subscript) else node)
+    start = base.offset if isinstance(base, TensorRef) else None
+    if isinstance(start, int) and start * op.dtype.nbytes % align:
+        raise p.src.error(
+            node,
+            f"{full} must be placed at a multiple of {align} bytes of the dynamic shared memory; "
+            f"{base.name} starts at byte {start * op.dtype.nbytes} (place it with "
+            "dynamic_shared_tensor(..., at=bytes))",
+        )
 
 
 def _tma_load(p, name, args, kwargs):

@@ -386,7 +386,7 @@ def test_the_destination_must_hold_the_box():
     assert "needs 1024 f16 elements; buf has 512" in _compile_error(kernel)
 
 
-def test_the_destination_must_be_a_static_shared_tensor_of_the_maps_type():
+def test_the_destination_must_be_an_aligned_shared_tensor_of_the_maps_type():
     def wrong_type(a: tensor_map(f16[dim.m, dim.k], box=TILE), m: i32, k: i32):
         attrs.grid_dim = 1
         attrs.block_dim = 32
@@ -394,15 +394,20 @@ def test_the_destination_must_be_a_static_shared_tensor_of_the_maps_type():
         bar = shared_tensor(u64, (1,))
         tma_load(buf, a, 0, 0, bar[0])
 
-    def dynamic(a: tensor_map(f16[dim.m, dim.k], box=TILE), m: i32, k: i32):
+    def dynamic(a: tensor_map(f16[dim.m, dim.k], box=TILE, swizzle=128), m: i32, k: i32):
         attrs.grid_dim = 1
         attrs.block_dim = 32
-        buf = dynamic_shared_tensor(f16, (16 * 64,))
+        # The dynamic shared memory starts 1024-byte aligned: a box under the 128-byte swizzle
+        # goes at a multiple of 1024 bytes (as matmul_hopper's ring does), not at 512.
+        buf = dynamic_shared_tensor(f16, (2, 16 * 64), at=512)
         bar = shared_tensor(u64, (1,))
-        tma_load(buf, a, 0, 0, bar[0])
+        tma_load(buf[blockIdx.x], a, 0, 0, bar[0])
 
     assert "holds f32: the types must match" in _compile_error(wrong_type)
-    assert "dynamic shared tensor, only 16-byte aligned" in _compile_error(dynamic)
+    assert (
+        "must be placed at a multiple of 1024 bytes of the dynamic shared memory; buf starts "
+        "at byte 512" in _compile_error(dynamic)
+    )
 
 
 def test_a_copy_takes_one_coordinate_a_dimension():

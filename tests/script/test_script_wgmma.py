@@ -266,16 +266,23 @@ def test_every_thread_of_the_warpgroup_takes_part():
         run(tile_matmul(16, 32, 0, bug="three_warps"), 16, 32)
 
 
-def test_the_lens_counts_a_64xnx16_step_as_n_over_2_mma(tmp_path):
+def test_the_lens_counts_a_64xnx16_step_as_n_over_2_mma_at_the_wgmma_rate(tmp_path):
     from minicomp.backends.cuda.emu import build_emulated
+    from minicomp.lens.counts import KernelCounts
+    from minicomp.lens.devices import H100
+    from minicomp.lens.estimate import estimate
 
     kernel = tile_matmul(16, 32, 0)
     emu = build_emulated(kernel.source, [kernel.ir], lens=True, cache_dir=str(tmp_path))
     a, b, out = torch.randn(64, 32).half(), torch.randn(16, 32).half(), torch.zeros(64, 16)
     sample = emu.launch_counted(kernel.ir.name, 1, 128, [a, b, out])
     # Two K steps of m64n16k16 (2 * 64 * 16 * 16 operations: 8 m16n8k16 each), counted per
-    # thread as warp instructions are: 2 each for 4 warps of 32 threads.
-    assert sample.counters["mma"] == 2 * 2 * 128, sample.counters
+    # thread as warp instructions are: 2 each for 4 warps of 32 threads; apart from mma.sync's.
+    assert sample.counters["wgmma"] == 2 * 2 * 128, sample.counters
+    assert sample.counters["wgmma_instructions"] == 2 * 128 and sample.counters["mma"] == 0
+    counts = KernelCounts.from_sample(sample)
+    tensor = estimate(counts, H100).times["tensor"]
+    assert tensor == pytest.approx(2 * (2 * 64 * 16 * 16) / (H100.wgmma_tflops_f16 * 1e12))
     torch.testing.assert_close(out.double(), a.double() @ b.double().T, rtol=0, atol=1e-4)
 
 

@@ -53,6 +53,7 @@ from minicomp.backends.cuda.intrinsics_tma import TENSOR_MAP_CTYPE, TMA_INTRINSI
 from minicomp.backends.cuda.intrinsics_wgmma import EMU_HEADER_PATH as WGMMA_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_wgmma import HELPER_TOKENS as WGMMA_TOKENS
 from minicomp.backends.cuda.intrinsics_wgmma import WGMMA_INTRINSICS
+from minicomp.backends.cuda.tensor_map import EmulatorMap
 from minicomp.ir import c_names
 from minicomp.ir.expr import Call
 from minicomp.ir.func import Function
@@ -105,6 +106,8 @@ LENS_COUNTERS = (
     "special",
     "conversions",
     "address_instructions",
+    "wgmma",
+    "wgmma_instructions",
     "threads",
     "blocks",
 )
@@ -582,12 +585,15 @@ class EmuModule:
         chosen = tuple(sorted(set(default_sample(blocks) if sample is None else sample)))
         if chosen and not 0 <= chosen[0] <= chosen[-1] < blocks:
             raise ValueError(f"kernel {name}: sampled blocks {chosen} outside a grid of {blocks}")
-        tensors = [i for i, a in enumerate(args) if hasattr(a, "data_ptr")]
+        # A tensor map's bytes stand for the tensor they describe (tensor_map.EmulatorMap):
+        # the copies through it are that argument's traffic.
+        memory = [a.described if isinstance(a, EmulatorMap) else a for a in args]
+        tensors = [i for i, a in enumerate(memory) if hasattr(a, "data_ptr")]
         spans, arg_bytes, addresses = [], [0] * len(args), [0] * len(args)
         for i in tensors:
-            lo, hi = _byte_span(args[i])
-            spans.append(_LensSpan(args[i].data_ptr() + lo, args[i].data_ptr() + hi))
-            arg_bytes[i], addresses[i] = hi - lo, args[i].data_ptr() + lo
+            lo, hi = _byte_span(memory[i])
+            spans.append(_LensSpan(memory[i].data_ptr() + lo, memory[i].data_ptr() + hi))
+            arg_bytes[i], addresses[i] = hi - lo, memory[i].data_ptr() + lo
         n = max(1, len(spans))
         lens = _Lens(
             len(spans),

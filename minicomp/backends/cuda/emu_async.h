@@ -218,6 +218,7 @@ MC_LENS_UNINSTRUMENTED static void bulk_copy(void* dst, const void* src, uint32_
     check_range(dst, bytes, 1);
 #endif
     MC_LENS_COUNT(LENS_CP_ASYNC, 1);
+    lens_bulk(0, [&](auto visit) { visit((uintptr_t)src, bytes); });
     Mbar& m = bar_of(b, addr, name, line, "a bulk copy completing");
     memset(dst, 0xff, bytes);  // until it lands: a read without the wait sees NaNs and -1s
     BulkCopy c{};
@@ -264,6 +265,11 @@ MC_LENS_UNINSTRUMENTED static void tma_load(void* dst, const void* map, uint64_t
     c.desc = d;
     int k = 0;
     for (int32_t x : coords) c.coords[k++] = x;
+    lens_bulk(0, [&](auto visit) {
+        tma_each(d, c.coords, dst, [&](unsigned, const char* g) {
+            if (g) visit((uintptr_t)g, d.elem_bytes);
+        });
+    });
     memset(dst, 0xff, c.bytes);  // until it lands, as a bulk copy's destination
     m.copies.push_back(c);
     async_state(b).epoch++;
@@ -282,6 +288,11 @@ MC_LENS_UNINSTRUMENTED static void tma_store(const void* map, const void* src, i
     st.desc = d;
     int k = 0;
     for (int32_t x : coords) st.coords[k++] = x;
+    lens_bulk(1, [&](auto visit) {
+        tma_each(d, st.coords, src, [&](unsigned, const char* g) {
+            if (g) visit((uintptr_t)g, d.elem_bytes);
+        });
+    });
     st.src = src;
     uint32_t span = d.swizzle ? d.swizzle : 1;
     uint32_t bytes = (tma_box_bytes(d) + span - 1) / span * span;

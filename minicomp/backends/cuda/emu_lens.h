@@ -62,6 +62,8 @@ enum LensCounter : int {
     LENS_SPECIAL,      // special-function calls (exp, log, sin, rsqrt, tanh...)
     LENS_CONVERSIONS,  // conversions to and from f16/bf16
     LENS_ADDRESS_INSTRUCTIONS,  // integer work in load and store indices
+    LENS_WGMMA,        // thread-level: a wgmma m64nNk16 counts N / 8 a thread (N / 2 m16n8k16)
+    LENS_WGMMA_INSTRUCTIONS,  // thread-level calls of wgmma_mma_async: 32 a warp instruction
     LENS_THREADS,      // the threads of the sampled blocks
     LENS_BLOCKS,       // the sampled blocks
     LENS_COUNTERS
@@ -98,6 +100,8 @@ static inline void lens_end_block(LensWorker*) {}
 static inline void lens_end_launch(LensWorker*, Lens*, LensSectors*, std::mutex&) {}
 static inline void lens_tally(Lens*, const LensSectors&) {}
 static inline bool lens_sampled(const Lens*, unsigned long long) { return false; }
+template <class Each>
+static inline void lens_bulk(int, Each) {}
 static const bool lens_counts = false;
 #else
 static const bool lens_counts = true;
@@ -179,6 +183,44 @@ MC_LENS_HOOK_SAFE __attribute__((noinline)) static void lens_access(uintptr_t si
 
 MC_LENS_HOOK_SAFE static inline void lens_count(LensCounter c, unsigned long long n) {
     if (LensWorker* w = lens_recording()) w->counts[c] += n;
+}
+
+// A bulk or tensor copy's global side (emu_async.h): one request, issued by one thread to the
+// copy engine, its sectors the distinct 32-byte segments of the bytes it moves inside the
+// tensor arguments. `each(visit)` calls visit(global address, bytes) for each run of them.
+template <class Each>
+MC_LENS_HOOK_SAFE static void lens_bulk(int store, Each each) {
+    LensWorker* w = lens_recording();
+    if (!w || w->busy) return;
+    w->busy = true;  // the containers below are the lens's, not the kernel's
+    const Lens* l = w->lens;
+    std::vector<uintptr_t> sectors;
+    unsigned long long bytes = 0;
+    auto& touched = store ? w->written_sectors : w->read_sectors;
+    int span = -1;
+    each([&](uintptr_t addr, unsigned n) {
+        if (span < 0 || addr < l->spans[span].lo || addr >= l->spans[span].hi) {
+            span = -1;
+            for (int i = 0; i < l->nspans && span < 0; i++) {
+                if (addr >= l->spans[i].lo && addr < l->spans[i].hi) span = i;
+            }
+            if (span < 0) return;
+        }
+        for (uintptr_t s = addr >> 5; s <= (addr + n - 1) >> 5; s++) {
+            sectors.push_back(s);
+            if (span < 256) touched.insert(lens_sector_key(s, span));
+        }
+        bytes += n;
+        (store ? w->written : w->read)[span] = 1;
+    });
+    if (!sectors.empty()) {
+        std::sort(sectors.begin(), sectors.end());
+        size_t distinct = std::unique(sectors.begin(), sectors.end()) - sectors.begin();
+        w->counts[store ? LENS_GLOBAL_STORES : LENS_GLOBAL_LOADS] += 1;
+        w->counts[store ? LENS_GLOBAL_STORE_SECTORS : LENS_GLOBAL_LOAD_SECTORS] += distinct;
+        w->counts[store ? LENS_GLOBAL_STORE_BYTES : LENS_GLOBAL_LOAD_BYTES] += bytes;
+    }
+    w->busy = false;
 }
 
 // This thread's instance of the library's thread-local block: where `__shared__` arrays live.

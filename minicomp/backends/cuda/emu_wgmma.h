@@ -255,9 +255,11 @@ static void issue(unsigned n, unsigned kind, float* d, WgmmaOperand a, WgmmaOper
         }
     }
     th.issued++;
-    // Priced as mma.sync m16n8k16 equivalents: 2 * 64 * n * 16 operations are n / 2 of them,
-    // n / 8 a warp, counted as lens counts warp instructions (once a thread).
-    MC_LENS_COUNT(LENS_MMA, n / 8);
+    // Counted in m16n8k16 equivalents: 2 * 64 * n * 16 operations are n / 2 of them, n / 8 a
+    // warp, counted as lens counts warp instructions (once a thread); priced at the device's
+    // wgmma rate (lens/devices.py), apart from mma.sync's.
+    MC_LENS_COUNT(LENS_WGMMA, n / 8);
+    MC_LENS_COUNT(LENS_WGMMA_INSTRUCTIONS, 1);
     WgmmaOp op{n, kind, d, a, b_op, scale_d, chained, line, {}};
     if (!chained) op.c.assign(d, d + n / 2);
     for (unsigned i = 0; i < n / 2; i++) d[i] = NAN;  // until the wait that retires it

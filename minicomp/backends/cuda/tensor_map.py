@@ -142,14 +142,23 @@ def driver_bytes(t: Any, m: TensorMapType) -> bytes:
     return struct.pack("<16Q", *(int(v) for v in tensor_map.opaque))
 
 
+class EmulatorMap(bytes):
+    """The emulator's map bytes, with the tensor they describe (`described`): a counted launch
+    (the performance lens) counts the copies through the map against that tensor's memory."""
+
+    described: Any = None
+
+
 def emulator_bytes(t: Any, m: TensorMapType) -> bytes:
-    """minicomp's own 128-byte description of tensor `t` under map `m` (emu_tma.h's TmaDesc)."""
+    """minicomp's own 128-byte description of tensor `t` under map `m` (emu_tma.h's TmaDesc),
+    an EmulatorMap remembering `t`."""
     dims, strides = _innermost_first(t)
     pad = MAX_RANK - m.rank
     box = list(reversed(m.box))
     head = struct.pack("<QIIII", t.data_ptr(), _MAGIC, m.elem.nbytes, m.rank, m.swizzle)
     body = struct.pack("<5Q5Q5II", *dims, *[0] * pad, *strides, *[0] * pad, *box, *[0] * pad, 0)
-    data = head + body
+    data = EmulatorMap(head + body)
+    data.described = t
     assert len(data) == MAP_BYTES
     return data
 

@@ -1,0 +1,315 @@
+"""A Hopper (sm_90a) matmul: C[M, N] = A[M, K] @ B[N, K]^T with f16, bf16 or float8
+(e4m3fn, e5m2; A and B of one type, without scales) operands summed in f32 by warpgroup MMA,
+fed by TMA through a ring of shared-memory stages, written to C in f16, bf16 or f32.
+
+A block is C consumer warpgroups (threads 0 to 128C - 1) and one producer warp after them
+(warpgroups are four consecutive warps from a multiple of 128 threads, so the producer comes
+last and the block needs no idle warpgroup). It computes BM x BN tiles of C, BM = 64C: the
+consumer warpgroup `wg` owns rows 64wg to 64wg + 63 of the tile as one m64nBNk16 accumulator
+(BN / 2 f32 a thread). The grid is persistent: block b computes tiles b, b + grid, ... (tile
+t at row tile t % tiles_m, column tile t // tiles_m, so that the blocks running together
+share B's tiles), with a ring of STAGES stages that runs on across its tiles.
+
+Stage s holds A's BM x KS and B's BN x KS box of one K step (KS = 64 16-bit or 128 float8
+elements), each row 128 bytes under TMA's 128-byte swizzle (the layout wgmma's descriptors
+take with swizzle=128), in the dynamic shared memory: A's stages from byte 0, B's after
+them, every box at a multiple of 1024 bytes. Two mbarriers a stage order the ring. Step `it`
+(counted over the block's tiles) uses stage it % STAGES in round it // STAGES:
+
+    producer (one thread)                consumers (every thread)
+    wait empty[s], parity round % 2 ^ 1  wait full[s], parity round % 2
+    expect_tx(full[s], stage bytes)      fence; 4 mma_async (32 bytes of K each); commit
+    tma_load A box, B box -> full[s]     wait_group(1): the step before has retired
+                                         arrive empty[stage of the step before]
+
+so one group of mma's is in flight while the next stage's data is awaited, and a stage goes
+back to the producer only after the wait that retired the mma's reading it. `empty` expects
+one arrival from each consumer thread, `full` the producer's and the stage's bytes. The first
+round's empty waits pass at once (the phase before the first). After a tile's last step the
+consumers wait for every group, release the last stage and store their accumulators to C
+straight from the fragment (row 16w + l / 4 + 8 (i / 2 % 2), column 8 (i / 4) + 2 (l % 4) +
+i % 2 of element i of lane l of warp w), guarded at C's edges, while the producer already
+loads the next tile's stages. TMA fills the boxes' rows and K columns past A's and B's edges
+with zeros, so a partial tile or K step needs no other care.
+
+TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
+data 16-byte aligned; the launch checks it (`matmul_hopper`). B must be K-major ([N, K] row-major, a
+linear layer's weight): wgmma reads MN-major 16-bit operands only through a descriptor mode
+the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offered.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from minicomp.backends.cuda.sm_count import H100_SMS
+from minicomp.ir import types as T
+from minicomp.script.function import script
+from minicomp.script.hopper import (
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_wait,
+)
+from minicomp.script.lang import (
+    attrs,
+    blockIdx,
+    dim,
+    dynamic_shared_tensor,
+    register_tensor,
+    shared_tensor,
+    syncthreads,
+    threadIdx,
+    unroll,
+)
+from minicomp.script.tma import tma_load
+from minicomp.script.types import ScalarType, f32, i32, tensor_map, u64
+from minicomp.script.wgmma import (
+    wgmma_commit_group,
+    wgmma_fence,
+    wgmma_mma_async,
+    wgmma_wait_group,
+)
+
+BK = 64  # K elements a stage for 16-bit operands: one 128-byte swizzle span (128 of float8)
+SPAN = 128  # bytes of K a stage: the swizzle span
+SWIZZLE = 128
+WARPGROUP = 128
+MAX_SHARED = 227 * 1024  # an H100's opt-in dynamic shared memory a block
+BARRIER_BYTES = 1024  # static shared memory the barriers may take, with room to spare
+
+INPUT_TYPES = (T.f16, T.bf16, T.f8e4m3fn, T.f8e5m2)
+OUTPUT_TYPES = (T.f16, T.bf16, T.f32)
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """A block of `consumers` warpgroups (BM = 64 * consumers rows) and BN = `bn` columns, with
+    `stages` stages in the ring."""
+
+    bn: int = 128
+    consumers: int = 2
+    stages: int = 4
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * self.consumers + 32
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * SPAN
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * self.stage_bytes
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}x{BK}_s{self.stages}"
+
+    def check(self) -> None:
+        if self.bn not in (64, 128, 192, 256) or self.consumers not in (1, 2):
+            raise ValueError(
+                f"matmul_hopper: no config with BN {self.bn}, {self.consumers} "
+                "consumer warpgroups (BN 64, 128, 192 or 256; 1 or 2 warpgroups)"
+            )
+        if self.stages < 2:
+            # A stage is freed by the wait after the next step's mma's are issued, which
+            # needs the next stage loaded: one stage alone would wait for itself.
+            raise ValueError(
+                f"matmul_hopper[{self.name}]: the ring needs 2 stages or more (one group of "
+                f"mma's stays in flight), not {self.stages}"
+            )
+        if self.shared_bytes + BARRIER_BYTES > MAX_SHARED:
+            raise ValueError(
+                f"matmul_hopper[{self.name}]: {self.stages} stages of {self.stage_bytes} bytes "
+                f"do not fit {MAX_SHARED} bytes of shared memory"
+            )
+
+
+CONFIGS = (
+    HopperConfig(bn=256, consumers=2, stages=4),
+    HopperConfig(bn=128, consumers=2, stages=5),
+    HopperConfig(bn=128, consumers=1, stages=6),
+    HopperConfig(bn=64, consumers=1, stages=8),
+)
+"""The configs offered: 128x256 (the large-shape tile: 128 accumulators a consumer thread),
+128x128, 64x128 and 64x64 (more tiles for small products), each with as many stages as fit
+comfortably under the shared-memory limit."""
+
+
+def pick_config(m: int, n: int, sms: int = H100_SMS) -> HopperConfig:
+    """The largest tile of CONFIGS whose busiest SM has at most PICK_SLACK more tile area to
+    compute (ceil(tiles / SMs) tiles of BM x BN, padding included) than the least of them:
+    larger tiles read fewer operand bytes through L2, which bounds the large products in the
+    lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a 16-row decode product)."""
+
+    def area(c: HopperConfig) -> int:
+        tiles = -(-m // c.bm) * -(-n // c.bn)
+        return -(-tiles // sms) * c.bm * c.bn
+
+    least = min(area(c) for c in CONFIGS)
+    fitting = [c for c in CONFIGS if area(c) <= least * (1 + PICK_SLACK)]
+    return max(fitting, key=lambda c: c.bm * c.bn)
+
+
+PICK_SLACK = 0.1
+"""How much more work a larger tile's busiest SM may have: at 4096 x 11008, 128 x 256 tiles
+give it 5% more than 128 x 128 ones and the lens still puts them ahead
+(benchmarks/results/lens-h100-2026-12-07-hopper.txt)."""
+
+
+@functools.cache
+def kernel(
+    config: HopperConfig,
+    in_type: T.DataType = T.f16,
+    out_type: T.DataType = T.f16,
+    bug: str = "",
+):
+    """The script kernel of `config` for `in_type` operands (f16, bf16, f8e4m3fn, f8e5m2) and
+    an `out_type` C (f16, bf16 or f32): matmul_hopper(a, b, c, grid=blocks) computes
+    c = a @ b.T with a persistent grid of `blocks` (at most the SMs).
+
+    `bug` plants one, for the tests: "parity" (the producer waits for the wrong phase of a
+    free stage), "early_release" (consumers free a stage as soon as they have issued its
+    mma's, before the wait that retires them)."""
+    config.check()
+    if in_type not in INPUT_TYPES or out_type not in OUTPUT_TYPES:
+        raise ValueError(
+            f"matmul_hopper: operands are f16, bf16 or float8 and C f16, bf16 or f32, not "
+            f"{in_type} and {out_type}"
+        )
+    dtype, out_dtype = ScalarType(in_type), ScalarType(out_type)
+    BM, BN, STAGES = config.bm, config.bn, config.stages
+    CONSUMERS = WARPGROUP * config.consumers
+    STAGE_BYTES = config.stage_bytes
+    B_AT = STAGES * BM * SPAN  # byte offset of B's stages: a multiple of 1024
+    KS = SPAN // in_type.nbytes  # K elements a stage
+    STEP = 32 // in_type.nbytes  # K elements an mma_async
+    ACC = BN // 2
+    NAME = f"matmul_hopper[{config.name}]"
+
+    @script
+    def matmul_hopper(
+        a: tensor_map(dtype[dim.m, dim.k], box=(BM, KS), swizzle=SWIZZLE),
+        b: tensor_map(dtype[dim.n, dim.k], box=(BN, KS), swizzle=SWIZZLE),
+        c: out_dtype[dim.m, dim.n],
+        m: i32,
+        n: i32,
+        k: i32,
+        grid: i32,
+    ):
+        attrs.grid_dim = grid
+        attrs.block_dim = CONSUMERS + 32
+        attrs.min_blocks = 1
+        attrs.template = NAME
+        t = threadIdx.x
+        a_s = dynamic_shared_tensor(dtype, (STAGES, BM, KS), at=0)
+        b_s = dynamic_shared_tensor(dtype, (STAGES, BN, KS), at=B_AT)
+        full = shared_tensor(u64, (STAGES,))
+        empty = shared_tensor(u64, (STAGES,))
+        if t == 0:
+            for s in range(STAGES):
+                mbarrier_init(full[s], 1)
+                mbarrier_init(empty[s], CONSUMERS)
+        syncthreads()
+        tiles_m = (m + BM - 1) // BM
+        tiles = tiles_m * ((n + BN - 1) // BN)
+        steps = (k + KS - 1) // KS
+        it = 0  # the block's K steps so far, over its tiles: the ring's position
+        tile = blockIdx.x
+        if t == CONSUMERS:  # the producer: one thread issues every copy
+            while tile < tiles:
+                m0 = tile % tiles_m * BM
+                n0 = tile // tiles_m * BN
+                for kt in range(steps):
+                    s = it % STAGES
+                    if bug == "parity":
+                        mbarrier_wait(empty[s], it // STAGES % 2)
+                    else:
+                        mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
+                    mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
+                    tma_load(a_s[s], a, m0, kt * KS, full[s])
+                    tma_load(b_s[s], b, n0, kt * KS, full[s])
+                    it += 1
+                tile += grid
+        elif t < CONSUMERS:
+            wg = t // WARPGROUP
+            w = t % WARPGROUP // 32
+            lane = t % 32
+            acc = register_tensor(f32, (ACC,))
+            while tile < tiles:
+                m0 = tile % tiles_m * BM
+                n0 = tile // tiles_m * BN
+                for i in unroll(range(ACC)):
+                    acc[i] = 0.0
+                for kt in range(steps):
+                    s = it % STAGES
+                    mbarrier_wait(full[s], it // STAGES % 2)
+                    wgmma_fence()
+                    for kk in unroll(range(KS // STEP)):
+                        wgmma_mma_async(
+                            acc, a_s[s, 64 * wg, STEP * kk], b_s[s, 0, STEP * kk], swizzle=SWIZZLE
+                        )
+                    wgmma_commit_group()
+                    if bug == "early_release":
+                        mbarrier_arrive(empty[s])
+                    wgmma_wait_group(1)  # the step before has retired: free its stage
+                    if kt > 0 and bug != "early_release":
+                        mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                    it += 1
+                wgmma_wait_group(0, acc)
+                if steps > 0 and bug != "early_release":
+                    mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                row = m0 + 64 * wg + 16 * w + lane // 4
+                col = n0 + 2 * (lane % 4)
+                for i in unroll(range(ACC)):
+                    r = row + 8 * (i // 2 % 2)
+                    cc = col + 8 * (i // 4) + i % 2
+                    if r < m and cc < n:
+                        c[r, cc] = out_dtype(acc[i])
+                tile += grid
+
+    return matmul_hopper
+
+
+def matmul_hopper(
+    a, b, out=None, config: HopperConfig | None = None, grid: int | None = None, sms=H100_SMS
+):
+    """out = a @ b.T by the Hopper kernel of `config` (default: `pick_config` for `sms` SMs),
+    for torch tensors: a [M, K] and b [N, K] f16, bf16 or float8 (the same), out [M, N]
+    contiguous in f16, bf16 or f32 (default: a new one of a's type, f16 for float8). `grid`
+    is the number of persistent blocks (default: one a tile, at most `sms`)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(
+            f"matmul_hopper: a [M, K] and b [N, K] with the same K, not {list(a.shape)} and "
+            f"{list(b.shape)}"
+        )
+    in_type = T.from_torch(a.dtype)
+    if a.dtype != b.dtype or in_type not in INPUT_TYPES:
+        raise ValueError(
+            f"matmul_hopper: a and b must both be float16, bfloat16, float8_e4m3fn or "
+            f"float8_e5m2, not {a.dtype} and {b.dtype}"
+        )
+    (m, k), n = a.shape, b.shape[0]
+    if out is None:
+        out = a.new_empty(m, n, dtype=a.dtype if in_type.nbytes == 2 else T.to_torch(T.f16))
+    out_type = T.from_torch(out.dtype)
+    if tuple(out.shape) != (m, n) or not out.is_contiguous() or out_type not in OUTPUT_TYPES:
+        raise ValueError(
+            f"matmul_hopper: out must be a contiguous [{m}, {n}] float16, bfloat16 or float32 "
+            f"tensor, not {out.dtype} {list(out.shape)} with strides {out.stride()}"
+        )
+    if out.numel() == 0 or k == 0:  # nothing to load: TMA has no map of an empty dimension
+        return out.zero_()
+    config = config or pick_config(m, n, sms)
+    tiles = -(-m // config.bm) * -(-n // config.bn)
+    if grid is None:
+        grid = min(tiles, sms)
+    kernel(config, in_type, out_type)(a, b, out, grid=max(grid, 1))
+    return out
