@@ -273,11 +273,27 @@ def test_other_forms_stay_aten_calls(case):
 
     torch._dynamo.reset()
     records: list = []
+    compiled = torch.compile(fn, backend="minicomp", options={"target": TARGET})
+    try:
+        runs = [fn(a, b, sa, sb)[0] for _ in range(2)]
+    except RuntimeError:
+        # Some CPUs' oneDNN has no kernel for this form: the compiled ATen call refuses it too.
+        with recording(records), pytest.raises(RuntimeError):
+            compiled(a, b, sa, sb)
+        return
     with recording(records):
-        (got,) = torch.compile(fn, backend="minicomp", options={"target": TARGET})(a, b, sa, sb)
+        (got,) = compiled(a, b, sa, sb)
     assert len(aten_calls(records)) == 1
-    (want,) = fn(a, b, sa, sb)
-    assert got.dtype == want.dtype and torch.equal(got.float(), want.float())
+    want = runs[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if not torch.equal(_bits(runs[0]), _bits(runs[1])):
+        pytest.skip(f"eager's CPU _scaled_mm ({case}) differs from call to call on this CPU")
+    assert torch.equal(_bits(got), _bits(want))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of `t`: equal NaNs compare equal."""
+    return t.contiguous().view(torch.uint8)
 
 
 def _scaled_mm_graph(device: str) -> Graph:
