@@ -140,23 +140,26 @@ def estimate_case(case: Case, device: str = "h100", options: dict | None = None)
     kernels = []
     for launch, k in zip(session.launches, estimates):
         template = launch.function.attrs.template or "auto-scheduled"
-        kernels.append(
-            KernelRow(
-                kernel=k.kernel,
-                template=template.split("[")[0],
-                time_us=k.time * 1e6,
-                roofline_us=k.roofline_time * 1e6,
-                bound=k.bound,
-                sector_efficiency=k.counts.sector_efficiency,
-                bank_conflict_factor=k.counts.bank_conflict_factor,
-                occupancy=k.occupancy.fraction,
-                registers=None if k.resources is None else k.resources.registers,
-                spill_bytes=k.spill_bytes,
-            )
-        )
+        kernels.append(_kernel_row(k, template.split("[")[0]))
     seconds = time.monotonic() - start
     best = problem_roofline(case, target) * 1e6
     return LensRow(case.family, case.label, device, kernels, seconds, problem_roofline_us=best)
+
+
+def _kernel_row(k, template: str) -> KernelRow:
+    """The table row of kernel estimate `k`, made by `template`."""
+    return KernelRow(
+        kernel=k.kernel,
+        template=template,
+        time_us=k.time * 1e6,
+        roofline_us=k.roofline_time * 1e6,
+        bound=k.bound,
+        sector_efficiency=k.counts.sector_efficiency,
+        bank_conflict_factor=k.counts.bank_conflict_factor,
+        occupancy=k.occupancy.fraction,
+        registers=None if k.resources is None else k.resources.registers,
+        spill_bytes=k.spill_bytes,
+    )
 
 
 def estimate_hopper(case: Case, device: str = "h100", configs=None) -> LensRow:
@@ -184,18 +187,7 @@ def estimate_hopper(case: Case, device: str = "h100", configs=None) -> LensRow:
         if best is None or k_est.time < best[1].time:
             best = (cfg, k_est)
     cfg, k_est = best
-    row = KernelRow(
-        kernel=k_est.kernel,
-        template=f"matmul_hopper[{cfg.name}]",
-        time_us=k_est.time * 1e6,
-        roofline_us=k_est.roofline_time * 1e6,
-        bound=k_est.bound,
-        sector_efficiency=k_est.counts.sector_efficiency,
-        bank_conflict_factor=k_est.counts.bank_conflict_factor,
-        occupancy=k_est.occupancy.fraction,
-        registers=None if k_est.resources is None else k_est.resources.registers,
-        spill_bytes=k_est.spill_bytes,
-    )
+    row = _kernel_row(k_est, f"matmul_hopper[{cfg.name}]")
     rate = target.wgmma_tflops_f16 or target.tensor_tflops_f16
     best_us = max(case.flops / (rate * 1e12), case.min_bytes / (target.dram_gbps * 1e9)) * 1e6
     seconds = time.monotonic() - start
