@@ -445,3 +445,42 @@ def test_reduction_timing(cache_dir, capsys):
 
 def _c(dtype):
     return {torch.float32: "float", torch.float64: "double", torch.int64: "long long"}[dtype]
+
+
+def _runtimes_needed(module) -> list[str]:
+    from minicomp.backends.cpu.compiler import _needed_libraries
+
+    return [n for n in _needed_libraries(module.path) if n.startswith("libmc_emu_")]
+
+
+def test_kernel_libraries_link_to_one_runtime_built_once_per_flags(tmp_path):
+    from minicomp.backends.cpu import compiler
+
+    cache = str(tmp_path)
+    compiler.reset_cache_stats()
+    first = build_emulated(
+        VADD, [("vadd", "const float*, const float*, float*, int64_t")], cache_dir=cache
+    )
+    assert compiler.cache_stats().misses == 2  # the runtime, then the kernel library
+    second = build_emulated(
+        VADD.replace("a[i] + b[i]", "a[i] - b[i]"),
+        [("vadd", "const float*, const float*, float*, int64_t")],
+        cache_dir=cache,
+    )
+    assert compiler.cache_stats().misses == 3  # the kernel library only
+    checked = build_emulated(
+        VADD,
+        [("vadd", "const float*, const float*, float*, int64_t")],
+        cache_dir=cache,
+        checks=True,
+    )
+    assert len(_runtimes_needed(first)) == 1
+    assert _runtimes_needed(first) == _runtimes_needed(second) != _runtimes_needed(checked)
+    # Each library runs its own kernel through the runtime it links to.
+    a, b = torch.randn(300), torch.randn(300)
+    for module, want in ((first, a + b), (second, a - b), (checked, a + b)):
+        c = torch.full((300,), float("nan"))
+        module.launch("vadd", 2, 256, [a, b, c, 300])
+        torch.testing.assert_close(c, want)
+    with pytest.raises(emu.OutOfBoundsError):
+        checked.launch("vadd", 2, 256, [a, b, torch.empty(299), 300])

@@ -213,11 +213,17 @@ def compile_library(
     cache_dir: str,
     name: str = "kernels",
     headers: Sequence[str] = (),
+    links: Sequence[tuple[str, str]] = (),
 ) -> ctypes.CDLL:
     """Compile and load like :func:`compile_c`, and return the loaded library (its path is
-    ``library._name``), unloaded once nothing refers to it or to a function of it."""
+    ``library._name``), unloaded once nothing refers to it or to a function of it.
+
+    ``links`` are ``(path, file name)`` pairs of shared libraries to link with: each is linked
+    under its file name (which must name its contents, as the key holds the name only), and
+    must be loaded before this library is, as nothing tells the loader where it lies.
+    """
     cache_dir = os.path.abspath(os.path.expanduser(cache_dir))
-    memo_key = (source, cc, cflags, cache_dir)
+    memo_key = (source, cc, cflags, cache_dir, tuple(links))
     with _lock:
         _forget_unloaded()
         path = _built.get(memo_key)
@@ -228,7 +234,7 @@ def compile_library(
         cache.note_found(os.path.dirname(path))
         return library
     compiler = _find_compiler(cc, source)
-    flags = shlex.split(cflags)
+    flags = shlex.split(cflags) + [f"./{file}" for _, file in links]
     key = _key(source, compiler, flags)
     cache.trusted_root(cache_dir)
     final_dir = cache.entry_dir(cache_dir, "kernels", key)
@@ -242,7 +248,7 @@ def compile_library(
                 if cache.lookup(cache_dir, final_dir, _LIBRARY_NAME) is not None:
                     _count("disk_hits")
                 else:
-                    _build(source, compiler, flags, cache_dir, final_dir, name, headers)
+                    _build(source, compiler, flags, cache_dir, final_dir, name, headers, links)
         try:
             library = load_library(path)
             break
@@ -326,14 +332,18 @@ def _place_headers(headers: Sequence[str], tmp_dir: str) -> set[str]:
         for file in (header, header + ".gch"):
             if file != header and not os.path.isfile(file):
                 continue  # the compiler made no precompiled form
-            target = os.path.join(folder, os.path.basename(file))
-            try:
-                os.link(file, target)
-            except FileNotFoundError:
-                raise  # removed by a clean-up: the caller makes the header again
-            except OSError:  # a file system without hard links
-                shutil.copyfile(file, target)
+            _place_file(file, os.path.join(folder, os.path.basename(file)))
     return placed
+
+
+def _place_file(file: str, target: str) -> None:
+    """Hard-link ``file`` at ``target`` (a copy where links are refused)."""
+    try:
+        os.link(file, target)
+    except FileNotFoundError:
+        raise  # removed by a clean-up: the caller makes the file again
+    except OSError:  # a file system without hard links
+        shutil.copyfile(file, target)
 
 
 def _build(
@@ -344,11 +354,14 @@ def _build(
     final_dir: str,
     name: str,
     headers: Sequence[str],
+    links: Sequence[tuple[str, str]] = (),
 ) -> None:
     with cache.build_dir(cache_dir, name) as tmp_dir:
         with open(os.path.join(tmp_dir, _SOURCE_NAME), "w", encoding="utf-8") as f:
             f.write(source)
         placed = _place_headers(headers, tmp_dir)
+        for path, file in links:
+            _place_file(path, os.path.join(tmp_dir, file))
         command = [compiler, _SOURCE_NAME, "-o", _LIBRARY_NAME, *flags]
         if any(flag.startswith("-g") for flag in flags):
             # Debug info should name the directory the source ends up in, not the temporary one.
@@ -363,6 +376,8 @@ def _build(
             raise CompileError(message, source=source, log=log)
         for folder in placed:
             shutil.rmtree(folder)
+        for _, file in links:
+            os.remove(os.path.join(tmp_dir, file))
         cache.publish(tmp_dir, final_dir)
 
 
@@ -419,6 +434,14 @@ def _forget_unloaded() -> None:
     """Drop the memo entries of unloaded libraries (the caller holds _lock)."""
     while _unloaded:
         for memo_key in _memo_keys.pop(_unloaded.popleft(), ()):
+            _built.pop(memo_key, None)
+
+
+def forget_build(path: str) -> None:
+    """Make the next :func:`compile_library` of the library at ``path`` look on disk, and
+    build it again if it is gone, even while it stays loaded."""
+    with _lock:
+        for memo_key in _memo_keys.pop(os.path.abspath(path), ()):
             _built.pop(memo_key, None)
 
 

@@ -53,6 +53,18 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+// The emulator's state (what a thread is, the block it runs, the launch it works for) lives in its
+// runtime library, built once per compiler and flags with MC_EMU_RUNTIME defined: it runs
+// launches. A kernel library refers to that state, and compiles only its kernels and what they
+// call (barriers, shuffles, copies), not the launch machinery, which made up most of its build.
+// `__thread`, not `thread_local`: a variable of another library is then reached without a call
+// to an initialization wrapper.
+#ifdef MC_EMU_RUNTIME
+#define MC_EMU_SHARED
+#else
+#define MC_EMU_SHARED extern
+#endif
+
 // ---- qualifiers ----
 
 #define __global__
@@ -134,16 +146,16 @@ struct Block {
 };
 
 // What the CUDA builtins read: set before a thread runs, by the plain loop or the scheduler.
-static thread_local uint3 tls_thread_idx;
-static thread_local uint3 tls_block_idx;
-static thread_local uint3 tls_block_dim;
-static thread_local uint3 tls_grid_dim;
-static thread_local Block* tls_block;  // null in plain (fiberless) mode
+MC_EMU_SHARED __thread uint3 tls_thread_idx;
+MC_EMU_SHARED __thread uint3 tls_block_idx;
+MC_EMU_SHARED __thread uint3 tls_block_dim;
+MC_EMU_SHARED __thread uint3 tls_grid_dim;
+MC_EMU_SHARED __thread Block* tls_block;  // null in plain (fiberless) mode
 // The first misaligned vector access of the block running on this OS thread (a GPU faults).
-static thread_local const void* tls_misaligned;
-static thread_local unsigned tls_misaligned_bytes;
+MC_EMU_SHARED __thread const void* tls_misaligned;
+MC_EMU_SHARED __thread unsigned tls_misaligned_bytes;
 // The dynamic shared memory of the block running on this OS thread (null when a launch has none).
-static thread_local unsigned char* tls_dynamic_smem;
+MC_EMU_SHARED __thread unsigned char* tls_dynamic_smem;
 // The most dynamic shared memory a block may have: an H100's opt-in limit, 227 KiB.
 static const unsigned long long MAX_DYNAMIC_SHARED = 227ull * 1024;
 
@@ -484,11 +496,14 @@ static void run_plain(Block* b) {
             }
 }
 
+// A kernel library's settings (mc_emu_configure), passed to each of its launches.
 struct Config {
     size_t stack_bytes = 64 * 1024;
     unsigned workers = 0;  // 0: one per hardware thread
+    // An address in the calling OS thread's thread-local block of the library, where its
+    // kernels' `__shared__` arrays live (the lens tells shared accesses by it).
+    const void* (*library_tls)() = nullptr;
 };
-static Config config;
 
 // Each OS thread keeps its fiber stacks between the blocks of one launch and unmaps them when the
 // launch ends: every guard page is a mapping of its own, and stacks kept by every loaded kernel
@@ -559,7 +574,7 @@ struct Worker {
     }
 };
 
-static thread_local Worker* tls_worker;  // the Worker of the block running on this OS thread
+MC_EMU_SHARED __thread Worker* tls_worker;  // the Worker of the block running on this OS thread
 
 static std::string misaligned_error() {
     if (!tls_misaligned) return "";
@@ -572,7 +587,7 @@ static std::string wgmma_finish(Block* b);  // emu_wgmma.h
 // Runs block `linear` of the grid; returns an error message, or "" on success.
 static std::string run_one_block(const char* kernel, Body body, void** args, bool fibers,
                                  uint3 grid, uint3 dim, size_t shared, unsigned linear,
-                                 Worker& w) {
+                                 Worker& w, const Config& config) {
     Block b{};
     b.kernel = kernel;
     b.body = body;
@@ -632,13 +647,15 @@ static std::string run_one_block(const char* kernel, Body body, void** args, boo
 // run_one_block, counted by `lens` when it is not null.
 static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
                              uint3 dim, size_t shared, unsigned linear, Worker& w,
-                             LensWorker* lens) {
+                             const Config& config, LensWorker* lens) {
     if (lens) lens_begin_block(lens, dim.x * dim.y * dim.z, w.dynamic_smem(shared), shared);
-    std::string error = run_one_block(kernel, body, args, fibers, grid, dim, shared, linear, w);
+    std::string error =
+        run_one_block(kernel, body, args, fibers, grid, dim, shared, linear, w, config);
     if (lens) lens_end_block(lens);
     return error;
 }
 
+#ifdef MC_EMU_RUNTIME
 #ifdef MC_EMU_ASAN
 // With halt_on_error=0, ASan reports come here and the launch fails with the report.
 static std::mutex* asan_mutex = new std::mutex;
@@ -649,12 +666,13 @@ static void asan_callback(const char* report) {
 }
 #endif
 
-// Runs a kernel; `checks`, when not null, describes its tensor arguments for a checked launch
-// (emu_checks.h) and receives its first bad access; `lens`, when not null, which blocks to
-// count (emu_lens.h), and receives the counts.
-static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsigned gy,
-                  unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned long long shared,
-                  void** args, Checks* checks, Lens* lens, char* err, int errlen) {
+// Runs a kernel of a library with settings `config`; `checks`, when not null, describes its
+// tensor arguments for a checked launch (emu_checks.h) and receives its first bad access;
+// `lens`, when not null, which blocks to count (emu_lens.h), and receives the counts.
+int launch(const char* kernel, bool fibers, Body body, const Config& config, unsigned gx,
+           unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+           unsigned long long shared, void** args, Checks* checks, Lens* lens, char* err,
+           int errlen) {
     std::string error;
     unsigned long long threads = (unsigned long long)bx * by * bz;
     if (!gx || !gy || !gz || !bx || !by || !bz) {
@@ -699,7 +717,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
         tls_worker = &w;
         tls_checks = checks ? &checked : nullptr;
         LensWorker counted;
-        if (lens) lens_begin_launch(&counted, lens);
+        if (lens) lens_begin_launch(&counted, lens, config.library_tls());
         tls_lens = lens ? &counted : nullptr;
         for (;;) {
             unsigned long long claim = next.fetch_add(1);
@@ -707,7 +725,7 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
             unsigned long long i = lens && lens->sample_only ? lens->sample[claim] : claim;
             LensWorker* counting = lens && lens_sampled(lens, i) ? &counted : nullptr;
             std::string e = run_block(kernel, body, args, fibers, grid, dim, (size_t)shared,
-                                      (unsigned)i, w, counting);
+                                      (unsigned)i, w, config, counting);
             if (e.empty()) continue;
             std::lock_guard<std::mutex> lock(mutex);
             if (claim < first_bad.load()) {
@@ -746,6 +764,12 @@ static int launch(const char* kernel, bool fibers, Body body, unsigned gx, unsig
     snprintf(err, (size_t)errlen, "kernel '%s': %s", kernel, error.c_str());
     return 1;
 }
+#else
+int launch(const char* kernel, bool fibers, Body body, const Config& config, unsigned gx,
+           unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+           unsigned long long shared, void** args, Checks* checks, Lens* lens, char* err,
+           int errlen);
+#endif  // MC_EMU_RUNTIME
 
 }  // namespace mc_emu
 
@@ -910,10 +934,15 @@ MC_EMU_VECTOR_ACCESS(16)
 MC_EMU_VECTOR_ACCESS(32)
 #undef MC_EMU_VECTOR_ACCESS
 
-// Tunes the runtime of this library: per-thread fiber stack bytes and OS worker threads.
+#ifndef MC_EMU_RUNTIME
+// This kernel library's settings: per-thread fiber stack bytes and OS worker threads.
+static __thread char mc_emu_tls_anchor;
+static const void* mc_emu_library_tls() { return &mc_emu_tls_anchor; }
+static mc_emu::Config mc_emu_config{64 * 1024, 0, mc_emu_library_tls};
 extern "C" void mc_emu_configure(unsigned long long stack_bytes, unsigned workers) {
-    if (stack_bytes) mc_emu::config.stack_bytes = (stack_bytes + 15) & ~15ull;
-    mc_emu::config.workers = workers;
+    if (stack_bytes) mc_emu_config.stack_bytes = (stack_bytes + 15) & ~15ull;
+    mc_emu_config.workers = workers;
 }
+#endif
 
 #endif  // MC_EMU_H

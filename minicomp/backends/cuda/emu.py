@@ -2,7 +2,9 @@
 
 The generated source is compiled unchanged after ``emu.h`` (the host implementation of the
 CUDA names the device header uses), together with one small launch wrapper per kernel; the
-prelude is included from the build cache, precompiled once per compiler and flags. Each
+prelude is included from the build cache, precompiled once per compiler and flags, and the
+launches run in the emulator's runtime library, also built once per compiler and flags, which
+every kernel library links to. Each
 CUDA block runs on one OS thread; its threads are fibers when the kernel has barriers or warp
 collectives (or mbarrier waits and bulk copies, which ``emu_async.h`` runs: copies land when
 their barrier's phase is waited for, a barrier that can never complete is a reported
@@ -339,7 +341,7 @@ def _wrapper(spec: KernelSpec) -> str:
         "    unsigned bx, unsigned by, unsigned bz, unsigned long long shared, void** args,\n"
         "    mc_emu::Checks* checks, mc_emu::Lens* lens, char* err, int errlen) {\n"
         f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
-        f"mc_emu_body_{spec.name},\n"
+        f"mc_emu_body_{spec.name}, mc_emu_config,\n"
         "                        gx, gy, gz, bx, by, bz, shared, args, checks, lens, err, "
         "errlen);\n"
         "}\n"
@@ -382,20 +384,57 @@ def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool 
     return emulator_prelude(ucontext=ucontext) + _kernels_part(source, specs)
 
 
+# The runtime libraries loaded in this process, by path: kept for good, as the kernel
+# libraries linked to them need them loaded (the loader knows them by their soname only).
+_RUNTIMES: dict[str, ctypes.CDLL] = {}
+
+
+def _runtime(prelude: str, *, cxx: str, flags: str, cache_dir: str) -> tuple[str, str]:
+    """Build (once per compiler, flags and prelude) and load the emulator's runtime library,
+    which runs launches and holds the emulator's state; return its path and its soname."""
+    source = "#define MC_EMU_RUNTIME 1\n" + prelude
+    soname = f"libmc_emu_{compiler.cache_key(source, cc=cxx, cflags=flags)[:24]}.so"
+
+    def build() -> ctypes.CDLL:
+        return compiler.compile_library(
+            source,
+            cc=cxx,
+            cflags=f"{flags} -Wl,-soname,{soname}",
+            cache_dir=cache_dir,
+            name="cuda_emu_runtime",
+        )
+
+    library = build()
+    if not os.path.isfile(library._name):  # a clean-up removed it: the kernels link to the file
+        compiler.forget_build(library._name)
+        library = build()
+    _RUNTIMES[library._name] = library
+    return library._name, soname
+
+
 def _compile(source, specs, *, ucontext, cxx, flags, cache_dir) -> ctypes.CDLL:
-    """Build emulator_source into a library and load it, with the prelude included from
-    the cache where GCC keeps it precompiled (parsing it was a third of every emulated
-    kernel's build time). The prelude is included by a name relative to the build, not by its
-    path, so the library's key, and so the cache, does not depend on where the cache lives."""
+    """Build emulator_source into a library linked to the emulator's runtime library and
+    load it. The launch machinery is compiled once, into the runtime (it was two thirds of
+    every emulated kernel's build), and the prelude is included from the cache where GCC keeps
+    it precompiled (parsing it was most of the rest). Both are named relative to the build, not
+    by their path, so the library's key, and so the cache, does not depend on where the cache
+    lives."""
     prelude = emulator_prelude(ucontext=ucontext)
 
     def build() -> ctypes.CDLL:
+        runtime = _runtime(prelude, cxx=cxx, flags=flags, cache_dir=cache_dir)
         header = compiler.precompiled_header(
             prelude, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu_prelude"
         )
         unit = f'#include "{compiler.include_name(header)}"\n' + _kernels_part(source, specs)
         return compiler.compile_library(
-            unit, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu", headers=[header]
+            unit,
+            cc=cxx,
+            cflags=flags,
+            cache_dir=cache_dir,
+            name="cuda_emu",
+            headers=[header],
+            links=[runtime],
         )
 
     try:

@@ -74,13 +74,13 @@ struct CheckedLaunch {
 
 // The library's checked launch (emu.py runs one at a time), read first by every hook: a global
 // costs a hook much less than a thread-local variable of a loaded library.
-static const CheckedLaunch* active_checks;
-static thread_local const CheckedLaunch* tls_checks;  // the launch this OS thread works for
-static thread_local sigjmp_buf* tls_abort;            // where a failing block of it goes
-static thread_local Violation tls_violation;          // the failing block's bad access
+MC_EMU_SHARED const CheckedLaunch* active_checks;
+MC_EMU_SHARED __thread const CheckedLaunch* tls_checks;  // the launch this OS thread works for
+MC_EMU_SHARED __thread sigjmp_buf* tls_abort;            // where a failing block of it goes
+MC_EMU_SHARED __thread Violation tls_violation;          // the failing block's bad access
 // The SIGSEGV action a checked launch replaced (emu.py runs one checked launch at a time).
-static struct sigaction previous_segv;
-static bool segv_replaced;
+MC_EMU_SHARED struct sigaction previous_segv;
+MC_EMU_SHARED bool segv_replaced;
 
 // Notes the bad access of [addr, addr + bytes) in region `r` against the argument nearest it.
 MC_EMU_UNCHECKED static void note(const CheckedLaunch* c, int r, uintptr_t addr, size_t bytes,

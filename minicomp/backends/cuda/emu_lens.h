@@ -92,9 +92,9 @@ struct Lens {
 // to counted modules only), and its containers would slow every kernel's build.
 struct LensWorker {};
 struct LensSectors {};
-static const Lens* active_lens;
-static thread_local LensWorker* tls_lens;
-static inline void lens_begin_launch(LensWorker*, const Lens*) {}
+MC_EMU_SHARED const Lens* active_lens;
+MC_EMU_SHARED __thread LensWorker* tls_lens;
+static inline void lens_begin_launch(LensWorker*, const Lens*, const void*) {}
 static inline void lens_begin_block(LensWorker*, unsigned, const unsigned char*, size_t) {}
 static inline void lens_end_block(LensWorker*) {}
 static inline void lens_end_launch(LensWorker*, Lens*, LensSectors*, std::mutex&) {}
@@ -144,8 +144,8 @@ struct LensWorker {
     std::unordered_set<uint64_t> read_sectors, written_sectors;
 };
 
-static const Lens* active_lens;            // the counted launch running now (one at a time)
-static thread_local LensWorker* tls_lens;  // this OS thread's state in it
+MC_EMU_SHARED const Lens* active_lens;            // the counted launch running now (one at a time)
+MC_EMU_SHARED __thread LensWorker* tls_lens;  // this OS thread's state in it
 
 MC_LENS_HOOK_SAFE static inline LensWorker* lens_recording() {
     if (!__atomic_load_n(&active_lens, __ATOMIC_RELAXED)) return nullptr;
@@ -223,7 +223,8 @@ MC_LENS_HOOK_SAFE static void lens_bulk(int store, Each each) {
     w->busy = false;
 }
 
-// This thread's instance of the library's thread-local block: where `__shared__` arrays live.
+// This thread's instance of the kernel library's thread-local block, the one holding
+// `range[0]`: where `__shared__` arrays live.
 static int lens_find_tls(struct dl_phdr_info* info, size_t, void* data) {
     uintptr_t* range = (uintptr_t*)data;
     if (!info->dlpi_tls_data) return 0;
@@ -239,9 +240,10 @@ static int lens_find_tls(struct dl_phdr_info* info, size_t, void* data) {
     return 0;
 }
 
-static void lens_begin_launch(LensWorker* w, const Lens* lens) {
+// `library_tls`: an address in this thread's thread-local block of the kernel's library.
+static void lens_begin_launch(LensWorker* w, const Lens* lens, const void* library_tls) {
     w->lens = lens;
-    uintptr_t range[2] = {(uintptr_t)&tls_block_idx, 0};
+    uintptr_t range[2] = {(uintptr_t)library_tls, 0};
     if (dl_iterate_phdr(lens_find_tls, range)) w->tls_lo = range[0], w->tls_hi = range[1];
     w->read.assign(lens->nspans, 0);
     w->written.assign(lens->nspans, 0);
