@@ -210,33 +210,41 @@ ARG_CALLS = {
 @pytest.mark.parametrize("name", list(ARG_CALLS))
 def test_compiled_argmax_argmin_take_the_first_of_ties(name, dtype, dynamic, target):
     # Shapes that reach every CUDA reduction: a warp per short row, a block per long or
-    # symbolic one, a split over blocks for a long whole-tensor reduction.
+    # symbolic one, a split over blocks for a long whole-tensor reduction. One graph reduces
+    # them all, each with its own kernel: a compile per case cost more than the cases.
     call = ARG_CALLS[name]
     cases = [((1, 2), -1), ((2, 2), 0), ((6, 8), None), ((3, 1500), 1), ((9000,), None)]
-    for k, (shape, dim) in enumerate(cases):
-        if dim is None and name.endswith("indices"):
-            continue  # max()/min() of a whole tensor return no index
-        compiled = compile_minicomp(lambda x, dim=dim: call(x, dim), target, dynamic)
-        for x in (
-            _ties_and_extremes(shape, dtype, seed=1000 * k + 7),
-            _lone_extremes(shape, dim, dtype, seed=1000 * k + 8),
-        ):
-            assert_same(compiled(x.clone()), call(x, dim), equal_nan=True)
-        if not dtype.is_floating_point:  # every element the extreme: index 0
-            y = torch.full(shape, torch.iinfo(dtype).max, dtype=dtype)
-            assert_same(compiled(y), call(y, dim))
+    # max()/min() of a whole tensor return no index
+    cases = [(shape, dim) for shape, dim in cases if dim is not None or name.startswith("arg")]
+    dims = [dim for _, dim in cases]
+
+    def reduce_each(*xs):
+        return [call(x, dim) for x, dim in zip(xs, dims, strict=True)]
+
+    compiled = compile_minicomp(reduce_each, target, dynamic)
+    inputs = [
+        [_ties_and_extremes(shape, dtype, seed=1000 * k + 7) for k, (shape, _) in enumerate(cases)],
+        [
+            _lone_extremes(shape, dim, dtype, seed=1000 * k + 8)
+            for k, (shape, dim) in enumerate(cases)
+        ],
+    ]
+    if not dtype.is_floating_point:  # every element the extreme: index 0
+        inputs.append(
+            [torch.full(shape, torch.iinfo(dtype).max, dtype=dtype) for shape, _ in cases]
+        )
+    for xs in inputs:
+        assert_same(compiled(*[x.clone() for x in xs]), reduce_each(*xs), equal_nan=True)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("ord", [3, 0.5, 1, 2, 0, 7.5])
 def test_compiled_vector_norm_of_an_empty_reduction_is_zero(ord, dynamic, target):
     # Eager's norm over no elements is 0 for any order that has one (not for negative orders
-    # or +-inf, which eager rejects), as is the norm of zeros.
-    compiled = compile_minicomp(
-        lambda x: torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)), target, dynamic
-    )
-    for shape in ((0, 1), (0, 3, 2), (2, 0, 4)):
-        x = torch.randn(shape)
-        assert_same(compiled(x), torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)))
-    x = torch.randn(3, 4, 2)
-    assert_same(compiled(x), torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)))
+    # or +-inf, which eager rejects), as is the norm of zeros. One graph takes every shape.
+    def norms(*xs):
+        return [torch.linalg.vector_norm(x, ord=ord, dim=(0, 1)) for x in xs]
+
+    compiled = compile_minicomp(norms, target, dynamic)
+    xs = [torch.randn(shape) for shape in ((0, 1), (0, 3, 2), (2, 0, 4), (3, 4, 2))]
+    assert_same(compiled(*xs), norms(*xs))
