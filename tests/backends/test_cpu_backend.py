@@ -85,6 +85,26 @@ def test_vector_add_parallel_vectorized(cache_dir):
         assert out_t[size:].isnan().all()  # nothing written past n
 
 
+def test_the_runtime_header_comes_precompiled_and_the_source_keeps_its_copy(tmp_path):
+    from minicomp.backends.cpu import compiler
+    from minicomp.backends.cpu.codegen import runtime_header
+
+    compiler.reset_cache_stats()
+    module = Module("neg", (elementwise("negate", [f32], f32, lambda x: -x),))
+    mod = build_cpu(module, cache_dir=str(tmp_path))
+    assert mod.source.count(runtime_header()) == 1  # what explain shows: one whole file
+    [header] = (tmp_path / "headers").glob("*/*/prelude.h")
+    assert header.read_text() == runtime_header()
+    built = (tmp_path / "kernels").glob("*/*/source.c")
+    assert [p.read_text().splitlines()[0] for p in built] == [
+        f'#include "{compiler.include_name(str(header))}"'
+    ]
+    assert compiler.cache_stats().header_builds == 1
+    x, out = torch.randn(1000), torch.full((1000,), float("nan"))
+    mod.kernel("negate")(x.data_ptr(), out.data_ptr(), 1000)
+    assert torch.equal(out, -x)
+
+
 def test_wrong_arity_names_the_kernel_and_its_params(cache_dir):
     mod = build_cpu(
         Module("neg", (elementwise("negate", [f32], f32, lambda x: -x),)), cache_dir=cache_dir
