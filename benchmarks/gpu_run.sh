@@ -17,8 +17,10 @@ for arg in "$@"; do [ "$arg" = --rehearse ] && rehearse=1; done
 # This checkout must be what `import minicomp` finds, with its torch_dynamo_backends entry point
 # registered. Where no minicomp is installed (the GPU image, which has every dependency but no
 # network), install this one without fetching anything; an installed one (another checkout)
-# is left alone, and PYTHONPATH puts this checkout first.
-if ! $PY -c 'import minicomp' 2>/dev/null; then
+# is left alone, and PYTHONPATH puts this checkout first. Looked up, not imported: importing
+# minicomp imports torch, seconds at every stage's start.
+found='import importlib.util as u; raise SystemExit(u.find_spec("minicomp") is None)'
+if ! $PY -c "$found" 2>/dev/null; then
     $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
         || echo "warning: could not install this checkout; the backend is registered at run time" >&2
 fi

@@ -1,5 +1,9 @@
-"""Tests of the `minicomp` command run as a subprocess."""
+"""Tests of the `minicomp` command: its subcommands run in this process through cli.main (each
+subprocess would spend seconds importing torch), the entry points and exit statuses in a real
+subprocess."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -16,18 +20,32 @@ from minicomp.tune.database import Record, TuningDatabase
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _minicomp(*args: str, cache_dir) -> subprocess.CompletedProcess:
+def _subprocess(*args: str, cache_dir) -> subprocess.CompletedProcess:
+    """`python -m ARGS` as a user runs it, with MINICOMP_CACHE_DIR naming ``cache_dir``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINICOMP_")}
     env["MINICOMP_CACHE_DIR"] = str(cache_dir)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "minicomp.cli", *args],
+        [sys.executable, "-m", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def _minicomp(*args: str, cache_dir) -> subprocess.CompletedProcess:
+    """`minicomp ARGS` run in this process with the cache_dir option naming ``cache_dir``: its
+    status and what it printed, as a subprocess would give them."""
+    out, err = io.StringIO(), io.StringIO()
+    with config.patch(cache_dir=str(cache_dir)):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = cli.main(list(args))
+            except SystemExit as stop:  # argparse's --version and usage errors
+                status = stop.code
+    return subprocess.CompletedProcess(args, status, out.getvalue(), err.getvalue())
 
 
 def test_config_lists_every_option(tmp_path):
@@ -174,18 +192,10 @@ _DAY = 86400.0
 
 
 def _cache(cache_dir, *args: str) -> subprocess.CompletedProcess:
-    """`python -m minicomp cache --cache-dir DIR ARGS`, as a user runs it; the environment
-    names another directory, so that the flag has to win."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINICOMP_")}
-    env["MINICOMP_CACHE_DIR"] = str(cache_dir) + "-not-this-one"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "minicomp", "cache", "--cache-dir", str(cache_dir), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    """`minicomp cache --cache-dir DIR ARGS`; the cache_dir option names another directory, so
+    that the flag has to win."""
+    return _minicomp(
+        "cache", "--cache-dir", str(cache_dir), *args, cache_dir=str(cache_dir) + "-not-this-one"
     )
 
 
@@ -454,10 +464,17 @@ def test_cache_graphs_lists_the_compiled_graphs_and_clear_removes_them(tmp_path)
     assert json.loads(_ok(_cache(tmp_path, "graphs", "--json"))) == []
 
 
+def test_python_m_minicomp_fails_with_status_1_and_one_line(tmp_path):
+    flag, env = tmp_path / "flag", tmp_path / "env"
+    proc = _subprocess("minicomp", "cache", "--cache-dir", str(flag), "show", "ab", cache_dir=env)
+    _fails(proc, "no tuning database", str(flag / "tuning.sqlite"))
+    assert not flag.exists() and not env.exists()
+
+
 def test_version_names_minicomp_and_torch(tmp_path):
     from importlib import metadata
 
-    proc = _minicomp("--version", cache_dir=tmp_path)
+    proc = _subprocess("minicomp.cli", "--version", cache_dir=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"minicomp {metadata.version('minicomp')} ")
     assert f"torch {metadata.version('torch')}" in proc.stdout

@@ -20,8 +20,14 @@ def mm_relu(a, b):
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("cache"))
+def cache(tmp_path_factory) -> str:
+    """The module's own cache, apart from the suite's (what tuning stores here is inspected):
+    the emulator's precompiled headers are built once for all of its tests."""
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def tuned(cache):
     torch.manual_seed(0)
     a, b = torch.randn(64, 96, dtype=torch.float16), torch.randn(96, 80, dtype=torch.float16)
     options = {"target": "cuda-emu", "search_space": 1, "cache_dir": cache, "tune_budget": 0}
@@ -81,21 +87,21 @@ def test_the_compiled_result_matches_eager(tuned):
     torch.testing.assert_close(out, mm_relu(a.float(), b.float()).half(), rtol=2e-2, atol=2e-2)
 
 
-def test_cost_model_measure_keeps_cuda_emu_at_level_0(tmp_path, monkeypatch):
+def test_cost_model_measure_keeps_cuda_emu_at_level_0(cache, monkeypatch):
     from minicomp.tune import tuner
 
     monkeypatch.setattr(tuner, "_noticed", set())
     a, b = torch.randn(16, 32, dtype=torch.float16), torch.randn(32, 16, dtype=torch.float16)
     options = {"target": "cuda-emu", "search_space": 1, "cost_model": "measure"}
-    e = explain(mm_relu, a, b, options={**options, "cache_dir": str(tmp_path)})
+    e = explain(mm_relu, a, b, options={**options, "cache_dir": cache})
     ((_, _, choice),) = e.records[0].tuning
     assert choice.how == "heuristic" and "search space 0" in choice.describe()
 
 
-def test_explain_with_the_lens_shows_each_kernels_estimate(tmp_path):
+def test_explain_with_the_lens_shows_each_kernels_estimate(cache):
     a, b = torch.randn(16, 32, dtype=torch.float16), torch.randn(32, 16, dtype=torch.float16)
     options = {"target": "cuda-emu", "lens": True, "lens_device": "a100"}
-    e = explain(mm_relu, a, b, options={**options, "cache_dir": str(tmp_path)})
+    e = explain(mm_relu, a, b, options={**options, "cache_dir": cache})
     (name,) = [k.name for k in e.records[0].kernels]
     estimate = e.records[0].estimates[name]
     assert "us on A100" in estimate and "of roofline" in estimate

@@ -32,6 +32,9 @@ from minicomp.bench.stages.stage import Stage
 OVERHEAD_GUESS_S = 40.0  # the 50-kernel graph compiled by Inductor and by minicomp, twice
 FIRST_CASE_GUESS_S = 25.0  # before any case has run: a compile at two levels and the timing
 REHEARSAL_ARCH = "sm_90"  # the SASS a rehearsal checks (NVRTC needs no GPU)
+# The launch-overhead graph's kernels in a rehearsal: its mechanics, not the size, whose 50
+# kernels cost the emulator's build and Inductor's compile seconds on the CPU.
+REHEARSAL_STEPS = 5
 
 
 def ordered(cases_by_family: dict[str, list[Case]]) -> list[Case]:
@@ -114,9 +117,8 @@ def run(stage: Stage, only: list[str] | None = None, levels=(0, 1), tune_budget:
                 stage.skip(case.label, "the CUDA context failed", family=case.family)
             break
     if stage.budget.allows(OVERHEAD_GUESS_S):
-        row = overhead.measure(
-            stage.device, stage.target, stage.cache_dir, 50 if stage.rehearse else 1000
-        )
+        calls, steps = (50, REHEARSAL_STEPS) if stage.rehearse else (1000, overhead.STEPS)
+        row = overhead.measure(stage.device, stage.target, stage.cache_dir, calls, steps)
         stage.rows.write(row)
         print(
             "host time per call, "
