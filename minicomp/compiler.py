@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from minicomp.backends import cache as build_cache
+from minicomp.backends.cuda.tensor_map import tensor_map_arguments
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function
@@ -166,7 +167,8 @@ def link(
     }
     t0 = time.perf_counter()
     scratch = {k.name: scratch_of(k) for k in lowered.kernels if k.attrs.scratch}
-    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols, scratch)
+    maps = {k.name: tensor_map_arguments(k) for k in lowered.kernels if k.attrs.tensor_maps}
+    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols, scratch, maps)
     plan = builder.build()
     # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
     plan = target.finish(plan, options, static_inputs, replayable=not builder.late)
