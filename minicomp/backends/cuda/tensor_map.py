@@ -153,11 +153,15 @@ def driver_bytes(t: Any, m: TensorMapType) -> bytes:
     return struct.pack("<16Q", *(int(v) for v in tensor_map.opaque))
 
 
-class EmulatorMap(bytes):
-    """The emulator's map bytes, with the tensor they describe (`described`): a counted launch
-    (the performance lens) counts the copies through the map against that tensor's memory."""
+class MapBytes(bytes):
+    """A map's bytes with the tensor they describe (`described`), which they keep alive."""
 
     described: Any = None
+
+
+class EmulatorMap(MapBytes):
+    """The emulator's map bytes, with the tensor they describe (`described`): a counted launch
+    (the performance lens) counts the copies through the map against that tensor's memory."""
 
 
 def emulator_bytes(t: Any, m: TensorMapType) -> bytes:
@@ -210,22 +214,37 @@ class TensorMapArgument:
 
     def encode(self, t: Any) -> bytes:
         """The map's bytes for buffer tensor `t` (a TensorMapError naming the kernel and the
-        parameter when TMA cannot read it: a misaligned address)."""
+        parameter when TMA cannot read it). A view whose data is not 16-byte aligned (an input
+        at an odd offset into its storage) is read from an aligned copy, which the bytes keep
+        alive (`described`) through the launch."""
+        view = self.view(t)
+        if view.data_ptr() % 16:
+            copy = aligned_copy(view)
+            data = MapBytes(self._encode(copy, emulated=t.device.type == "cpu"))
+            data.described = copy
+            return data
         if t.device.type == "cpu":  # the emulator's: cheap, and it remembers its tensor
-            return self._encode(t, emulated=True)
-        key = (t.device.index, t.data_ptr())
+            return self._encode(view, emulated=True)
+        key = (t.device.index, view.data_ptr())
         hit = self._cache.get(key)
         if hit is None:
             if len(self._cache) >= CACHED:
                 self._cache.clear()
-            hit = self._cache[key] = self._encode(t, emulated=False)
+            hit = self._cache[key] = self._encode(view, emulated=False)
         return hit
 
-    def _encode(self, t: Any, emulated: bool) -> bytes:
+    def _encode(self, view: Any, emulated: bool) -> bytes:
         try:
-            return encode(self.param, self.view(t), self.type, emulated)
+            return encode(self.param, view, self.type, emulated)
         except TensorMapError as e:
             raise TensorMapError(f"kernel {self.kernel}: {e}") from None
+
+
+def aligned_copy(view: Any) -> Any:
+    """A copy of `view` with its strides in fresh memory (PyTorch's allocators align it)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.stride()))
+    fresh = view.new_empty(span).as_strided(view.shape, view.stride())
+    return fresh.copy_(view)
 
 
 def tensor_map_arguments(f: Function) -> tuple[TensorMapArgument, ...]:
