@@ -3,7 +3,7 @@ and gelu fused on cuda-emu compiled for sm_90a runs the TMA/wgmma template, the 
 its tensor maps at each call, and matches float64 on fresh inputs; explain says which template
 and why; sm_90 (cuda-emu's default, the lens's H100) and products the template refuses keep
 matmul_tc; the fused kernels build for sm_90a with NVRTC without spills, with HGMMA and
-UTMALDG in their SASS."""
+UTMALDG in their SASS; a computed prologue becomes a kernel of its own on sm_90a."""
 
 import copy
 
@@ -101,6 +101,23 @@ def test_a_k_tma_cannot_read_falls_back_to_matmul_tc():
     (record,) = records
     ((_, _, choice),) = record.tuning
     assert "rows start every 380 bytes" in choice.why, choice.why
+
+
+def test_a_prologue_on_sm_90a_is_a_kernel_of_its_own_before_the_hopper_product():
+    # TMA reads A as memory holds it: relu(x) is written out, then read by the product.
+    x, w, b = torch.randn(M, K).half(), torch.randn(N, K).half(), torch.randn(N).half()
+    records: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(
+        lambda x, w, b: torch.relu(x) @ w.t() + b, backend="minicomp", options=HOPPER
+    )
+    with recording(records):
+        out = fn(x, w, b)
+    (record,) = records
+    assert [k.attrs.template for k in record.kernels][0] is None  # the relu
+    assert templates(records) == [matmul_hopper.NAME]
+    expect = torch.relu(x.double()) @ w.double().t() + b.double()
+    torch.testing.assert_close(out.double(), expect, rtol=1e-2, atol=1e-2)
 
 
 def _problem(arch: str, m: int = M, k: int = K, transposed_b: bool = False, relu_a=False):

@@ -41,6 +41,7 @@ the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offer
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.arch import WGMMA_ARCH
@@ -334,7 +335,8 @@ def refusal(problem) -> str | None:
     None when it does: f16 or bf16 operands summed in f32 on sm_90a, static sizes, one batch,
     at least MIN_ROWS rows, and both operands plain reads with K contiguous whose rows and start
     are 16-byte aligned. TMA copies memory as it is, so an operand with a fused prologue (a
-    relu, a cast of A) is refused: matmul_tc computes that group, its prologue inlined."""
+    relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in a kernel of its
+    own where the product is one the template takes (reads_by_tma)."""
     if problem.arch != WGMMA_ARCH:
         return f"wgmma needs {WGMMA_ARCH}, not {problem.arch}"
     a, b = problem.a_dtype, problem.b_dtype
@@ -364,6 +366,22 @@ def refusal(problem) -> str | None:
                 f"{plain.base * nbytes} (TMA needs multiples of 16)"
             )
     return None
+
+
+def reads_by_tma(c) -> bool:
+    """Whether the template would compute Contraction `c` (minicomp.ir.contraction) were its
+    operands plain reads: f16 or bf16 summed in f32, static sizes, one batch, at least MIN_ROWS
+    rows. On sm_90a, fusion keeps a computing producer of such a product's operands (a relu,
+    a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory as
+    it is."""
+    a, b = c.operand_dtypes
+    if c.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
+        return False
+    extents = [x for _, x in (*c.batch, *c.m, *c.n, *c.k)]
+    if not all(isinstance(x, int) for x in extents):
+        return False
+    batch, m = math.prod(x for _, x in c.batch), math.prod(x for _, x in c.m)
+    return batch == 1 and m >= MIN_ROWS
 
 
 def applies(problem) -> bool:
