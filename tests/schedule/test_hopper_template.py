@@ -13,7 +13,11 @@ import torch.nn.functional as F
 from schedule_graphs import matmul_problem_of
 
 import minicomp
-from minicomp.backends.cuda.tensor_map import TensorMapError, tensor_map_arguments
+from minicomp.backends.cuda.tensor_map import (
+    TensorMapError,
+    driver_arguments,
+    tensor_map_arguments,
+)
 from minicomp.dynamo.backend import recording
 from minicomp.schedule.templates import matmul_hopper, matmul_tc, template_choice
 
@@ -164,10 +168,18 @@ def test_an_input_at_an_odd_offset_is_read_from_an_aligned_copy(compiled_linear)
 
 def test_the_maps_view_the_operands_buffers():
     problem = _problem("sm_90a")
-    kernel = matmul_hopper.instantiate(problem, matmul_hopper.heuristic(problem))
+    config = matmul_hopper.heuristic(problem)
+    kernel = matmul_hopper.instantiate(problem, config)
     a_map, b_map = tensor_map_arguments(kernel)
     assert (a_map.param, a_map.shape, a_map.strides) == ("tma_a", (M, K), (K, 1))
     assert (b_map.param, b_map.shape, b_map.strides) == ("tma_b", (N, K), (K, 1))
+    # What the cuda target gives cuTensorMapEncodeTiled for A (innermost first; no GPU needed).
+    x = torch.zeros(M, K, dtype=torch.float16)
+    args = driver_arguments(a_map.view(x), a_map.type)
+    assert args["globalAddress"] == x.data_ptr()
+    assert (args["globalDim"], args["globalStrides"]) == ([K, M], [2 * K])
+    assert args["boxDim"] == [64, config.bm]  # a stage: BM rows of 64 halves (128 bytes)
+    assert args["swizzle"] == 3  # CU_TENSOR_MAP_SWIZZLE_128B
     # A buffer the map cannot describe is an error naming the kernel and the map.
     with pytest.raises(TensorMapError, match=f"kernel {kernel.name}: tensor map tma_a holds f"):
         a_map.encode(torch.zeros(M * K, dtype=torch.float32))
