@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from minicomp.backends import cache as build_cache
+from minicomp.backends.cuda.arch import WGMMA_ARCH
+from minicomp.backends.cuda.tensor_map import tensor_map_arguments
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function
@@ -38,7 +40,7 @@ from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.graph.reinplace import reinplace_convolutions, reinplace_scatters
 from minicomp.passes.graph.shared_views import duplicate_shared_views
 from minicomp.passes.kernel.simplify_indices import simplify_indices
-from minicomp.passes.pipeline import run_passes
+from minicomp.passes.pipeline import configured, run_passes
 from minicomp.record import CompileRecord
 from minicomp.runtime.plan_builder import PlanBuilder
 from minicomp.targets import Target, resolve_target
@@ -100,7 +102,9 @@ def lower(
     # Every target's passes, then views given to each of their readers: fusion's input.
     passes = [*target.passes_for(graph, options), duplicate_shared_views]
     graph = unfused = run_passes(graph, passes, trace=trace)
-    graph = run_passes(graph, [fuse], trace=trace)
+    # On sm_90a the Hopper matmul reads operands as memory holds them: no computed prologue.
+    tma = options.arch == WGMMA_ARCH and options.tensor_cores and target.runs_cuda
+    graph = run_passes(graph, [configured(fuse, tma_products=tma)], trace=trace)
     graph = record.graph = place_constants(graph, target)
     layouts = layouts_for(graph)
     t1 = time.perf_counter()
@@ -166,7 +170,8 @@ def link(
     }
     t0 = time.perf_counter()
     scratch = {k.name: scratch_of(k) for k in lowered.kernels if k.attrs.scratch}
-    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols, scratch)
+    maps = {k.name: tensor_map_arguments(k) for k in lowered.kernels if k.attrs.tensor_maps}
+    builder = PlanBuilder(graph, layouts_for(graph), fns, symbols, scratch, maps)
     plan = builder.build()
     # A graph whose sizes depend on data it computes cannot replay: it runs step by step.
     plan = target.finish(plan, options, static_inputs, replayable=not builder.late)

@@ -99,8 +99,8 @@ class Options:
     arch: str | None = _option(
         None,
         "CUDA architecture to compile for, such as sm_90, which also decides what the templates "
-        "may use (float8 mma: sm_89+). Unset: the target's device's (cuda: the GPU's own; "
-        "cuda-emu: lens_device's).",
+        "may use (float8 mma: sm_89+; the Hopper matmul, TMA and wgmma: sm_90a). Unset: the "
+        "target's device's (cuda: the GPU's own, sm_90 as sm_90a; cuda-emu: lens_device's).",
     )
     sm_count: int | None = _option(
         None,

@@ -41,6 +41,12 @@ class LaunchAttrs(Node):
     - block_group: blocks that finish one piece of work together through global memory (the
       chunks of one tile of an in-kernel split-K, matmul_tc): `block_group` consecutive
       blocks in linear order. A counted launch samples whole groups (emu.default_sample).
+    - tensor_maps: the TMA tensor-map parameters a plan encodes at each launch (a template's
+      operands read by TMA, matmul_hopper), each entry (map parameter, pointer parameter,
+      base, shape, strides): the map describes the pointer parameter's buffer viewed from
+      element `base` with `shape` and `strides` (in elements, outermost first, ints). Those
+      parameters come first, in this order, before the buffers
+      (backends/cuda/tensor_map.py, TensorMapArgument).
     """
 
     grid_dim: tuple[Dim, Dim, Dim] | None = None
@@ -51,6 +57,7 @@ class LaunchAttrs(Node):
     template: str | None = None
     scratch: tuple[tuple[str, int, bool], ...] = ()
     block_group: int = 1
+    tensor_maps: tuple[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
 
     def __post_init__(self):
         for name in ("grid_dim", "block_dim"):
@@ -73,6 +80,11 @@ class LaunchAttrs(Node):
             )
         if not isinstance(self.block_group, int) or self.block_group < 1:
             raise TypeError(f"block_group is a positive int, not {self.block_group!r}")
+        if not isinstance(self.tensor_maps, tuple) or not all(map(_is_map, self.tensor_maps)):
+            raise TypeError(
+                "tensor_maps is a tuple of (map parameter, pointer parameter, base, shape, "
+                f"strides), not {self.tensor_maps!r}"
+            )
 
     def __repr__(self) -> str:
         default = LAUNCH_DEFAULTS
@@ -93,6 +105,22 @@ def _is_scratch(entry: object) -> bool:
         and not isinstance(entry[1], bool)
         and entry[1] >= 0
         and isinstance(entry[2], bool)
+    )
+
+
+def _is_map(entry: object) -> bool:
+    def ints(t: object) -> bool:
+        return isinstance(t, tuple) and all(type(x) is int for x in t)
+
+    return (
+        isinstance(entry, tuple)
+        and len(entry) == 5
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], str)
+        and type(entry[2]) is int
+        and ints(entry[3])
+        and ints(entry[4])
+        and len(entry[3]) == len(entry[4])
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from minicomp.backends.cuda.tensor_map import TensorMapArgument, encoded_maps
 from minicomp.ir.error_flag import ERROR_FLAG, ERRORS
 from minicomp.ir.symbols import compile_dims
 from minicomp.runtime.memory import Interval, plan_offsets
@@ -57,23 +58,29 @@ class KernelStep(Step):
     """A call of a compiled kernel: pointer arguments from slots, then size symbols (and
     the error flag's address, bound under its name like a symbol). A kernel whose callable
     has a true `takes_tensors` attribute (a counted emulator build, which needs each buffer's
-    bytes) gets the slots' tensors instead of their addresses."""
+    bytes) gets the slots' tensors instead of their addresses. A kernel reading buffers by
+    TMA first gets its tensor maps (`maps`, backends/cuda/tensor_map.py), encoded from the slots'
+    tensors at each call."""
 
     name: str
     fn: Callable
     buffers: Sequence[int]
     outputs: Sequence[int]
     symbols: Sequence[str]
+    maps: Sequence[TensorMapArgument] = ()
 
     def __post_init__(self) -> None:
         self._pointer = _tensor if getattr(self.fn, "takes_tensors", False) else _address
         # The foreign function itself where its arity is checked here, once, not per call.
         cfunc = getattr(self.fn, "cfunc", None)
         arity = len(getattr(cfunc, "argtypes", None) or ())
-        self._call = cfunc if arity and arity == len(self.buffers) + len(self.symbols) else self.fn
+        expected = len(self.maps) + len(self.buffers) + len(self.symbols)
+        self._call = cfunc if arity and arity == expected and not self.maps else self.fn
 
     def run(self, slots: list, env: Env) -> None:
         args = [self._pointer(slots[k]) for k in self.buffers]
+        if self.maps:
+            args = encoded_maps(self.maps, [slots[k] for k in self.buffers]) + args
         args += [env[s] for s in self.symbols]
         self._call(*args)
 
@@ -604,7 +611,7 @@ class FixedCall:
     def _kernel_call(step: Step, addresses: set[int], env: Env) -> tuple | None:
         """For a kernel taking addresses: its foreign function, each buffer's slot and whether
         that holds an address already, and its size arguments (fixed); else None."""
-        if type(step) is not KernelStep or step._pointer is not _address:
+        if type(step) is not KernelStep or step._pointer is not _address or step.maps:
             return None
         buffers = [(k, k in addresses) for k in step.buffers]
         return step._call, buffers, [env[s] for s in step.symbols]

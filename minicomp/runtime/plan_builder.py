@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from minicomp.backends.c_like import narrow_bits
+from minicomp.backends.cuda.tensor_map import TensorMapArgument
 from minicomp.ir import types as T
 from minicomp.ir.collectives import is_collective, is_wait
 from minicomp.ir.expr import Const, Expr, Var
@@ -38,12 +39,14 @@ class PlanBuilder:
         kernels: dict[str, Callable],
         symbols: dict[str, list[str]],
         scratch: dict[str, tuple[Scratch, ...]] | None = None,
+        maps: dict[str, tuple[TensorMapArgument, ...]] | None = None,
     ):
         self.graph = graph
         self.layouts = layouts
         self.kernels = kernels
         self.symbols = symbols
         self.scratch = scratch or {}
+        self.maps = maps or {}
         self.scratch_constants: dict[int, torch.Tensor] = {}
         self.slot: dict[str, int] = {}
         self.slots: list[SlotInfo] = []
@@ -121,6 +124,10 @@ class PlanBuilder:
             else:
                 steps.append(self.extern_step(n))
         extern_reads = {k for s in steps if isinstance(s, ExternStep) for k in s.reads}
+        # A tensor map is encoded from its buffer's tensor (its address and device).
+        extern_reads |= {
+            s.buffers[m.buffer] for s in steps if isinstance(s, KernelStep) for m in s.maps
+        }
         tensors = any(getattr(f, "takes_tensors", False) for f in self.kernels.values())
         for k, info in enumerate(self.slots):
             # Workspace intermediates only kernels read are passed as bare addresses.
@@ -151,7 +158,10 @@ class PlanBuilder:
         device = n.outputs[0].type.device if n.outputs else "cpu"
         buffers += [self.scratch_slot(n.name, s, device) for s in self.scratch.get(n.name, ())]
         outputs = [self.slot[v.name] for v in n.outputs]
-        return KernelStep(n.name, self.kernels[n.name], buffers, outputs, self.symbols[n.name])
+        maps = self.maps.get(n.name, ())
+        return KernelStep(
+            n.name, self.kernels[n.name], buffers, outputs, self.symbols[n.name], maps
+        )
 
     def scratch_slot(self, kernel: str, s: Scratch, device: str) -> int:
         """A slot for scratch parameter `s` of `kernel` (LaunchAttrs.scratch): zeroed memory
@@ -175,9 +185,8 @@ class PlanBuilder:
             raise ValueError(f"kernel {n.function.name} takes a pointer after a scalar")
         outputs = [self.slot[v.name] for v in n.outputs]
         fn = self.kernels[n.function.name]
-        return LaunchStep(
-            n.name, fn, buffers, outputs, (), _scalars_builder(scalars), launch_dims(n.function)
-        )
+        scalars_of, dims = _scalars_builder(scalars), launch_dims(n.function)
+        return LaunchStep(n.name, fn, buffers, outputs, (), scalars=scalars_of, dims=dims)
 
     def extern_step(self, n: ExternOp) -> ExternStep:
         reads = [self.slot[v.name] for v in n.inputs]

@@ -23,7 +23,7 @@ from minicomp.ir.expr import Expr, Var
 from minicomp.ir.func import Function, LaunchAttrs
 from minicomp.ir.functor import Mutator, collect, substitute
 from minicomp.ir.symbols import python_source
-from minicomp.ir.types import DataType, PointerType, i64
+from minicomp.ir.types import DataType, PointerType, TensorMapType, i64
 from minicomp.script import calls, lang
 from minicomp.script import conversions as C
 from minicomp.script.errors import Issue
@@ -380,6 +380,9 @@ class FunctionParser(ExprParser):
         if name == "scratch":
             self.attrs[name] = self.scratch(node, value)
             return
+        if name == "tensor_maps":
+            self.attrs[name] = self.tensor_maps(node, value)
+            return
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.src.error(node, f"attrs.{name} is a compile-time int, not {value!r}")
         if name == "launch_bounds" and not 1 <= value <= _MAX_THREADS:
@@ -418,6 +421,34 @@ class FunctionParser(ExprParser):
                     f"{C.describe(entry)}",
                 )
             out.append((param, elements, zeroed))
+        return tuple(out)
+
+    def tensor_maps(self, node: ast.AST, value) -> tuple:
+        """attrs.tensor_maps: (tensor-map parameter, pointer parameter, base, shape, strides)
+        entries (LaunchAttrs), as the printer writes them: names as strings, ints."""
+        params = {v.name: v.type for v in self.sig.ir_params}
+        entries = value if isinstance(value, tuple) else (value,)
+        out = []
+        for entry in entries:
+            entry = _ints(entry)
+            ok = isinstance(entry, tuple) and len(entry) == 5
+            param, buffer, base, shape, strides = entry if ok else (None,) * 5
+            if not (
+                ok
+                and isinstance(params.get(param), TensorMapType)
+                and isinstance(params.get(buffer), PointerType)
+                and type(base) is int
+                and isinstance(shape, tuple)
+                and isinstance(strides, tuple)
+                and len(shape) == len(strides) == params[param].rank
+                and all(type(x) is int for x in (*shape, *strides))
+            ):
+                raise self.src.error(
+                    node,
+                    "attrs.tensor_maps holds (tensor-map parameter, pointer parameter, base, "
+                    f"shape, strides) entries, not {C.describe(entry)}",
+                )
+            out.append((param, buffer, base, shape, strides))
         return tuple(out)
 
     def launch_dims(self, name: str, value) -> tuple:
@@ -699,3 +730,12 @@ class FunctionParser(ExprParser):
             if worker.name == f"thread_idx_{axis}":
                 return extent == workers
         return False
+
+
+def _ints(value):
+    """`value` with integer constants as ints, through tuples (attribute values)."""
+    if isinstance(value, tuple):
+        return tuple(_ints(v) for v in value)
+    if isinstance(value, E.Const) and value.dtype.is_integer:
+        return int(value.value)
+    return value

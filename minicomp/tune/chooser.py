@@ -3,6 +3,7 @@ compiles: tuned where the target can time kernels, the template's heuristic else
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,8 @@ RunnerFactory = Callable[[FusedOp, Callable | None], Runner | None]
 
 def make_chooser(options: Options, runner_for: RunnerFactory | None) -> Callable:
     """The function a CUDA template calls to pick its config for one fused group:
-    ``choose(template, problem, op, aten=None) -> tune.tuner.Choice``.
+    ``choose(template, problem, op, aten=None, why="") -> tune.tuner.Choice``, `why` saying
+    why the caller picked that template (kept in the Choice for explain).
 
     With a `runner_for` (a target that can time kernels) and search space 1 or 2 it tunes
     (tune/tuner.py) with the group's runner; `aten`, when given, is the ATen candidate: a
@@ -40,10 +42,13 @@ def make_chooser(options: Options, runner_for: RunnerFactory | None) -> Callable
             return tune(template, problem, options=options, runner=None, level=0)
         return tune(template, problem, options=options, runner=runner, fusion=fusion_signature(op))
 
-    def choose(template: Any, problem: Any, op: FusedOp, aten: Callable | None = None):
+    def choose(
+        template: Any, problem: Any, op: FusedOp, aten: Callable | None = None, why: str = ""
+    ):
         key = (template.name, op)
         if key not in chosen:
-            chosen[key] = decide(template, problem, op, aten)
+            choice = decide(template, problem, op, aten)
+            chosen[key] = dataclasses.replace(choice, why=why) if why else choice
         return chosen[key]
 
     choose.decisions = lambda: [(op.name, name, c) for (name, op), c in chosen.items()]

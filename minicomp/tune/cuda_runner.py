@@ -11,6 +11,7 @@ import torch
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.module import build, pick_arch
 from minicomp.backends.cuda.nvrtc import compile_cuda, library_path
+from minicomp.backends.cuda.tensor_map import encoded_maps, tensor_map_arguments
 from minicomp.config import Options
 from minicomp.ir.func import Function, Module
 from minicomp.ir.graph import FusedOp
@@ -69,10 +70,12 @@ class CudaRunner:
         launcher = module.kernel(kernel.name, launch_dims(kernel))
         # One set for every launch: zeroed scratch stays zero between launches.
         scratch = scratch_tensors(kernel, torch.device("cuda", self.index))
+        maps = tensor_map_arguments(kernel)
 
         def launch(w) -> None:
             tensors = (*w.inputs, *w.outputs, *scratch)
-            launcher(*(t.data_ptr() for t in tensors), *w.scalars)
+            encoded = encoded_maps(maps, tensors)
+            launcher(*encoded, *(t.data_ptr() for t in tensors), *w.scalars)
 
         return launch
 

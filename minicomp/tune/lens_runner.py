@@ -19,8 +19,10 @@ import torch
 
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.emu import build_emulated, default_sample
+from minicomp.backends.cuda.intrinsics_wgmma import feature_arch
 from minicomp.backends.cuda.module import dynamic_shared_bytes
 from minicomp.backends.cuda.nvrtc import compile_cuda
+from minicomp.backends.cuda.tensor_map import encoded_maps, tensor_map_arguments
 from minicomp.config import Options
 from minicomp.ir import types as T
 from minicomp.ir.func import Function, Module
@@ -65,16 +67,18 @@ class LensRunner:
 
     def load(self, kernel: Function, source: str) -> Callable:
         cache = self.options.cache_dir
-        resources = _resources(source, self.device.arch, cache).get(kernel.name)
+        arch = feature_arch(self.device.arch, Module(kernel.name, (kernel,)))
+        resources = _resources(source, arch, cache).get(kernel.name)
         counted = count_ops(kernel)
         unit = render_module(Module(kernel.name, (counted,)))
         emu = build_emulated(unit, [counted], cache_dir=cache, lens=True)
         dims, shared = launch_dims(kernel), dynamic_shared_bytes(kernel)
         name, device = kernel.name, self.device
+        maps = tensor_map_arguments(kernel)
 
         def run(w: Workload, sample_only: bool):
-            scratch = scratch_tensors(kernel, "cpu")
-            args = (*w.inputs, *w.outputs, *scratch, *w.scalars)
+            buffers = (*w.inputs, *w.outputs, *scratch_tensors(kernel, "cpu"))
+            args = (*encoded_maps(maps, buffers), *buffers, *w.scalars)
             grid, block = dims(args)
             nbytes = shared(args) if callable(shared) else shared
             sample = default_sample(math.prod(grid), group=kernel.attrs.block_group)

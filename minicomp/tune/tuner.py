@@ -131,7 +131,8 @@ class Choice:
     "heuristic" (nothing measured), "database" (a stored record), "tuned" (measured) or
     "estimated" (ranked by ``model``, the runner's cost model, without a GPU). ``aten`` is true
     when the ATen implementation measured faster than every template config (``config`` is
-    then the best template config, for a caller that cannot run ATen there).
+    then the best template config, for a caller that cannot run ATen there). ``why`` is why
+    the caller picked the template (schedule.templates.template_choice), "" when unsaid.
     """
 
     config: Any
@@ -143,9 +144,15 @@ class Choice:
     rejected: int = 0
     seconds: float = 0.0
     model: str | None = None
+    why: str = ""
 
     def describe(self) -> str:
-        """How the config was chosen, in a few words (what explain prints)."""
+        """How the config was chosen, in a few words (what explain prints), after why the
+        template was."""
+        how = self._how()
+        return f"template: {self.why}; config: {how}" if self.why else how
+
+    def _how(self) -> str:
         if self.how == "heuristic":
             return "the template's heuristic (search space 0: nothing measured)"
         if self.how == "database":

@@ -12,8 +12,9 @@ to that suffix. Everything else compares with ==: parameters, launch attributes,
 with their types, casts, statement structure, loop kinds.
 
 Covered: every kernel minicomp compiles for a GPT-2 block on cuda-emu (f32 with eager
-attention, f16 with SDPA, and f32 compiled with dynamic shapes), the matmul_simt, matmul_tc
-and attention templates over several problems and configs each, and script kernels using the
+attention, f16 with SDPA, and f32 compiled with dynamic shapes), the matmul_simt, matmul_tc,
+matmul_hopper (its tensor maps' attribute too) and attention templates over several problems
+and configs each, and script kernels using the
 rest of the language. What the DSL cannot say (the cpu target's loops, the auto-scheduler's
 checked integer division, `|` on bools without short-circuit, index checks) prints as calls
 the parser refuses, which the last tests pin down.
@@ -40,7 +41,13 @@ from minicomp.ir.graph import FusedOp, KernelOp
 from minicomp.ir.node import Node
 from minicomp.ir.printer import function_str, module_str
 from minicomp.passes.graph.layout import layouts_for
-from minicomp.schedule.templates import attention, matmul_problem, matmul_simt, matmul_tc
+from minicomp.schedule.templates import (
+    attention,
+    matmul_hopper,
+    matmul_problem,
+    matmul_simt,
+    matmul_tc,
+)
 from minicomp.script import (
     ScriptError,
     atomic_add,
@@ -290,6 +297,15 @@ TEMPLATE_CASES = {
         matmul_tc,
         lambda a, b: torch.relu(a) @ (b * 2),
         lambda: (torch.randn(64, 40, dtype=H), torch.randn(40, 72, dtype=H)),
+    ),
+    "hopper_linear_gelu": (
+        matmul_hopper,
+        lambda x, w, b: F.gelu(x @ w.t() + b),
+        lambda: (
+            torch.randn(128, 64, dtype=H),
+            torch.randn(96, 64, dtype=H),
+            torch.randn(96, dtype=H),
+        ),
     ),
     "tc_transposed_bf16": (
         matmul_tc,

@@ -27,7 +27,7 @@ def _prefer_aten(asked: list):
     question in `asked`), and give the template's heuristic config elsewhere."""
 
     def make_chooser(options, runner_for):
-        def choose(template, problem, op, aten=None):
+        def choose(template, problem, op, aten=None, why=""):
             asked.append((op.name, aten is not None))
             config = template.heuristic(problem)
             if aten is None:
@@ -273,7 +273,7 @@ def test_tuner_checks_and_times_the_aten_candidate(tmp_path):
     database = TuningDatabase(str(tmp_path / "tuning.sqlite"))
     runs = []
 
-    def choose(template, problem, op, aten=None):
+    def choose(template, problem, op, aten=None, why=""):
         runner = _EmulatedRunner(op, layouts, aten, options) if aten is not None else None
         runs.append(runner)
         return tune(

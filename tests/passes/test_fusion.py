@@ -563,6 +563,31 @@ def test_sibling_contractions_stay_separate_kernels_and_the_consumer_joins_the_l
     assert_compiles_like_reference(g)
 
 
+def test_a_square_weights_transpose_fuses_into_its_product():
+    # x [6, 6] @ w.t(): the transpose [6, 6] is shaped like the product's rows but read at
+    # [k, n]; it is inlined into the product, not materialised by a kernel of its own.
+    b = GraphBuilder()
+    x = b.input("x", (6, 6))
+    w = b.input("w", (6, 6))
+    wt = b.compute("wt", (6, 6), lambda i, j: w[j, i])
+    p = b.compute("p", (6, 6), lambda i, j: reduce("sum", (6,), lambda k: x[i, k] * wt[k, j]))
+    b.output(p)
+    g = b.build()
+    f = fuse(g)
+    assert_graph_text(
+        f,
+        """
+        graph(%x: f32[6, 6], %w: f32[6, 6]):
+            %p: f32[6, 6] = k0_wt_p(%w, %x)  # fused: wt, p
+                for o0<6, o1<6:
+                    acc0 = sum over r0<6: x[o0, r0] * w[o1, r0]
+                    %p[o0, o1] = acc0
+            return (%p)
+        """,
+    )
+    assert_compiles_like_reference(g)
+
+
 def test_sibling_reductions_that_are_no_contractions_still_share_a_kernel():
     g = sibling_reductions(contractions=False)
     f = fuse(g)

@@ -560,7 +560,7 @@ def test_tuning_hook_reinstantiates_and_reverts():
     other = template.AttnConfig(32, 32, 2, False)
     asked = []
 
-    def choose(tmpl, problem, op, aten=None):
+    def choose(tmpl, problem, op, aten=None, why=""):
         asked.append((tmpl.name, problem.head_dim, aten is not None))
         return Choice(other, "tuned")
 

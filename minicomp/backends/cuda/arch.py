@@ -64,6 +64,10 @@ LARGEST = _combined("largest", max)
 """The most any architecture of ARCHS allows (227 KiB of shared memory a block: sm_90's)."""
 
 
+WGMMA_ARCH = "sm_90a"
+"""The architecture with warpgroup MMA (wgmma) and the Hopper matmul template: sm_90's
+architecture-specific feature set, whose code runs on sm_90 devices only."""
+
 FLOAT8_MMA_ARCH = 89
 """The first compute capability with float8 tensor-core mma (sm_89: mma.sync m16n8k32 of
 e4m3/e5m2, PTX ISA 8.4)."""

@@ -11,14 +11,25 @@ arrays, and the out-of-bounds fill (0: zeros).
 `check_tensor` raises TensorMapError saying what the driver would refuse: the data 16-byte
 aligned, the innermost stride 1 element and the others multiples of 16 bytes (under 2^40), the
 sizes 1 to 2^32, the element type the map's.
+
+Compiled kernels (`TensorMapArgument`): a template reading an operand by TMA (matmul_hopper)
+declares a tensor-map parameter for it and says which of its buffers the map describes, as a
+view (LaunchAttrs.tensor_maps: base, shape, strides in elements). Whoever launches it (the
+plan, a tuner's runner) encodes the bytes from the buffer's tensor at each launch: its address
+changes from call to call (a fresh input, the workspace), its view does not. CPU tensors
+(cuda-emu) get the emulator's description, CUDA tensors the driver's CUtensorMap, cached per
+address (a CUDA-graph replay reuses the bytes its capture encoded; a static plan finds its
+inputs at a few addresses).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
-from minicomp.ir.types import TensorMapType, to_torch
+from minicomp.ir.func import Function
+from minicomp.ir.types import PointerType, TensorMapType, to_torch
 
 MAX_RANK = 5
 MAP_BYTES = 128
@@ -142,11 +153,15 @@ def driver_bytes(t: Any, m: TensorMapType) -> bytes:
     return struct.pack("<16Q", *(int(v) for v in tensor_map.opaque))
 
 
-class EmulatorMap(bytes):
-    """The emulator's map bytes, with the tensor they describe (`described`): a counted launch
-    (the performance lens) counts the copies through the map against that tensor's memory."""
+class MapBytes(bytes):
+    """A map's bytes with the tensor they describe (`described`), which they keep alive."""
 
     described: Any = None
+
+
+class EmulatorMap(MapBytes):
+    """The emulator's map bytes, with the tensor they describe (`described`): a counted launch
+    (the performance lens) counts the copies through the map against that tensor's memory."""
 
 
 def emulator_bytes(t: Any, m: TensorMapType) -> bytes:
@@ -168,3 +183,99 @@ def encode(name: str, t: Any, m: TensorMapType, emulated: bool) -> bytes:
     encoded for the emulator or by the driver."""
     check_tensor(name, t, m)
     return emulator_bytes(t, m) if emulated else driver_bytes(t, m)
+
+
+CACHED = 64
+"""Driver encodings a map keeps (by address) before it starts over."""
+
+
+class TensorMapArgument:
+    """Tensor-map parameter `param` (of `type`) of kernel `kernel`: buffer argument `buffer`
+    (its index among the kernel's pointer arguments) viewed from element `base` with `shape`
+    and `strides`."""
+
+    def __init__(
+        self,
+        kernel: str,
+        param: str,
+        type: TensorMapType,
+        buffer: int,
+        base: int,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+    ):
+        self.kernel, self.param, self.type, self.buffer = kernel, param, type, buffer
+        self.base, self.shape, self.strides = base, shape, strides
+        self._cache: dict[tuple, bytes] = {}
+
+    def view(self, t: Any) -> Any:
+        """The view of buffer tensor `t` the map describes."""
+        return t.as_strided(self.shape, self.strides, t.storage_offset() + self.base)
+
+    def encode(self, t: Any) -> bytes:
+        """The map's bytes for buffer tensor `t` (a TensorMapError naming the kernel and the
+        parameter when TMA cannot read it). A view whose data is not 16-byte aligned (an input
+        at an odd offset into its storage) is read from an aligned copy, which the bytes keep
+        alive (`described`) through the launch."""
+        view = self.view(t)
+        if view.data_ptr() % 16:
+            copy = aligned_copy(view)
+            data = MapBytes(self._encode(copy, emulated=t.device.type == "cpu"))
+            data.described = copy
+            return data
+        if t.device.type == "cpu":  # the emulator's: cheap, and it remembers its tensor
+            return self._encode(view, emulated=True)
+        key = (t.device.index, view.data_ptr())
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= CACHED:
+                self._cache.clear()
+            hit = self._cache[key] = self._encode(view, emulated=False)
+        return hit
+
+    def _encode(self, view: Any, emulated: bool) -> bytes:
+        try:
+            return encode(self.param, view, self.type, emulated)
+        except TensorMapError as e:
+            raise TensorMapError(f"kernel {self.kernel}: {e}") from None
+
+
+def aligned_copy(view: Any) -> Any:
+    """A copy of `view` with its strides in fresh memory (PyTorch's allocators align it)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.stride()))
+    fresh = view.new_empty(span).as_strided(view.shape, view.stride())
+    return fresh.copy_(view)
+
+
+def tensor_map_arguments(f: Function) -> tuple[TensorMapArgument, ...]:
+    """The tensor-map parameters of kernel `f` (its attrs.tensor_maps, which come first among
+    its parameters), each with the index of its buffer among the pointer parameters."""
+    entries = f.attrs.tensor_maps
+    if not entries:
+        return ()
+    params = {p.name: p for p in f.params}
+    pointers = [p.name for p in f.params if isinstance(p.type, PointerType)]
+    leading = [p.name for p in f.params[: len(entries)]]
+    if leading != [e[0] for e in entries]:
+        raise ValueError(
+            f"kernel {f.name}: its tensor-map parameters {[e[0] for e in entries]} must come "
+            f"first, in that order, not {leading}"
+        )
+    out = []
+    for param, buffer, base, shape, strides in entries:
+        t = params[param].type
+        if not isinstance(t, TensorMapType) or buffer not in pointers or len(shape) != t.rank:
+            raise ValueError(
+                f"kernel {f.name}: tensor map {param} must be a rank-{len(shape)} tensor-map "
+                f"parameter viewing a pointer parameter ({buffer})"
+            )
+        out.append(
+            TensorMapArgument(f.name, param, t, pointers.index(buffer), base, shape, strides)
+        )
+    return tuple(out)
+
+
+def encoded_maps(maps: Sequence[TensorMapArgument], buffers: Sequence[Any]) -> list[bytes]:
+    """The bytes of each of `maps` for a launch whose pointer arguments are the tensors
+    `buffers` (the arguments that follow them)."""
+    return [m.encode(buffers[m.buffer]) for m in maps]

@@ -22,9 +22,11 @@ import torch._dynamo
 
 from minicomp import config
 from minicomp.backends.cuda import nvrtc, sass
+from minicomp.backends.cuda.intrinsics_wgmma import feature_arch
 from minicomp.bench.kernels.timing import copies_beyond_l2, interleaved
 from minicomp.bench.measure import first_call, relative_error
 from minicomp.dynamo.backend import recording
+from minicomp.ir.func import Module
 from minicomp.ir.graph import ExternOp
 from minicomp.targets import get_target
 
@@ -122,9 +124,12 @@ def _sass_details(records: list, env: Env) -> dict:
         for r in records:
             if not r.source or not get_target(r.target).runs_cuda:
                 continue
+            # A graph using wgmma (the Hopper matmul) builds for sm_90a, as the cuda target
+            # builds it on an sm_90 device.
+            arch = feature_arch(env.sass_arch, Module("graph", tuple(r.kernels)))
             binary = nvrtc.compile_cuda(
                 r.source,
-                arch=env.sass_arch,
+                arch=arch,
                 cache_dir=env.cache_dir,
                 library=config.get("nvrtc_library"),
             )
@@ -145,7 +150,7 @@ def _sass_details(records: list, env: Env) -> dict:
                 detail.append(entry)
                 missing += [f"{report.kernel}:{op}" for op in report.missing]
                 if env.sass_log:
-                    env.sass_log(_sass_line(entry, env.sass_arch))
+                    env.sass_log(_sass_line(entry, arch))
     except Exception as err:  # the tool missing or failing is reported, not fatal
         return {"sass_error": f"{type(err).__name__}: {err}"[:300]}
     return {"sass": detail, "sass_missing": missing, "sass_ok": not missing}

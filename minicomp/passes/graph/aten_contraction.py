@@ -55,7 +55,7 @@ from minicomp.ir.graph import ArgRef, ExternOp, FusedOp, Graph, Op, TensorType, 
 from minicomp.passes.graph.layout import contiguous_strides
 from minicomp.passes.graph.rewrite import fresh_name
 from minicomp.passes.kernel.simplify_indices import simplify_indices
-from minicomp.schedule.templates import select_template
+from minicomp.schedule.templates import template_choice
 from minicomp.schedule.templates.base import arch_of, sm_count_of
 from minicomp.schedule.templates.problem import (
     MatmulProblem,
@@ -443,11 +443,11 @@ def tune_contractions(
         problem = matmul_problem(n, layouts, sms, arch) if is_product else None
         rewrite = aten_rewrite(problem, names) if problem is not None else None
         if rewrite is not None:
-            template = select_template(problem, options)
+            template, why = template_choice(problem, options)
             aten = aten_candidate(
                 rewrite, layouts, target=target, options=options, device_index=device_index
             )
-            choice = choose(template, problem, n, aten)
+            choice = choose(template, problem, n, aten, why=why)
             if choice.aten:
                 nodes.extend(rewrite.nodes(_reason(choice)))
                 changed = True

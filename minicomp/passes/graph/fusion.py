@@ -12,6 +12,12 @@ loop nest with two sums, which is no contraction and runs as slow row reductions
 rule their joint consumer fuses into the later product's group as its epilogue and the
 earlier product is a kernel of its own. Groups of several reductions that are no
 contractions (softmax, layer norm) fuse as before.
+
+With `tma_products` (the graph compiles for sm_90a, where the Hopper matmul template reads
+its operands by TMA, which copies memory as it is), a product the template would take
+(matmul_hopper.reads_by_tma) keeps a producer computing one of its operands (a relu, a cast
+of A; views still fuse) in a kernel of its own: the operand reaches the product through
+memory, as TMA needs it, instead of a prologue only matmul_tc could inline.
 """
 
 from __future__ import annotations
@@ -19,12 +25,15 @@ from __future__ import annotations
 import logging
 
 from minicomp.ir.collectives import barrier_edges, is_collective
+from minicomp.ir.compute import TensorElement
 from minicomp.ir.contraction import match_contraction
 from minicomp.ir.expr import Var
 from minicomp.ir.functor import collect
 from minicomp.ir.graph import ComputeOp, ExternOp, FusedOp, Graph, Op
 from minicomp.passes.graph.group_dag import GroupDag
 from minicomp.passes.graph.loop_nest import NoLoopNest, build_loop_nest, try_loop_nest
+from minicomp.passes.graph.simplify_views import is_view
+from minicomp.schedule.templates.matmul_hopper import reads_by_tma
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +41,9 @@ log = logging.getLogger(__name__)
 class _Groups:
     """Groups of op indices over the op DAG, merged greedily while legal."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, tma_products: bool = False):
         self.graph = graph
+        self.tma_products = tma_products
         self.ops = list(graph.nodes)
         producer = {v: i for i, op in enumerate(self.ops) for v in op.outputs}
         # The op DAG as successor lists (in first-use order) and predecessor sets; readers[v]
@@ -99,6 +109,18 @@ class _Groups:
         nest = self.nests[g]
         return nest is not None and match_contraction(nest) is not None
 
+    def computes_tma_operand(self, a: int, b: int) -> bool:
+        """Whether group `a` computes (not only views) an operand of product group `b`, a
+        product the Hopper template would take with plain operands."""
+        if self.holds_reduction(a) or not self.is_contraction(b):
+            return False
+        if all(is_view(self.ops[i]) for i in self.members[a]):
+            return False
+        c = match_contraction(self.nests[b])
+        read = {el.tensor.name for el in collect((c.a, c.b), TensorElement)}
+        made = {v.name for v in self.outputs_of(self.members[a])}
+        return bool(read & made) and reads_by_tma(c)
+
     def try_merge(self, a: int, b: int) -> bool:
         if self.dag.would_cycle(a, b):
             return False
@@ -106,6 +128,9 @@ class _Groups:
         both_reduce = self.holds_reduction(a) and self.holds_reduction(b)
         if both_reduce and (self.is_contraction(a) or self.is_contraction(b)):
             self.rejected[key] = "a contraction shares no kernel with another reduction"
+            return False
+        if self.tma_products and self.computes_tma_operand(a, b):
+            self.rejected[key] = "the Hopper matmul reads its operands by TMA, as they are"
             return False
         members = sorted(self.members[a] + self.members[b])
         try:
@@ -146,9 +171,11 @@ class _Groups:
         return build_loop_nest(name, ops, outputs, self.reduces)
 
 
-def fuse(graph: Graph) -> Graph:
-    """Every compute op of `graph` inside a FusedOp, neighbours fused where legal."""
-    groups = _Groups(graph)
+def fuse(graph: Graph, tma_products: bool = False) -> Graph:
+    """Every compute op of `graph` inside a FusedOp, neighbours fused where legal; with
+    `tma_products`, the operands of products the Hopper matmul takes computed apart (see the
+    module doc)."""
+    groups = _Groups(graph, tma_products)
     groups.run()
     for (a, b), why in groups.rejected.items():  # TORCH_LOGS=+minicomp shows why ops stay apart
         log.debug("not fused: %s into %s: %s", a, b, why)

@@ -19,6 +19,16 @@ class NoLoopNest(Exception):
     """The ops cannot share one kernel; the message says why."""
 
 
+class _OffRow(NoLoopNest):
+    """Member `name`, shaped like the nest's rows and so taken for a value of the row, is read
+    at another row: a transposed square weight ([K, N] read at [k, n]) of an [M, N] product
+    with M == K. The nest is built again with it inlined at its reads instead."""
+
+    def __init__(self, name: str):
+        super().__init__(f"{name} is read at another row than the one computed")
+        self.name = name
+
+
 class _Unplaced(NoLoopNest):
     """A row-shaped member reads no member that places its axes on the nest's loops (an
     `exp` of an input): where a reader inlines it, the reader's indices place it."""
@@ -47,7 +57,7 @@ class _Inliner(Mutator):
         if name in nest.scalars:
             shape = nest.defs[name].shape
             if tuple(idx) != _canonical_index(shape, nest.outer):
-                raise NoLoopNest(f"{name} is read at another row than the one computed")
+                raise _OffRow(name)
             return nest.scalars[name]
         d = nest.defs.get(name)
         if d is None:
@@ -65,8 +75,10 @@ class _NestBuilder:
         ops: Sequence[ComputeOp],
         outputs: Sequence[Value],
         reduces: Callable[[ComputeOp], bool] | None = None,
+        off_row: frozenset[str] = frozenset(),
     ):
         self.ops = list(ops)
+        self.off_row = off_row  # row-shaped members that are no values of the row (_OffRow)
         self.outputs = list(outputs)
         self.defs: dict[str, Compute] = {op.outputs[0].name: op.definition for op in ops}
         if reduces is None:
@@ -117,7 +129,11 @@ class _NestBuilder:
             vname, d = op.outputs[0].name, op.definition
             if vname in self.reductions:
                 self.add_reduction(vname, d, outer_dims, red.extents)
-            elif _proj(d.shape) == outer_dims and not _reads_full(d, self):
+            elif (
+                _proj(d.shape) == outer_dims
+                and vname not in self.off_row
+                and not _reads_full(d, self)
+            ):
                 self.scalars[vname] = self.inline(self.to_outer(d))
         stored = [(k, v) for k, v in enumerate(self.outputs)]
         for k, v in stored:
@@ -310,9 +326,18 @@ def build_loop_nest(
 
     `reduces(op)`, when given, says whether an op's definition holds a reduction (what
     `not op.definition.is_injective` computes); fusion passes a memoized one, since it builds
-    the nests of many overlapping groups.
+    the nests of many overlapping groups. A member shaped like the rows but read at other
+    indices (_OffRow) is inlined where it is read, the nest built again without taking it for a
+    value of the row.
     """
-    return _NestBuilder(ops, outputs, reduces).build(name)
+    off_row: frozenset[str] = frozenset()
+    while True:
+        try:
+            return _NestBuilder(ops, outputs, reduces, off_row).build(name)
+        except _OffRow as e:
+            if e.name in off_row:
+                raise
+            off_row |= {e.name}
 
 
 def try_loop_nest(name: str, ops, outputs, reduces=None) -> FusedOp | None:

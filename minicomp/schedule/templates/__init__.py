@@ -22,28 +22,39 @@ from minicomp.config import Options
 from minicomp.ir.func import Function
 from minicomp.ir.graph import FusedOp
 from minicomp.schedule.common import Strides
-from minicomp.schedule.templates import matmul_simt, matmul_tc
+from minicomp.schedule.templates import matmul_hopper, matmul_simt, matmul_tc
 from minicomp.schedule.templates.base import arch_of, sm_count_of
 from minicomp.schedule.templates.problem import MatmulProblem, matmul_problem
 from minicomp.script.errors import ScriptError
 
 log = logging.getLogger(__name__)
 
-TEMPLATES = {t.name: t for t in (matmul_tc.TEMPLATE, matmul_simt.TEMPLATE)}
+TEMPLATES = {t.name: t for t in (matmul_hopper.TEMPLATE, matmul_tc.TEMPLATE, matmul_simt.TEMPLATE)}
 
 # Picks a template's config for one fused group (tune.chooser.make_chooser):
-# choose(template, problem, op) -> an object whose `config` is the config (tune.tuner.Choice).
+# choose(template, problem, op, why=) -> an object whose `config` is the config (tune.tuner.Choice).
 Chooser = Callable[..., Any]
 
 
 def select_template(problem: MatmulProblem, options: Options | None = None):
-    """The template computing `problem`: tensor cores for f16/bf16 operands (and 8-bit
-    integers summed in i32, float8 summed in f32 on sm_89+) when the `tensor_cores` option
-    allows them, else the SIMT template."""
+    """The template computing `problem` (template_choice's)."""
+    return template_choice(problem, options)[0]
+
+
+def template_choice(problem: MatmulProblem, options: Options | None = None) -> tuple[Any, str]:
+    """(the template computing `problem`, why, in a few words for explain). When the
+    `tensor_cores` option allows them: the Hopper template (TMA and wgmma) on sm_90a where it
+    applies (matmul_hopper.refusal), else the tensor-core one for f16/bf16 operands (and 8-bit
+    integers summed in i32, float8 summed in f32 on sm_89+); else the SIMT template."""
     allow_tc = options.tensor_cores if options is not None else True
-    if allow_tc and matmul_tc.TEMPLATE.applies(problem):
-        return matmul_tc.TEMPLATE
-    return matmul_simt.TEMPLATE
+    if not allow_tc:
+        return matmul_simt.TEMPLATE, "the tensor_cores option is off"
+    refused = matmul_hopper.refusal(problem)
+    if refused is None:
+        return matmul_hopper.TEMPLATE, f"{matmul_hopper.WGMMA_ARCH}: TMA and wgmma"
+    if matmul_tc.TEMPLATE.applies(problem):
+        return matmul_tc.TEMPLATE, f"not {matmul_hopper.NAME}: {refused}"
+    return matmul_simt.TEMPLATE, "no tensor-core instruction for these operands"
 
 
 def schedule_contraction(
@@ -58,11 +69,11 @@ def schedule_contraction(
     problem = matmul_problem(op, layouts, sm_count_of(options), arch_of(options))
     if problem is None:
         return None
-    template = select_template(problem, options)
+    template, why = template_choice(problem, options)
     if choose is None:
         config = template.heuristic(problem)
     else:
-        config = choose(template, problem, op).config
+        config = choose(template, problem, op, why=why).config
     try:
         return template.instantiate(problem, config)
     except ScriptError as err:
@@ -80,4 +91,5 @@ __all__ = [
     "matmul_problem",
     "schedule_contraction",
     "select_template",
+    "template_choice",
 ]

@@ -41,10 +41,14 @@ the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offer
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
+from minicomp.ir.func import Function
+from minicomp.schedule.templates.base import Template, finish
 from minicomp.script.function import script
 from minicomp.script.hopper import (
     mbarrier_arrive,
@@ -313,3 +317,181 @@ def matmul_hopper(
         grid = min(tiles, sms)
     kernel(config, in_type, out_type)(a, b, out, grid=max(grid, 1))
     return out
+
+
+# ---- the template: the compiler's choice for products on sm_90a ----
+
+NAME = "matmul_hopper"
+MIN_ROWS = 64
+"""The fewest rows of C the template takes: one consumer warpgroup's 64-row wgmma tile. Below
+it most of each mma is padding, and the product is DRAM-bound on the weight anyway, where the
+lens puts matmul_tc (with its split of K) level with it (16 x 4096 x 11008: 27.9 us both,
+benchmarks/results/lens-h100-2026-12-07-hopper.txt)."""
+TEMPLATE_TYPES = (T.f16, T.bf16)
+
+
+def refusal(problem) -> str | None:
+    """Why the template does not compute MatmulProblem `problem`, in a few words for explain;
+    None when it does: f16 or bf16 operands summed in f32 on sm_90a, static sizes, one batch,
+    at least MIN_ROWS rows, and both operands plain reads with K contiguous whose rows and start
+    are 16-byte aligned. TMA copies memory as it is, so an operand with a fused prologue (a
+    relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in a kernel of its
+    own where the product is one the template takes (reads_by_tma)."""
+    if problem.arch != WGMMA_ARCH:
+        return f"wgmma needs {WGMMA_ARCH}, not {problem.arch}"
+    a, b = problem.a_dtype, problem.b_dtype
+    if problem.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
+        return f"{a.short} x {b.short} operands (it takes f16 or bf16 summed in f32)"
+    sizes = problem.static_sizes()
+    if sizes is None:
+        return "symbolic sizes"
+    batch, m, n, k = sizes
+    if batch != 1:
+        return f"a batch of {batch} products"
+    if min(m, n, k) == 0:
+        return "an empty product"
+    if m < MIN_ROWS:
+        return f"M = {m} rows, fewer than a {MIN_ROWS}-row wgmma tile"
+    for side, plain in (("A", problem.plain_a), ("B", problem.plain_b)):
+        if plain is None:
+            return f"{side} has a fused prologue or a gathered window (TMA copies memory as it is)"
+        if plain.contiguous != "k":
+            return f"{side} is stored MN-major (wgmma here reads K-major operands)"
+        nbytes = plain.dtype.nbytes
+        if not isinstance(plain.ld, int) or not isinstance(plain.base, int):
+            return f"{side}'s strides are symbolic"
+        if plain.ld * nbytes % 16 or plain.base * nbytes % 16:
+            return (
+                f"{side}'s rows start every {plain.ld * nbytes} bytes from byte "
+                f"{plain.base * nbytes} (TMA needs multiples of 16)"
+            )
+    return None
+
+
+def reads_by_tma(c) -> bool:
+    """Whether the template would compute Contraction `c` (minicomp.ir.contraction) were its
+    operands plain reads: f16 or bf16 summed in f32, static sizes, one batch, at least MIN_ROWS
+    rows. On sm_90a, fusion keeps a computing producer of such a product's operands (a relu,
+    a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory as
+    it is."""
+    a, b = c.operand_dtypes
+    if c.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
+        return False
+    extents = [x for _, x in (*c.batch, *c.m, *c.n, *c.k)]
+    if not all(isinstance(x, int) for x in extents):
+        return False
+    batch, m = math.prod(x for _, x in c.batch), math.prod(x for _, x in c.m)
+    return batch == 1 and m >= MIN_ROWS
+
+
+def applies(problem) -> bool:
+    """Whether the template computes `problem` (see refusal)."""
+    return refusal(problem) is None
+
+
+def heuristic(problem) -> HopperConfig:
+    """pick_config for the problem's size and SMs."""
+    _, m, n, _ = problem.static_sizes()
+    return pick_config(m, n, problem.sms)
+
+
+def space(problem, level: int) -> list[HopperConfig]:
+    """The heuristic's config at level 0; every config of CONFIGS above."""
+    if level <= 0:
+        return [heuristic(problem)]
+    return list(dict.fromkeys((heuristic(problem), *CONFIGS)))
+
+
+def instantiate(problem, config: HopperConfig) -> Function:
+    """The kernel of `problem` (which `applies`) with `config`: the tensor maps of A and B first
+    (attrs.tensor_maps: the plan encodes them), then the group's buffers and sizes; the
+    epilogue (problem.store_c) applied to each accumulator element as it is stored."""
+    config.check()
+    _, M, N, K = problem.static_sizes()
+    dtype = ScalarType(problem.a_dtype)
+    BM, BN, STAGES = config.bm, config.bn, config.stages
+    CONSUMERS = WARPGROUP * config.consumers
+    STAGE_BYTES = config.stage_bytes
+    B_AT = STAGES * BM * SPAN
+    KS = SPAN // problem.a_dtype.nbytes
+    STEP = 32 // problem.a_dtype.nbytes
+    ACC = BN // 2
+    GRID = min(-(-M // BM) * -(-N // BN), problem.sms)
+    store_c = problem.store_c(check_m=M % BM != 0, check_n=N % BN != 0)
+
+    @script(params=problem.params)
+    def matmul_hopper(
+        tma_a: tensor_map(dtype[M, K], box=(BM, KS), swizzle=SWIZZLE),
+        tma_b: tensor_map(dtype[N, K], box=(BN, KS), swizzle=SWIZZLE),
+    ):
+        attrs.grid_dim = GRID
+        attrs.block_dim = CONSUMERS + 32
+        t = threadIdx.x
+        a_s = dynamic_shared_tensor(dtype, (STAGES, BM, KS), at=0)
+        b_s = dynamic_shared_tensor(dtype, (STAGES, BN, KS), at=B_AT)
+        full = shared_tensor(u64, (STAGES,))
+        empty = shared_tensor(u64, (STAGES,))
+        if t == 0:
+            for s in range(STAGES):
+                mbarrier_init(full[s], 1)
+                mbarrier_init(empty[s], CONSUMERS)
+        syncthreads()
+        tiles_m = (M + BM - 1) // BM
+        tiles = tiles_m * ((N + BN - 1) // BN)
+        steps = (K + KS - 1) // KS
+        it = 0  # the block's K steps so far, over its tiles: the ring's position
+        tile = blockIdx.x
+        if t == CONSUMERS:  # the producer (see kernel())
+            while tile < tiles:
+                m0 = tile % tiles_m * BM
+                n0 = tile // tiles_m * BN
+                for kt in range(steps):
+                    s = it % STAGES
+                    mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
+                    mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
+                    tma_load(a_s[s], tma_a, m0, kt * KS, full[s])
+                    tma_load(b_s[s], tma_b, n0, kt * KS, full[s])
+                    it += 1
+                tile += GRID
+        elif t < CONSUMERS:
+            wg = t // WARPGROUP
+            w = t % WARPGROUP // 32
+            lane = t % 32
+            acc = register_tensor(f32, (ACC,))
+            while tile < tiles:
+                m0 = tile % tiles_m * BM
+                n0 = tile // tiles_m * BN
+                for i in unroll(range(ACC)):
+                    acc[i] = 0.0
+                for kt in range(steps):
+                    s = it % STAGES
+                    mbarrier_wait(full[s], it // STAGES % 2)
+                    wgmma_fence()
+                    for kk in unroll(range(KS // STEP)):
+                        wgmma_mma_async(
+                            acc, a_s[s, 64 * wg, STEP * kk], b_s[s, 0, STEP * kk], swizzle=SWIZZLE
+                        )
+                    wgmma_commit_group()
+                    wgmma_wait_group(1)
+                    if kt > 0:
+                        mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                    it += 1
+                wgmma_wait_group(0, acc)
+                mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                row = m0 + 64 * wg + 16 * w + lane // 4
+                col = n0 + 2 * (lane % 4)
+                for i in unroll(range(ACC)):
+                    store_c(0, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
+                tile += GRID
+
+    base = {"tma_a": problem.plain_a, "tma_b": problem.plain_b}
+    shapes = {"tma_a": (M, K), "tma_b": (N, K)}
+    maps = tuple(
+        (name, p.ref.var.name, p.base, shapes[name], (p.ld, 1)) for name, p in base.items()
+    )
+    return finish(
+        matmul_hopper.ir, problem.name, f"{NAME}[{config.name}]", min_blocks=1, tensor_maps=maps
+    )
+
+
+TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)
