@@ -167,3 +167,49 @@ def test_no_kernel_writes_a_repeated_cache(compiled):
         if tuple(v.shape) in repeated
     )
     assert written == [(1, 4, 32, D), (1, 4, 32, D), (1, 4, 40, D)], written
+
+
+# ---- CUDA's memory-efficient attention: its launch reads the caches un-repeated ----
+
+
+def compile_aten(fn, *args):
+    """`fn`, calling ATen ops, traced with fake tensors (CUDA-only ops trace on a CPU) and
+    compiled for cuda-emu: (the compiled graph, its plan)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from minicomp import config
+    from minicomp.compiler import compile_graph
+    from minicomp.dynamo.importer import import_graph
+    from minicomp.record import CompileRecord
+
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    record = CompileRecord()
+    plan = compile_graph(import_graph(gm), config.resolve({"target": "cuda-emu"}), record)
+    return record.graph, plan
+
+
+def efficient_over_repeats(q, k, v, bias):
+    kr, vr = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+    return aten._scaled_dot_product_efficient_attention(q, kr, vr, bias, False)[0]
+
+
+def test_memory_efficient_launch_reads_the_caches_unrepeated():
+    q, k, v = torch.randn(2, 8, 3, D), torch.randn(2, 2, 24, D), torch.randn(2, 2, 24, D)
+    q, k, v = (t.to(torch.float16) for t in (q, k, v))
+    bias = torch.randn(2, 1, 3, 24)
+    graph, plan = compile_aten(efficient_over_repeats, q, k, v, bias)
+    (launch,) = graph.nodes  # no repeat kernels beside it
+    assert isinstance(launch, KernelOp) and launch.inputs[1].shape[1] == 2, graph
+    (out,) = plan(q, k, v, bias)
+    expected = F.scaled_dot_product_attention(
+        q.double(), *(t.double().repeat_interleave(4, dim=1) for t in (k, v)), bias.double()
+    )
+    torch.testing.assert_close(out, expected.half(), rtol=5e-3, atol=5e-3)
+
+
+def test_memory_efficient_call_left_to_aten_keeps_its_repeats():
+    """f32 inputs: the template refuses, and PyTorch's kernel needs the repeated heads."""
+    q, k, v = torch.randn(2, 8, 3, D), torch.randn(2, 2, 24, D), torch.randn(2, 2, 24, D)
+    graph, _ = compile_aten(efficient_over_repeats, q, k, v, torch.randn(2, 1, 3, 24))
+    (call,) = [n for n in graph.nodes if isinstance(n, ExternOp) and n.target in sdpa_ops()]
+    assert [t.shape[1] for t in call.inputs[1:3]] == [8, 8], graph

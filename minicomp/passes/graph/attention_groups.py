@@ -13,7 +13,8 @@ or another op), which keeps it and its copy.
 Only the ATen calls that accept fewer key than query heads are rewritten: CPU flash attention
 (`_scaled_dot_product_flash_attention_for_cpu`, which cuda-emu's template launch also
 replaces, reading key head h // groups) and CUDA flash attention (`enable_gqa=True` runs it so).
-The memory-efficient and cuDNN calls reject such inputs, so a call of either keeps its repeat.
+The memory-efficient and cuDNN calls reject such inputs, so a call of either keeps its repeat
+here; `lower_attention` reads the un-repeated tensors when it launches the template for one.
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ def group_query_attention(graph: Graph) -> Graph:
     rewritten: dict[ExternOp, ExternOp] = {}
     added: dict[ExternOp, list[ComputeOp]] = {}
     for call in calls:
-        found = _grouped_key_value(call, producers)
+        found = grouped_key_value(call, producers)
         if found is None:
             continue
         (k, v), groups = found
         new_inputs, views = list(call.inputs), []
         for repeat in dict.fromkeys((k, v)):
-            source = _ungrouped(producers[repeat], groups, used)
+            source = ungrouped(producers[repeat], groups, used)
             if isinstance(source, ComputeOp):
                 views.append(source)
                 source = source.outputs[0]
@@ -71,7 +72,7 @@ def group_query_attention(graph: Graph) -> Graph:
     return graph.replace(nodes=tuple(nodes))
 
 
-def _grouped_key_value(call: ExternOp, producers: dict) -> tuple | None:
+def grouped_key_value(call: ExternOp, producers: dict) -> tuple | None:
     """((key, value), groups) when the call's key and value are 4-D repeats over heads with
     the same group count, the query's head count theirs; else None."""
     if len(call.inputs) < 3:
@@ -116,7 +117,7 @@ def _quotients(indices: tuple, h: Var) -> list[Binary]:
     ]
 
 
-def _ungrouped(repeat: ComputeOp, groups: int, used: set) -> ComputeOp | Value:
+def ungrouped(repeat: ComputeOp, groups: int, used: set) -> ComputeOp | Value:
     """The tensor `repeat` repeats `groups` times over heads: its source when that is it,
     else a view of its source over heads // groups heads."""
     d = repeat.definition
