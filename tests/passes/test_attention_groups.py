@@ -68,6 +68,17 @@ def test_other_head_maps_stay(repeat):
     assert group_query_attention(graph) is graph
 
 
+def test_a_query_that_is_the_repeat_stays():
+    """sdpa(x, x, x) over a repeated x: its query must keep all the heads."""
+    b = PassGraphBuilder()
+    k = b.input("k", (1, 2, 6, 8), T.bf16)
+    kr = b.compute("kr", (1, 4, 6, 8), lambda i, h, s, d: k[i, h // 2, s, d])
+    args = (ArgRef(0), ArgRef(0), ArgRef(0))
+    b.output(b.extern("o", CPU_FLASH, [kr], (1, 4, 6, 8), T.bf16, args=args))
+    graph = b.build()
+    assert group_query_attention(graph) is graph
+
+
 def test_memory_efficient_attention_keeps_its_repeat():
     """CUDA's memory-efficient attention rejects fewer key heads than query heads."""
     graph = attention_graph(

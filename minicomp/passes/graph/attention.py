@@ -120,7 +120,7 @@ def _grouped_launch(call: ExternOp, producers: dict, layouts: dict, read: set, s
             views.append(alias)
             source = alias.outputs[0]
             strides[source.name] = source.type.strides
-        inputs = [source if x is repeat else x for x in inputs]
+        inputs = [source if x == repeat else x for x in inputs]
     launch = attention_kernel_op(call.replace(inputs=tuple(inputs)), strides, read, sms)
     # PyTorch's kernel for this call takes no grouped heads: the tuner has no ATen candidate.
     _forget_aten(launch.function)

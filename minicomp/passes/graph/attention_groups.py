@@ -24,7 +24,7 @@ import torch
 from minicomp.ir.compute import TensorElement
 from minicomp.ir.expr import Binary, Const, Var
 from minicomp.ir.functor import collect, substitute
-from minicomp.ir.graph import ComputeOp, ExternOp, Graph, TensorType, Value
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, TensorType, Value
 from minicomp.passes.graph.rewrite import fresh_name, reads_own_element, value_names
 from minicomp.passes.graph.simplify_views import is_view
 
@@ -60,7 +60,7 @@ def group_query_attention(graph: Graph) -> Graph:
             if isinstance(source, ComputeOp):
                 views.append(source)
                 source = source.outputs[0]
-            new_inputs = [source if x is repeat else x for x in new_inputs]
+            new_inputs = [source if x == repeat else x for x in new_inputs]
         rewritten[call] = call.replace(inputs=tuple(new_inputs))
         added[call] = views
     if not rewritten:
@@ -74,16 +74,29 @@ def group_query_attention(graph: Graph) -> Graph:
 
 def grouped_key_value(call: ExternOp, producers: dict) -> tuple | None:
     """((key, value), groups) when the call's key and value are 4-D repeats over heads with
-    the same group count, the query's head count theirs; else None."""
-    if len(call.inputs) < 3:
+    the same group count, the query's head count theirs, and no other argument reads them;
+    else None."""
+    refs = _tensor_arguments(call)
+    if not {"query", "key", "value"} <= refs.keys():
         return None
-    q, k, v = call.inputs[:3]
+    q, k, v = (call.inputs[refs[name]] for name in ("query", "key", "value"))
+    others = {i for name, i in refs.items() if name not in ("key", "value")}
+    if refs["key"] in others or refs["value"] in others:
+        return None  # sdpa(x, x, x): the query must stay as it is
     if not all(len(t.shape) == 4 for t in (q, k, v)) or q.shape[1] != k.shape[1]:
         return None
     groups = {_groups(producers.get(t)) for t in (k, v)}
     if len(groups) != 1 or None in groups:
         return None
     return (k, v), groups.pop()
+
+
+def _tensor_arguments(call: ExternOp) -> dict[str, int]:
+    """The index into the call's inputs of each tensor argument, by schema name (the
+    importer gives a value read twice one input)."""
+    names = [a.name for a in call.target._schema.arguments]
+    given = [*zip(names, call.args), *call.kwargs]
+    return {name: a.index for name, a in given if isinstance(a, ArgRef)}
 
 
 def _groups(op) -> int | None:
