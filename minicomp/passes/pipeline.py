@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from minicomp.ir.graph import Graph
 from minicomp.passes.graph.alias_views import alias_views
+from minicomp.passes.graph.attention_groups import group_query_attention
 from minicomp.passes.graph.cse import eliminate_common_subexpressions
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.fold_batch_norm import fold_batch_norms
@@ -21,13 +22,15 @@ from minicomp.passes.graph.simplify_views import simplify_views
 GraphPass = Callable[[Graph], Graph]
 
 # Read top to bottom. Dead code goes first so later passes look at less; views collapse
-# before CSE, which then sees the canonical index maps; sums of scattered zeros become
+# before CSE, which then sees the canonical index maps, and attention reads a K/V cache
+# repeated over heads (now one view) un-repeated; sums of scattered zeros become
 # scatters into the other addend; the last DCE drops what folding, view collapsing, CSE and
 # that left unread; views that ATen calls read then become aliases, and the ATen calls that
 # need contiguous arguments get copies of the others.
 DEFAULT_PASSES: list[GraphPass] = [
     eliminate_dead_code,
     simplify_views,
+    group_query_attention,
     fold_constants,
     eliminate_common_subexpressions,
     fold_scatter_into_sum,

@@ -53,7 +53,7 @@ def alias_views(graph: Graph) -> Graph:
             if out in outputs:
                 src = n.inputs[0] if len(n.inputs) == 1 else None
                 if src in returnable and graph.shares_eager_memory(out, src):
-                    view = _as_alias(n, layouts)
+                    view = as_alias(n, layouts)
                 # Returned, it must show eager's strides (a source laid out otherwise would
                 # give others): else the kernel's copy, which writes them, stays.
                 if view is not None and out.type.strides not in (
@@ -62,7 +62,7 @@ def alias_views(graph: Graph) -> Graph:
                 ):
                     view = None
             elif any(isinstance(u, ExternOp) for u in users.get(out, [])):
-                view = _as_alias(n, layouts)
+                view = as_alias(n, layouts)
         nodes.append(view or n)
         if view is not None:
             renamed[n.outputs[0]] = view.outputs[0]
@@ -86,7 +86,9 @@ def _returnable_memory(graph: Graph) -> set:
     return (inputs | results | computed) - mutated
 
 
-def _as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
+def as_alias(op: ComputeOp, layouts: dict) -> ExternOp | None:
+    """View `op` as a zero-copy `as_strided` alias of its input laid out as `layouts` says, or
+    None when its remapping is not strided."""
     d = op.definition
     if len(op.inputs) != 1 or not isinstance(d.body, TensorElement):
         return None

@@ -10,7 +10,11 @@ which runs after the default passes (views read by the call are zero-copy aliase
 and the layouts of every value are final), turns each one it can compute into a KernelOp
 launching `schedule.templates.attention` with the heuristic config, passing the strides of
 Q, K, V, the mask and the outputs as scalar arguments (`KernelOp.strided`), so transposed
-projections are read in place. Its outputs keep the strides PyTorch gave them.
+projections are read in place. Its outputs keep the strides PyTorch gave them. A
+memory-efficient or cuDNN call whose key and value are a repeat over heads (which
+`group_query_attention` leaves, PyTorch's kernels for them taking no grouped heads) launches
+over zero-copy views of the un-repeated tensors, key head h // groups per query head, and has
+no ATen candidate when tuned; the repeats die.
 
 A call stays an ATen call, with the reason `minicomp.explain` prints, for: dropout, f32 or
 f64 inputs (the template needs f16/bf16 tensor cores; PyTorch's own kernel is used there),
@@ -33,9 +37,11 @@ from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Expr, dim_expr, minimum
 from minicomp.ir.func import Function
-from minicomp.ir.graph import ArgRef, ExternOp, Graph, KernelOp, Value
+from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, KernelOp, Value
 from minicomp.ir.types import PointerType
+from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.graph.rewrite import value_names
 
 aten = torch.ops.aten
 
@@ -68,16 +74,57 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS) -> Graph:
         return graph
     layouts = layouts_for(graph)
     read = set(graph.users()) | graph.output_values()
-    nodes, changed = [], False
+    producers = {v: n for n in graph.nodes for v in n.outputs}
+    used = value_names(graph)
+    nodes, changed, grouped = [], False, False
     for n in graph.nodes:
         if fused_attention(n):
             try:
-                n = attention_kernel_op(n, layouts, read, sms)
+                launch = _grouped_launch(n, producers, layouts, read, sms, used)
+                if launch is not None:
+                    nodes.extend(launch[:-1])
+                    n, grouped = launch[-1], True
+                else:
+                    n = attention_kernel_op(n, layouts, read, sms)
             except Refused as why:
                 n = n.replace(reason=f"attention not fused: {why}")
             changed = True
         nodes.append(n)
-    return graph.replace(nodes=tuple(nodes)) if changed else graph
+    if not changed:
+        return graph
+    graph = graph.replace(nodes=tuple(nodes))
+    # The repeats the grouped launches no longer read.
+    return eliminate_dead_code(graph) if grouped else graph
+
+
+def _grouped_launch(call: ExternOp, producers: dict, layouts: dict, read: set, sms: int, used):
+    """[zero-copy views..., the launch] computing `call`, a memory-efficient or cuDNN call
+    (which reject fewer key than query heads, so group_query_attention left their key and
+    value repeated over heads), from the un-repeated key and value; None where they are not
+    such repeats, or the un-repeated tensors are no strided views of their sources. Raises
+    Refused when the template does not compute the call."""
+    from minicomp.passes.graph.alias_views import as_alias
+    from minicomp.passes.graph.attention_groups import grouped_key_value, grouped_ops, ungrouped
+
+    found = None if call.target in grouped_ops() else grouped_key_value(call, producers)
+    if found is None:
+        return None
+    (k, v), groups = found
+    views, inputs, strides = [], list(call.inputs), dict(layouts)
+    for repeat in dict.fromkeys((k, v)):
+        source = ungrouped(producers[repeat], groups, used)
+        if isinstance(source, ComputeOp):
+            alias = as_alias(source, layouts)
+            if alias is None:
+                return None
+            views.append(alias)
+            source = alias.outputs[0]
+            strides[source.name] = source.type.strides
+        inputs = [source if x == repeat else x for x in inputs]
+    launch = attention_kernel_op(call.replace(inputs=tuple(inputs)), strides, read, sms)
+    # PyTorch's kernel for this call takes no grouped heads: the tuner has no ATen candidate.
+    _forget_aten(launch.function)
+    return [*views, launch]
 
 
 def attention_kernel_op(call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS) -> KernelOp:
@@ -114,6 +161,13 @@ def _remember(function: Function, entry: tuple) -> None:
             _made.popitem(last=False)
 
 
+def _forget_aten(function: Function) -> None:
+    """No ATen candidate for the launch of `function` (its call's kernel cannot compute it)."""
+    with _made_lock:
+        function_, (problem, config, in_order, _) = _made[id(function)]
+        _made[id(function)] = (function_, (problem, config, in_order, None))
+
+
 def tune_attention(graph: Graph, choose: Callable) -> Graph:
     """`graph` with each attention launch's config chosen by `choose` (tune.chooser's
     make_chooser: on the cuda target with search space 1 or 2 the tuner times the
@@ -129,7 +183,7 @@ def tune_attention(graph: Graph, choose: Callable) -> Graph:
             problem, config, in_order, call = found[1]
             if in_order:
                 # The ATen candidate writes the attention only: not with a logsumexp too.
-                aten = _aten_candidate(call) if len(n.outputs) == 1 else None
+                aten = _aten_candidate(call) if call and len(n.outputs) == 1 else None
                 choice = choose(template.TEMPLATE, problem, n, aten)
                 if choice.aten:
                     n, changed = _back_to_aten(call, n, choice), True
