@@ -270,6 +270,12 @@ def _representative(configs: list, count: int = 4) -> list:
 
 
 H = torch.float16
+# A linear layer with bias and gelu in f16, the template-shaped product both tensor-core
+# templates take.
+LINEAR_GELU = (
+    lambda x, w, b: F.gelu(x @ w.t() + b),
+    lambda: (torch.randn(128, 64, dtype=H), torch.randn(96, 64, dtype=H), torch.randn(96, dtype=H)),
+)
 TEMPLATE_CASES = {
     # SIMT: guarded loads (min_blocks), a fused bias + gelu epilogue.
     "simt_linear_gelu": (
@@ -284,29 +290,13 @@ TEMPLATE_CASES = {
     ),
     # Tensor cores: async 16-byte copies ("k" layouts), a prologue through registers, and
     # transposed ("mn") operands with zero-filled edges.
-    "tc_linear_gelu": (
-        matmul_tc,
-        lambda x, w, b: F.gelu(x @ w.t() + b),
-        lambda: (
-            torch.randn(128, 64, dtype=H),
-            torch.randn(96, 64, dtype=H),
-            torch.randn(96, dtype=H),
-        ),
-    ),
+    "tc_linear_gelu": (matmul_tc, *LINEAR_GELU),
     "tc_prologue": (
         matmul_tc,
         lambda a, b: torch.relu(a) @ (b * 2),
         lambda: (torch.randn(64, 40, dtype=H), torch.randn(40, 72, dtype=H)),
     ),
-    "hopper_linear_gelu": (
-        matmul_hopper,
-        lambda x, w, b: F.gelu(x @ w.t() + b),
-        lambda: (
-            torch.randn(128, 64, dtype=H),
-            torch.randn(96, 64, dtype=H),
-            torch.randn(96, dtype=H),
-        ),
-    ),
+    "hopper_linear_gelu": (matmul_hopper, *LINEAR_GELU),
     "tc_transposed_bf16": (
         matmul_tc,
         lambda a, b: a.t() @ b,

@@ -389,11 +389,17 @@ def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool 
 _RUNTIMES: dict[str, ctypes.CDLL] = {}
 
 
+@functools.cache
+def _runtime_soname(source: str, cxx: str, flags: str) -> str:
+    """The runtime library's soname: its build's key (hashed once per process, not per kernel)."""
+    return f"libmc_emu_{compiler.cache_key(source, cc=cxx, cflags=flags)[:24]}.so"
+
+
 def _runtime(prelude: str, *, cxx: str, flags: str, cache_dir: str) -> tuple[str, str]:
     """Build (once per compiler, flags and prelude) and load the emulator's runtime library,
     which runs launches and holds the emulator's state; return its path and its soname."""
     source = "#define MC_EMU_RUNTIME 1\n" + prelude
-    soname = f"libmc_emu_{compiler.cache_key(source, cc=cxx, cflags=flags)[:24]}.so"
+    soname = _runtime_soname(source, cxx, flags)
 
     def build() -> ctypes.CDLL:
         return compiler.compile_library(
