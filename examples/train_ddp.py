@@ -115,15 +115,36 @@ def report(line: str, args) -> None:
             f.write(line + "\n")
 
 
+def init_process_group(backend: str, attempt: int) -> None:
+    """The default process group of this attempt.
+
+    torchrun's agent hosts one TCP store for the whole run (TORCHELASTIC_USE_AGENT_STORE),
+    and the workers of every attempt meet in it under the same keys: a restarted worker can
+    read the dead attempt's addresses and fail to connect (pytorch/pytorch#135712). Each
+    attempt's group gets its own key prefix."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"train_ddp/attempt-{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
+
+
 def main() -> None:
     args = parse_args()
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    init_process_group("nccl" if cuda else "gloo", attempt)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda") if cuda else torch.device("cpu")
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     net = DDP(
         torch.compile(model().to(device), backend="minicomp", options={"target": args.target}),

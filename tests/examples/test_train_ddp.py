@@ -39,10 +39,6 @@ def _losses(path) -> dict[int, float]:
     return losses
 
 
-# Slow, so out of the default suite: in two full-suite runs beside the other worker's tests the
-# restarted attempt's gloo group was refused its connection to rank 0 (before the example's own
-# code ran) and the run failed; alone it passes. `make test-full` runs it.
-@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_resumes_with_the_same_losses(tmp_path):
     folders = {name: tmp_path / name for name in ("uninterrupted", "interrupted")}
     for folder in folders.values():
