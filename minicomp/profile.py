@@ -14,7 +14,7 @@ from typing import Any
 
 from minicomp import config
 from minicomp.lens.devices import get_device
-from minicomp.lens.profile import LENS_OPTIONS, Profile, profile_session
+from minicomp.lens.profile import Profile, lens_options, profile_session
 from minicomp.lens.session import recording
 
 
@@ -26,8 +26,9 @@ def profile(
     sample_only: bool = False,
     **kwargs: Any,
 ) -> Profile:
-    """Compile `fn` with minicomp for cuda-emu, run it once on these (CPU) arguments, and
-    estimate every kernel launch on `device` (a key of lens/devices.py: h100, h200, a100).
+    """Compile `fn` with minicomp for cuda-emu as the cuda target would compile it on `device`
+    (a key of lens/devices.py: h100, h200, a100), run it once on these (CPU) arguments, and
+    estimate every kernel launch on `device`.
 
     With `sample_only` each launch runs only the blocks it counts: fast on large problems, but
     `fn`'s result is garbage (see lens.session.LensSession)."""
@@ -35,7 +36,8 @@ def profile(
 
     target = get_device(device)
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend="minicomp", options={**(options or {}), **LENS_OPTIONS})
+    opts = {**(options or {}), **lens_options(target)}
+    compiled = torch.compile(fn, backend="minicomp", options=opts)
     with recording(sample_only=sample_only) as session:
         compiled(*args, **kwargs)
     torch._dynamo.reset()
@@ -52,7 +54,7 @@ def profile_file(script: str, args: list[str], device: str = "h100") -> Profile:
     saved = sys.argv
     sys.argv = [script, *args]
     try:
-        with config.patch(**LENS_OPTIONS), recording() as session:
+        with config.patch(**lens_options(target)), recording() as session:
             runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv = saved

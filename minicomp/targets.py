@@ -21,7 +21,7 @@ import torch
 
 from minicomp.backends.cpu import module as cpu_module
 from minicomp.backends.cuda import module as cuda_module
-from minicomp.backends.cuda.arch import WGMMA_ARCH
+from minicomp.backends.cuda.arch import device_build_arch
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.emu import build_emulated, default_sample
 from minicomp.backends.cuda.sm_count import device_sm_count
@@ -308,8 +308,7 @@ class CudaTarget(CudaSourceTarget):
         sm_90 device's as sm_90a, its architecture-specific features (wgmma: the Hopper
         matmul template), since the graph's binary runs on that device only."""
         index = torch.cuda.current_device() if device_index is None else device_index
-        arch = cuda_module.pick_arch(index, library=options.nvrtc_library)
-        return WGMMA_ARCH if arch == "sm_90" else arch
+        return device_build_arch(cuda_module.pick_arch(index, library=options.nvrtc_library))
 
     def build(self, kernels, options, device_index=None, device_functions=()):
         if not kernels:

@@ -110,3 +110,14 @@ def test_sample_only_counts_what_a_full_run_counts_without_computing_the_rest():
         assert s.counts.blocks > s.counts.sampled  # a grid larger than its sample
         assert s.time == pytest.approx(f.time) and s.counts.dram_bytes == f.counts.dram_bytes
     assert not torch.allclose(seen[-1].float(), (a @ b).float(), atol=0.1)
+
+
+@pytest.mark.parametrize("device, hopper", [("h100", True), ("a100", False)])
+def test_a_model_compiles_as_the_cuda_target_would_on_the_device(device, hopper):
+    # An f16 Linear takes the Hopper matmul (warpgroup MMA) on an H100, mma.sync on an A100.
+    torch.manual_seed(0)
+    linear, x = torch.nn.Linear(64, 128).half(), torch.randn(128, 64).half()
+    with torch.no_grad():
+        p = profile(linear, x, device=device, sample_only=True)
+    (k,) = [k for k in p.graph.kernels if k.counts.mma or k.counts.wgmma]
+    assert (k.counts.wgmma > 0, k.counts.mma > 0) == (hopper, not hopper)

@@ -30,7 +30,7 @@ from minicomp.backends.cuda.arch import float8_mma_unpacks
 from minicomp.bench.kernels.cases import Case
 from minicomp.bench.kernels.families import FAMILIES
 from minicomp.lens.devices import DEVICES, Device, get_device
-from minicomp.lens.profile import LENS_OPTIONS, profile_session
+from minicomp.lens.profile import LENS_OPTIONS, lens_options, profile_session
 from minicomp.lens.session import recording
 
 LENS_FAMILIES = ("matmul", "attention", "conv")
@@ -127,7 +127,7 @@ def estimate_case(case: Case, device: str = "h100", options: dict | None = None)
     target = get_device(device)
     start = time.monotonic()
     torch._dynamo.reset()
-    opts = {"search_space": 0, **(options or {}), **LENS_OPTIONS}
+    opts = {"search_space": 0, **(options or {}), **lens_options(target)}
     try:
         compiled = torch.compile(case.fn, backend="minicomp", options=opts)
         with recording(sample_only=True) as session:

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from minicomp import config
+from minicomp.backends.cuda.arch import device_build_arch
 from minicomp.backends.cuda.intrinsics_wgmma import feature_arch
 from minicomp.ir.func import Module
 from minicomp.lens.counts import KernelCounts, l2_resident, scratch_positions
@@ -21,6 +22,13 @@ from minicomp.lens.session import LensSession
 
 LENS_OPTIONS = {"target": "cuda-emu", "lens": True}
 """What profiling sets: the kernels run in the emulator, counted."""
+
+
+def lens_options(device: Device) -> dict:
+    """LENS_OPTIONS for estimating on `device`: the graph compiled as the cuda target would
+    compile it on that GPU (its SM count, and its architecture as the cuda target builds for
+    it: an H100's as sm_90a, so products take the Hopper templates there too)."""
+    return {**LENS_OPTIONS, "lens_device": device.key, "arch": device_build_arch(device.arch)}
 
 
 @dataclass(frozen=True)

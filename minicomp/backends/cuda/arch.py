@@ -68,6 +68,14 @@ WGMMA_ARCH = "sm_90a"
 """The architecture with warpgroup MMA (wgmma) and the Hopper matmul template: sm_90's
 architecture-specific feature set, whose code runs on sm_90 devices only."""
 
+
+def device_build_arch(arch: str) -> str:
+    """What the cuda target compiles for on a device of `arch`: an sm_90 device's code as
+    sm_90a (its architecture-specific features: wgmma, the Hopper templates), since a graph's
+    binary runs on that device only; any other architecture as itself."""
+    return WGMMA_ARCH if arch == "sm_90" else arch
+
+
 FLOAT8_MMA_ARCH = 89
 """The first compute capability with float8 tensor-core mma (sm_89: mma.sync m16n8k32 of
 e4m3/e5m2, PTX ISA 8.4)."""
