@@ -10,9 +10,11 @@ Prints a row per case: the estimated time, the roofline time of its kernels and 
 the bound, and the worst sector efficiency, bank-conflict factor, occupancy, registers and
 spills of its kernels; then the geometric mean and the cases under 70% of roofline. --out
 writes the rows as JSON, which the GPU validation's kernels stage puts beside what it measures.
---hopper adds, after each 16-bit matrix product, a row for the Hopper matmul
-(minicomp/schedule/templates/matmul_hopper.py) at the fastest of its configs (or of those
---hopper-configs lists, by index), launched directly: its problem % is against the wgmma peak.
+Each case compiles as the cuda target would on the device (an H100's as sm_90a: the Hopper
+templates where they apply); the problem's roofline uses the device's best tensor-core rate
+(wgmma's on an H100). --hopper adds, after each 16-bit matrix product, a row for the Hopper
+matmul (minicomp/schedule/templates/matmul_hopper.py) at the fastest of its configs (or of
+those --hopper-configs lists, by index), launched directly.
 """
 
 import argparse

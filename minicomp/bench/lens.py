@@ -96,20 +96,29 @@ class LensRow:
 
 
 def problem_roofline(case: Case, device: Device) -> float:
-    """Seconds `case` needs at best on `device`: its flops on tensor cores (mma.sync) for
-    16-bit operands (int8: twice the f16 rate; float8: the f16 rate where mma.sync unpacks
-    it to f16, sm_90, twice elsewhere) or on FP32 FMAs for float32, or its minimum bytes at
-    DRAM speed."""
+    """Seconds `case` needs at best on `device`: its flops on tensor cores for 16-bit operands
+    (at the wgmma rate where the device has it, else mma.sync's; int8: twice the mma.sync f16
+    rate; float8: twice the wgmma f16 rate, or the mma.sync f16 rate where mma.sync unpacks it
+    to f16, sm_90 without wgmma, twice elsewhere) or on FP32 FMAs for float32, or its minimum
+    bytes at DRAM speed."""
     if case.dtype in ("float16", "bfloat16"):
-        compute = case.flops / (device.mma_sync_tflops_f16 * 1e12)
+        compute = case.flops / (_f16_tflops(device) * 1e12)
     elif case.dtype == "float8_e4m3fn":
-        rate = 1 if float8_mma_unpacks(device.arch) else 2
-        compute = case.flops / (rate * device.mma_sync_tflops_f16 * 1e12)
+        if device.wgmma_tflops_f16:
+            compute = case.flops / (2 * device.wgmma_tflops_f16 * 1e12)
+        else:
+            rate = 1 if float8_mma_unpacks(device.arch) else 2
+            compute = case.flops / (rate * device.mma_sync_tflops_f16 * 1e12)
     elif case.dtype == "int8":
         compute = case.flops / (2 * device.mma_sync_tflops_f16 * 1e12)
     else:
         compute = case.flops / (2 * device.fp32_per_second)
     return max(compute, case.min_bytes / (device.dram_gbps * 1e9))
+
+
+def _f16_tflops(device: Device) -> float:
+    """The device's best dense f16/bf16 tensor-core rate: wgmma's where it has it."""
+    return device.wgmma_tflops_f16 or device.mma_sync_tflops_f16
 
 
 def cases(families=LENS_FAMILIES, tiers=(1,), dtypes=None) -> list[Case]:
@@ -164,10 +173,10 @@ def _kernel_row(k, template: str) -> KernelRow:
 
 def estimate_hopper(case: Case, device: str = "h100", configs=None) -> LensRow:
     """The Hopper matmul (schedule/templates/matmul_hopper.py: TMA, wgmma, persistent tiles) on
-    `case`'s 16-bit product, launched directly with B stored K-major ([N, K]; the kernel is not
-    in the compiler's search space yet), counted at each of `configs` (default: all it offers)
-    and estimated on `device`: the row of the fastest, its problem roofline the flops at the
-    device's wgmma rate (the mma.sync rate's for the other rows)."""
+    `case`'s 16-bit product, launched directly with B stored K-major ([N, K]), counted at each
+    of `configs` (default: all it offers) and estimated on `device`: the row of the fastest
+    (the compiler picks the config by its own heuristic: `estimate_case`'s row on an sm_90
+    device is the one it chooses)."""
     from minicomp import config as minicomp_config
     from minicomp.schedule.templates import matmul_hopper as hopper
 
@@ -188,8 +197,7 @@ def estimate_hopper(case: Case, device: str = "h100", configs=None) -> LensRow:
             best = (cfg, k_est)
     cfg, k_est = best
     row = _kernel_row(k_est, f"matmul_hopper[{cfg.name}]")
-    rate = target.wgmma_tflops_f16 or target.tensor_tflops_f16
-    best_us = max(case.flops / (rate * 1e12), case.min_bytes / (target.dram_gbps * 1e9)) * 1e6
+    best_us = problem_roofline(case, target) * 1e6
     seconds = time.monotonic() - start
     return LensRow(case.family, case.label, device, [row], seconds, problem_roofline_us=best_us)
 
