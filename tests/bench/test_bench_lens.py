@@ -53,9 +53,8 @@ def test_an_int8_case_is_estimated_on_integer_tensor_cores():
 
 def test_a_float8_case_is_estimated_on_float8_tensor_cores():
     """torch._scaled_mm of e4m3fn (B a transposed [N, K], per-tensor scales, bf16 out) on
-    matmul_tc's float8 m16n8k32: its roofline on an H100 is the flops at the f16 mma rate
-    (sm_90 unpacks float8 to f16), the output's bf16 bytes; its reference the dequantized
-    product."""
+    matmul_tc's float8 m16n8k32 (the Hopper matmul takes no scales yet): its problem's
+    roofline, the output's bf16 bytes at this size; its reference the dequantized product."""
     fp8 = torch.float8_e4m3fn
     case = matmul.case(128, 96, 256, fp8, "cpu")
     a, b, sa, sb = case.make()
