@@ -41,14 +41,17 @@ the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offer
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
+from minicomp.ir.expr import maximum, minimum, prod
 from minicomp.ir.func import Function
+from minicomp.ir.printer import expr_str
 from minicomp.schedule.templates.base import Template, finish
+from minicomp.schedule.templates.matmul_simt import assumed_sizes
+from minicomp.schedule.templates.problem import ceil_div, needs_check
 from minicomp.script.function import script
 from minicomp.script.hopper import (
     mbarrier_arrive,
@@ -61,6 +64,7 @@ from minicomp.script.lang import (
     blockIdx,
     dim,
     dynamic_shared_tensor,
+    gridDim,
     register_tensor,
     shared_tensor,
     syncthreads,
@@ -332,25 +336,23 @@ TEMPLATE_TYPES = (T.f16, T.bf16)
 
 def refusal(problem) -> str | None:
     """Why the template does not compute MatmulProblem `problem`, in a few words for explain;
-    None when it does: f16 or bf16 operands summed in f32 on sm_90a, static sizes, one batch,
-    at least MIN_ROWS rows, and both operands plain reads with K contiguous whose rows and start
-    are 16-byte aligned. TMA copies memory as it is, so an operand with a fused prologue (a
-    relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in a kernel of its
-    own where the product is one the template takes (reads_by_tma)."""
+    None when it does: f16 or bf16 operands summed in f32 on sm_90a, one batch, at least
+    MIN_ROWS rows where M is static (a symbolic M, the tokens of a serving batch, takes the
+    template at every size), and both operands plain reads with K contiguous whose rows (static
+    strides) and start are 16-byte aligned. TMA copies memory as it is, so an operand with a
+    fused prologue (a relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in
+    a kernel of its own where the product is one the template takes (reads_by_tma)."""
     if problem.arch != WGMMA_ARCH:
         return f"wgmma needs {WGMMA_ARCH}, not {problem.arch}"
     a, b = problem.a_dtype, problem.b_dtype
     if problem.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
         return f"{a.short} x {b.short} operands (it takes f16 or bf16 summed in f32)"
-    sizes = problem.static_sizes()
-    if sizes is None:
-        return "symbolic sizes"
-    batch, m, n, k = sizes
-    if batch != 1:
-        return f"a batch of {batch} products"
-    if min(m, n, k) == 0:
+    batch, m, n, k = problem.batch, problem.m, problem.n, problem.k
+    if not isinstance(batch, int) or batch != 1:
+        return f"a batch of {batch if isinstance(batch, int) else expr_str(batch)} products"
+    if any(isinstance(x, int) and x == 0 for x in (m, n, k)):
         return "an empty product"
-    if m < MIN_ROWS:
+    if isinstance(m, int) and m < MIN_ROWS:
         return f"M = {m} rows, fewer than a {MIN_ROWS}-row wgmma tile"
     for side, plain in (("A", problem.plain_a), ("B", problem.plain_b)):
         if plain is None:
@@ -370,18 +372,17 @@ def refusal(problem) -> str | None:
 
 def reads_by_tma(c) -> bool:
     """Whether the template would compute Contraction `c` (minicomp.ir.contraction) were its
-    operands plain reads: f16 or bf16 summed in f32, static sizes, one batch, at least MIN_ROWS
-    rows. On sm_90a, fusion keeps a computing producer of such a product's operands (a relu,
-    a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory as
-    it is."""
+    operands plain reads: f16 or bf16 summed in f32, one batch, at least MIN_ROWS rows where
+    M is static. On sm_90a, fusion keeps a computing producer of such a product's operands (a
+    relu, a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory
+    as it is."""
     a, b = c.operand_dtypes
     if c.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
         return False
-    extents = [x for _, x in (*c.batch, *c.m, *c.n, *c.k)]
-    if not all(isinstance(x, int) for x in extents):
+    batch, m = (prod(x for _, x in axes) for axes in (c.batch, c.m))
+    if not isinstance(batch, int) or batch != 1:
         return False
-    batch, m = math.prod(x for _, x in c.batch), math.prod(x for _, x in c.m)
-    return batch == 1 and m >= MIN_ROWS
+    return not isinstance(m, int) or m >= MIN_ROWS
 
 
 def applies(problem) -> bool:
@@ -390,8 +391,8 @@ def applies(problem) -> bool:
 
 
 def heuristic(problem) -> HopperConfig:
-    """pick_config for the problem's size and SMs."""
-    _, m, n, _ = problem.static_sizes()
+    """pick_config for the problem's size and SMs (a symbolic size counted as large)."""
+    _, m, n = assumed_sizes(problem)
     return pick_config(m, n, problem.sms)
 
 
@@ -407,7 +408,7 @@ def instantiate(problem, config: HopperConfig) -> Function:
     (attrs.tensor_maps: the plan encodes them), then the group's buffers and sizes; the
     epilogue (problem.store_c) applied to each accumulator element as it is stored."""
     config.check()
-    _, M, N, K = problem.static_sizes()
+    M, N, K = problem.m, problem.n, problem.k
     dtype = ScalarType(problem.a_dtype)
     BM, BN, STAGES = config.bm, config.bn, config.stages
     CONSUMERS = WARPGROUP * config.consumers
@@ -416,8 +417,13 @@ def instantiate(problem, config: HopperConfig) -> Function:
     KS = SPAN // problem.a_dtype.nbytes
     STEP = 32 // problem.a_dtype.nbytes
     ACC = BN // 2
-    GRID = min(-(-M // BM) * -(-N // BN), problem.sms)
-    store_c = problem.store_c(check_m=M % BM != 0, check_n=N % BN != 0)
+    # A symbolic size (the launch's M) is read at run time: the grid, the tile loop's bounds.
+    TILES = prod((ceil_div(M, BM), ceil_div(N, BN)))
+    if isinstance(TILES, int):
+        GRID = min(max(TILES, 1), problem.sms)
+    else:
+        GRID = minimum(maximum(TILES, 1), problem.sms)
+    store_c = problem.store_c(check_m=needs_check(M, BM), check_n=needs_check(N, BN))
 
     @script(params=problem.params)
     def matmul_hopper(
@@ -452,7 +458,7 @@ def instantiate(problem, config: HopperConfig) -> Function:
                     tma_load(a_s[s], tma_a, m0, kt * KS, full[s])
                     tma_load(b_s[s], tma_b, n0, kt * KS, full[s])
                     it += 1
-                tile += GRID
+                tile += gridDim.x
         elif t < CONSUMERS:
             wg = t // WARPGROUP
             w = t % WARPGROUP // 32
@@ -482,7 +488,7 @@ def instantiate(problem, config: HopperConfig) -> Function:
                 col = n0 + 2 * (lane % 4)
                 for i in unroll(range(ACC)):
                     store_c(0, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
-                tile += GRID
+                tile += gridDim.x
 
     base = {"tma_a": problem.plain_a, "tma_b": problem.plain_b}
     shapes = {"tma_a": (M, K), "tma_b": (N, K)}

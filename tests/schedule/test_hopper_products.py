@@ -1,0 +1,99 @@
+"""The Hopper template on the products LLM serving and training run (issue 21): a symbolic M
+(the tokens of a serving batch) compiled once and run at M below one 64-row tile and at an odd
+M over it, into poisoned outputs, against float64; explain's reason where a product still
+falls back; the symbolic kernel round-trips through script text and builds for sm_90a with
+NVRTC without spills."""
+
+import pytest
+import torch
+from schedule_graphs import matmul_problem_of
+
+from minicomp.backends.cuda.tensor_map import tensor_map_arguments
+from minicomp.dynamo.backend import recording
+from minicomp.schedule.templates import matmul_hopper, matmul_tc, template_choice
+
+N, K = 130, 192  # an odd column tile; K three 64-wide stages
+HOPPER = {"target": "cuda-emu", "arch": "sm_90a", "fallback": "error"}
+
+
+def poisoned(*shape, dtype=torch.float16):
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def templates(records) -> list[str]:
+    return [k.attrs.template.split("[")[0] for r in records for k in r.kernels if k.attrs.template]
+
+
+def addmm_into(x, w, b, out):
+    torch.addmm(b, x, w.t(), out=out)  # C written straight into `out`: its edges are checked
+
+
+@pytest.fixture(scope="module")
+def dynamic_addmm():
+    """addmm_into compiled once for sm_90a with the tokens (M) dynamic, with its records."""
+    records: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(addmm_into, backend="minicomp", options=HOPPER)
+    w, b = torch.randn(N, K).half(), torch.randn(N).half()
+    return fn, w, b, records
+
+
+@pytest.mark.parametrize("m", [33, 67], ids=["M33", "M67"])
+def test_a_symbolic_m_runs_the_hopper_template_at_every_size(dynamic_addmm, m):
+    fn, w, b, records = dynamic_addmm
+    x, out = torch.randn(m, K).half(), poisoned(m, N)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(out, 0)
+    with recording(records):
+        fn(x, w, b, out)
+    expect = x.double() @ w.double().t() + b.double()
+    torch.testing.assert_close(out.double(), expect, rtol=1e-2, atol=2e-2)
+    # One compile for both sizes: the grid, the tile loop and the maps read M at the launch.
+    (record,) = records
+    assert templates(records) == [matmul_hopper.NAME]
+    ((_, _, choice),) = record.tuning
+    assert choice.why == "sm_90a: TMA and wgmma"
+    (kernel,) = record.kernels
+    a_map, _ = tensor_map_arguments(kernel)
+    assert not isinstance(a_map.shape[0], int)  # A's rows: the symbol
+
+
+def _symbolic_problem(*dims: tuple[str, int]):
+    """The product x @ w.t() on sm_90a with dimensions `dims` ("x" or "w", dimension) dynamic."""
+    marks = {"x": torch.randn(67, K).half(), "w": torch.randn(N, K).half()}
+    for name, d in dims:
+        torch._dynamo.mark_dynamic(marks[name], d)
+    x, w = marks["x"], marks["w"]
+    problem = matmul_problem_of(lambda x, w: x @ w.t(), x, w)
+    problem.arch = "sm_90a"
+    return problem
+
+
+def test_a_symbolic_k_falls_back_with_the_reason():
+    # TMA steps rows by a multiple of 16 bytes, which a symbolic K leaves unknown until run time.
+    problem = _symbolic_problem(("x", 1), ("w", 1))
+    template, why = template_choice(problem)
+    assert template is matmul_tc.TEMPLATE
+    assert why == "not matmul_hopper: A's strides are symbolic"
+
+
+def test_the_symbolic_kernel_builds_for_sm_90a_without_spills(tmp_path):
+    from minicomp.backends.cuda import nvrtc
+    from minicomp.backends.cuda.codegen import render_module
+    from minicomp.ir.func import Module
+    from minicomp.ir.printer import function_str
+    from minicomp.script.text import parse_function
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+    problem = _symbolic_problem(("x", 0))
+    assert template_choice(problem)[0] is matmul_hopper.TEMPLATE
+    kernel = matmul_hopper.instantiate(problem, matmul_hopper.heuristic(problem))
+    # Its maps' symbolic shapes print as script text and parse back.
+    assert parse_function(function_str(kernel)).attrs == kernel.attrs
+    source = render_module(Module(kernel.name, (kernel,)))
+    binary = nvrtc.compile_cuda(source, arch="sm_90a", cache_dir=str(tmp_path))
+    usage = binary.resources[kernel.name]
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
