@@ -1,8 +1,9 @@
 """The Hopper template on the products LLM serving and training run (issue 21): a symbolic M
 (the tokens of a serving batch) compiled once and run at M below one 64-row tile and at an odd
-M over it, into poisoned outputs, against float64; explain's reason where a product still
-falls back; the symbolic kernel round-trips through script text and builds for sm_90a with
-NVRTC without spills."""
+M over it; a bmm and per-head products (two batch dimensions, a broadcast kv head); all into
+poisoned outputs, against float64; explain's reason where a product still falls back; the
+symbolic kernel round-trips through script text and builds for sm_90a with NVRTC without
+spills."""
 
 import pytest
 import torch
@@ -58,6 +59,39 @@ def test_a_symbolic_m_runs_the_hopper_template_at_every_size(dynamic_addmm, m):
     assert not isinstance(a_map.shape[0], int)  # A's rows: the symbol
 
 
+def batched_products(a, b, q, kv, out, scores, hidden):
+    torch.bmm(a, b.transpose(1, 2), out=out)
+    # a [3, 67, K] @ b[0].T: its batch and sequence fold into M (indexed as m // 67, m % 67).
+    torch.matmul(a, b[0].t(), out=hidden)
+    # Per-head scores of q [batch, seq, heads, d] with one shared kv head: q's heads are
+    # strided apart from its batches (two batch dimensions), kv's broadcast (stride 0).
+    heads = q.shape[2]
+    torch.matmul(q.transpose(1, 2), kv.expand(-1, heads, -1, -1).transpose(2, 3), out=scores)
+
+
+def test_batched_and_per_head_products_run_the_hopper_template():
+    bf16 = torch.bfloat16
+    a, b = torch.randn(3, 67, K, dtype=bf16), torch.randn(3, N, K, dtype=bf16)
+    q, kv = torch.randn(2, 67, 3, 64, dtype=bf16), torch.randn(2, 1, 70, 64, dtype=bf16)
+    out, hidden = poisoned(3, 67, N, dtype=bf16), poisoned(3, 67, N, dtype=bf16)
+    scores = poisoned(2, 3, 67, 70, dtype=bf16)
+    records: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(batched_products, backend="minicomp", options=HOPPER)
+    with recording(records):
+        fn(a, b, q, kv, out, scores, hidden)
+    assert templates(records) == [matmul_hopper.NAME] * 3
+    expect = a.double() @ b.double().transpose(1, 2)
+    torch.testing.assert_close(out.double(), expect, rtol=3e-2, atol=3e-2)
+    expect = a.double() @ b[0].double().t()
+    torch.testing.assert_close(hidden.double(), expect, rtol=3e-2, atol=3e-2)
+    expect = q.double().transpose(1, 2) @ kv.double().transpose(2, 3)
+    torch.testing.assert_close(scores.double(), expect, rtol=3e-2, atol=3e-2)
+    # The batch is the maps' outer dimensions: one for the bmm, two for q, one for kv.
+    ranks = [[len(m.shape) for m in tensor_map_arguments(k)] for r in records for k in r.kernels]
+    assert sorted(ranks) == [[2, 2], [3, 3], [4, 3]]
+
+
 def _symbolic_problem(*dims: tuple[str, int]):
     """The product x @ w.t() on sm_90a with dimensions `dims` ("x" or "w", dimension) dynamic."""
     marks = {"x": torch.randn(67, K).half(), "w": torch.randn(N, K).half()}
@@ -75,6 +109,17 @@ def test_a_symbolic_k_falls_back_with_the_reason():
     template, why = template_choice(problem)
     assert template is matmul_tc.TEMPLATE
     assert why == "not matmul_hopper: A's strides are symbolic"
+
+
+def test_a_batch_stride_tma_cannot_step_falls_back_with_the_reason():
+    # Batches 12865 halves apart: TMA steps every dimension by a multiple of 16 bytes.
+    a = torch.randn(3, 67 * K + 1).half()[:, : 67 * K].view(3, 67, K)
+    b = torch.randn(3, N, K).half()
+    problem = matmul_problem_of(lambda a, b: torch.bmm(a, b.transpose(1, 2)), a, b)
+    problem.arch = "sm_90a"
+    template, why = template_choice(problem)
+    assert template is matmul_tc.TEMPLATE
+    assert "A's batch stride is 25730 bytes (TMA needs a positive multiple of 16)" in why
 
 
 def test_the_symbolic_kernel_builds_for_sm_90a_without_spills(tmp_path):

@@ -32,13 +32,15 @@ i % 2 of element i of lane l of warp w), guarded at C's edges, while the produce
 loads the next tile's stages. TMA fills the boxes' rows and K columns past A's and B's edges
 with zeros, so a partial tile or K step needs no other care.
 
+As the compiler's template (`instantiate`), it also computes batches of products (tile t is
+product t // tiles of C; each operand's batch variables its map's outer dimensions) and reads
+a symbolic M from the launch.
+
 TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
 data 16-byte aligned; the launch checks it (`matmul_hopper`). B must be K-major ([N, K] row-major, a
 linear layer's weight): wgmma reads MN-major 16-bit operands only through a descriptor mode
 the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offered.
 """
-
-from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
@@ -46,12 +48,11 @@ from dataclasses import dataclass
 from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
-from minicomp.ir.expr import maximum, minimum, prod
+from minicomp.ir.expr import Dim, Var, as_expr, cast, maximum, minimum, prod
 from minicomp.ir.func import Function
-from minicomp.ir.printer import expr_str
 from minicomp.schedule.templates.base import Template, finish
 from minicomp.schedule.templates.matmul_simt import assumed_sizes
-from minicomp.schedule.templates.problem import ceil_div, needs_check
+from minicomp.schedule.templates.problem import ceil_div, needs_check, unravel
 from minicomp.script.function import script
 from minicomp.script.hopper import (
     mbarrier_arrive,
@@ -65,6 +66,7 @@ from minicomp.script.lang import (
     dim,
     dynamic_shared_tensor,
     gridDim,
+    macro,
     register_tensor,
     shared_tensor,
     syncthreads,
@@ -151,14 +153,15 @@ CONFIGS = (
 comfortably under the shared-memory limit."""
 
 
-def pick_config(m: int, n: int, sms: int = H100_SMS) -> HopperConfig:
+def pick_config(m: int, n: int, sms: int = H100_SMS, batch: int = 1) -> HopperConfig:
     """The largest tile of CONFIGS whose busiest SM has at most PICK_SLACK more tile area to
-    compute (ceil(tiles / SMs) tiles of BM x BN, padding included) than the least of them:
-    larger tiles read fewer operand bytes through L2, which bounds the large products in the
-    lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a 16-row decode product)."""
+    compute for `batch` m x n products (ceil(tiles / SMs) tiles of BM x BN, padding included)
+    than the least of them: larger tiles read fewer operand bytes through L2, which bounds the
+    large products in the lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a
+    16-row decode product)."""
 
     def area(c: HopperConfig) -> int:
-        tiles = -(-m // c.bm) * -(-n // c.bn)
+        tiles = batch * -(-m // c.bm) * -(-n // c.bn)
         return -(-tiles // sms) * c.bm * c.bn
 
     least = min(area(c) for c in CONFIGS)
@@ -332,14 +335,18 @@ it most of each mma is padding, and the product is DRAM-bound on the weight anyw
 lens puts matmul_tc (with its split of K) level with it (16 x 4096 x 11008: 27.9 us both,
 benchmarks/results/lens-h100-2026-12-07-hopper.txt)."""
 TEMPLATE_TYPES = (T.f16, T.bf16)
+MAX_BATCH_DIMS = 2
+"""The batch variables an operand may move along: its map's outer dimensions, under TMA's
+five."""
 
 
 def refusal(problem) -> str | None:
     """Why the template does not compute MatmulProblem `problem`, in a few words for explain;
-    None when it does: f16 or bf16 operands summed in f32 on sm_90a, one batch, at least
-    MIN_ROWS rows where M is static (a symbolic M, the tokens of a serving batch, takes the
-    template at every size), and both operands plain reads with K contiguous whose rows (static
-    strides) and start are 16-byte aligned. TMA copies memory as it is, so an operand with a
+    None when it does: f16 or bf16 operands summed in f32 on sm_90a, at least MIN_ROWS rows
+    where M is static (a symbolic M, the tokens of a serving batch, takes the template at every
+    size), and both operands plain reads with K contiguous whose rows, start and batch strides
+    (static; a broadcast batch's 0 aside, at most MAX_BATCH_DIMS of them an operand) are
+    multiples of 16 bytes. TMA copies memory as it is, so an operand with a
     fused prologue (a relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in
     a kernel of its own where the product is one the template takes (reads_by_tma)."""
     if problem.arch != WGMMA_ARCH:
@@ -348,9 +355,7 @@ def refusal(problem) -> str | None:
     if problem.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
         return f"{a.short} x {b.short} operands (it takes f16 or bf16 summed in f32)"
     batch, m, n, k = problem.batch, problem.m, problem.n, problem.k
-    if not isinstance(batch, int) or batch != 1:
-        return f"a batch of {batch if isinstance(batch, int) else expr_str(batch)} products"
-    if any(isinstance(x, int) and x == 0 for x in (m, n, k)):
+    if any(isinstance(x, int) and x == 0 for x in (batch, m, n, k)):
         return "an empty product"
     if isinstance(m, int) and m < MIN_ROWS:
         return f"M = {m} rows, fewer than a {MIN_ROWS}-row wgmma tile"
@@ -367,21 +372,30 @@ def refusal(problem) -> str | None:
                 f"{side}'s rows start every {plain.ld * nbytes} bytes from byte "
                 f"{plain.base * nbytes} (TMA needs multiples of 16)"
             )
+        dims = batch_dims(plain)
+        if len(dims) > MAX_BATCH_DIMS:
+            return f"{side} has {len(dims)} batch dimensions (the template takes {MAX_BATCH_DIMS})"
+        for _, _, stride in dims:
+            if not isinstance(stride, int):
+                return f"{side}'s batch strides are symbolic"
+            if stride < 0 or stride * nbytes % 16:
+                return (
+                    f"{side}'s batch stride is {stride * nbytes} bytes (TMA needs a positive "
+                    "multiple of 16)"
+                )
     return None
 
 
 def reads_by_tma(c) -> bool:
     """Whether the template would compute Contraction `c` (minicomp.ir.contraction) were its
-    operands plain reads: f16 or bf16 summed in f32, one batch, at least MIN_ROWS rows where
-    M is static. On sm_90a, fusion keeps a computing producer of such a product's operands (a
+    operands plain reads: f16 or bf16 summed in f32, at least MIN_ROWS rows where M is
+    static. On sm_90a, fusion keeps a computing producer of such a product's operands (a
     relu, a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory
     as it is."""
     a, b = c.operand_dtypes
     if c.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
         return False
-    batch, m = (prod(x for _, x in axes) for axes in (c.batch, c.m))
-    if not isinstance(batch, int) or batch != 1:
-        return False
+    m = prod(x for _, x in c.m)
     return not isinstance(m, int) or m >= MIN_ROWS
 
 
@@ -392,8 +406,8 @@ def applies(problem) -> bool:
 
 def heuristic(problem) -> HopperConfig:
     """pick_config for the problem's size and SMs (a symbolic size counted as large)."""
-    _, m, n = assumed_sizes(problem)
-    return pick_config(m, n, problem.sms)
+    batch, m, n = assumed_sizes(problem)
+    return pick_config(m, n, problem.sms, batch)
 
 
 def space(problem, level: int) -> list[HopperConfig]:
@@ -406,9 +420,14 @@ def space(problem, level: int) -> list[HopperConfig]:
 def instantiate(problem, config: HopperConfig) -> Function:
     """The kernel of `problem` (which `applies`) with `config`: the tensor maps of A and B first
     (attrs.tensor_maps: the plan encodes them), then the group's buffers and sizes; the
-    epilogue (problem.store_c) applied to each accumulator element as it is stored."""
+    epilogue (problem.store_c) applied to each accumulator element as it is stored.
+
+    Tile t of a block is product t // (tiles of C) of the batch; an operand's batch
+    variables with a stride are its map's outer dimensions (a box of one along each), so
+    a broadcast operand (stride 0) is read from one matrix, and per-head products of a
+    transposed view need no copy."""
     config.check()
-    M, N, K = problem.m, problem.n, problem.k
+    M, N, K, BATCH = problem.m, problem.n, problem.k, problem.batch
     dtype = ScalarType(problem.a_dtype)
     BM, BN, STAGES = config.bm, config.bn, config.stages
     CONSUMERS = WARPGROUP * config.consumers
@@ -418,17 +437,23 @@ def instantiate(problem, config: HopperConfig) -> Function:
     STEP = 32 // problem.a_dtype.nbytes
     ACC = BN // 2
     # A symbolic size (the launch's M) is read at run time: the grid, the tile loop's bounds.
-    TILES = prod((ceil_div(M, BM), ceil_div(N, BN)))
+    TILES = prod((BATCH, ceil_div(M, BM), ceil_div(N, BN)))
     if isinstance(TILES, int):
         GRID = min(max(TILES, 1), problem.sms)
     else:
         GRID = minimum(maximum(TILES, 1), problem.sms)
     store_c = problem.store_c(check_m=needs_check(M, BM), check_n=needs_check(N, BN))
+    a_dims, b_dims = batch_dims(problem.plain_a), batch_dims(problem.plain_b)
+    A_RANK, B_RANK = 2 + len(a_dims), 2 + len(b_dims)
+    A0, A1 = _coordinates(problem.plain_a, a_dims)
+    B0, B1 = _coordinates(problem.plain_b, b_dims)
+    A_BOX = (1,) * len(a_dims) + (BM, KS)
+    B_BOX = (1,) * len(b_dims) + (BN, KS)
 
     @script(params=problem.params)
     def matmul_hopper(
-        tma_a: tensor_map(dtype[M, K], box=(BM, KS), swizzle=SWIZZLE),
-        tma_b: tensor_map(dtype[N, K], box=(BN, KS), swizzle=SWIZZLE),
+        tma_a: tensor_map(dtype, box=A_BOX, swizzle=SWIZZLE),
+        tma_b: tensor_map(dtype, box=B_BOX, swizzle=SWIZZLE),
     ):
         attrs.grid_dim = GRID
         attrs.block_dim = CONSUMERS + 32
@@ -443,20 +468,32 @@ def instantiate(problem, config: HopperConfig) -> Function:
                 mbarrier_init(empty[s], CONSUMERS)
         syncthreads()
         tiles_m = (M + BM - 1) // BM
-        tiles = tiles_m * ((N + BN - 1) // BN)
+        tiles_c = tiles_m * ((N + BN - 1) // BN)
+        tiles = BATCH * tiles_c
         steps = (K + KS - 1) // KS
         it = 0  # the block's K steps so far, over its tiles: the ring's position
         tile = blockIdx.x
         if t == CONSUMERS:  # the producer (see kernel())
             while tile < tiles:
-                m0 = tile % tiles_m * BM
-                n0 = tile // tiles_m * BN
+                bz = tile // tiles_c
+                m0 = tile % tiles_c % tiles_m * BM
+                n0 = tile % tiles_c // tiles_m * BN
                 for kt in range(steps):
                     s = it % STAGES
                     mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
                     mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
-                    tma_load(a_s[s], tma_a, m0, kt * KS, full[s])
-                    tma_load(b_s[s], tma_b, n0, kt * KS, full[s])
+                    if A_RANK == 2:
+                        tma_load(a_s[s], tma_a, m0, kt * KS, full[s])
+                    elif A_RANK == 3:
+                        tma_load(a_s[s], tma_a, A0(bz), m0, kt * KS, full[s])
+                    else:
+                        tma_load(a_s[s], tma_a, A0(bz), A1(bz), m0, kt * KS, full[s])
+                    if B_RANK == 2:
+                        tma_load(b_s[s], tma_b, n0, kt * KS, full[s])
+                    elif B_RANK == 3:
+                        tma_load(b_s[s], tma_b, B0(bz), n0, kt * KS, full[s])
+                    else:
+                        tma_load(b_s[s], tma_b, B0(bz), B1(bz), n0, kt * KS, full[s])
                     it += 1
                 tile += gridDim.x
         elif t < CONSUMERS:
@@ -465,8 +502,9 @@ def instantiate(problem, config: HopperConfig) -> Function:
             lane = t % 32
             acc = register_tensor(f32, (ACC,))
             while tile < tiles:
-                m0 = tile % tiles_m * BM
-                n0 = tile // tiles_m * BN
+                bz = tile // tiles_c
+                m0 = tile % tiles_c % tiles_m * BM
+                n0 = tile % tiles_c // tiles_m * BN
                 for i in unroll(range(ACC)):
                     acc[i] = 0.0
                 for kt in range(steps):
@@ -487,17 +525,48 @@ def instantiate(problem, config: HopperConfig) -> Function:
                 row = m0 + 64 * wg + 16 * w + lane // 4
                 col = n0 + 2 * (lane % 4)
                 for i in unroll(range(ACC)):
-                    store_c(0, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
+                    store_c(bz, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
                 tile += gridDim.x
 
-    base = {"tma_a": problem.plain_a, "tma_b": problem.plain_b}
-    shapes = {"tma_a": (M, K), "tma_b": (N, K)}
-    maps = tuple(
-        (name, p.ref.var.name, p.base, shapes[name], (p.ld, 1)) for name, p in base.items()
+    maps = (
+        _map_entry("tma_a", problem.plain_a, a_dims, M, K),
+        _map_entry("tma_b", problem.plain_b, b_dims, N, K),
     )
     return finish(
         matmul_hopper.ir, problem.name, f"{NAME}[{config.name}]", min_blocks=1, tensor_maps=maps
     )
+
+
+def batch_dims(plain) -> tuple[tuple[Var, Dim, Dim], ...]:
+    """(variable, extent, stride) of each batch variable plain operand `plain` moves along:
+    the outer dimensions of its tensor map (a broadcast one, stride 0, is not one)."""
+    return tuple(
+        (v, x, s)
+        for (v, x), s in zip(plain.batch, plain.batch_strides)
+        if not (isinstance(x, int) and x == 1) and not (isinstance(s, int) and s == 0)
+    )
+
+
+def _coordinates(plain, dims) -> list:
+    """Macros giving the coordinate of flat batch `bz` along each of `dims`, batch variables of
+    plain operand `plain` (None for the unused ones of MAX_BATCH_DIMS)."""
+    out: list = [None] * MAX_BATCH_DIMS
+    for j, (v, _, _) in enumerate(dims):
+
+        def coordinate(bz, v=v):
+            flat = cast(as_expr(bz, T.i64), T.i64)
+            return cast(unravel(flat, plain.batch)[v], T.i32)
+
+        out[j] = macro(coordinate)
+    return out
+
+
+def _map_entry(name: str, plain, dims, rows: Dim, k: Dim) -> tuple:
+    """attrs.tensor_maps' entry of operand `plain` read through map `name`: rows x k, below its
+    batch `dims` (outermost first)."""
+    shape = (*(x for _, x, _ in dims), rows, k)
+    strides = (*(s for _, _, s in dims), plain.ld, 1)
+    return (name, plain.ref.var.name, plain.base, shape, strides)
 
 
 TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)
