@@ -92,6 +92,49 @@ def test_batched_and_per_head_products_run_the_hopper_template():
     assert sorted(ranks) == [[2, 2], [3, 3], [4, 3]]
 
 
+def mn_major_products(a, b, at, w, out, out_t):
+    torch.mm(a, b, out=out)  # b [K, N] row-major: B MN-major
+    torch.mm(at.t(), w.t(), out=out_t)  # at [K, M]: A MN-major (a transposed view)
+
+
+def test_mn_major_operands_run_the_hopper_template():
+    # A [K, N] B's rows (an [K, M] A's) must be whole 16 bytes: N = 136 (M = 72); K = 200 ends
+    # in a partial stage.
+    m, n, k = 67, 136, 200
+    a, b = torch.randn(m, k).half(), torch.randn(k, n).half()
+    at, w = torch.randn(k, 72).half(), torch.randn(N, k).half()
+    out, out_t = poisoned(m, n), poisoned(72, N)
+    records: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(mn_major_products, backend="minicomp", options=HOPPER)
+    with recording(records):
+        fn(a, b, at, w, out, out_t)
+    assert templates(records) == [matmul_hopper.NAME] * 2
+    torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=1e-2, atol=2e-2)
+    expect = at.double().t() @ w.double().t()
+    torch.testing.assert_close(out_t.double(), expect, rtol=1e-2, atol=2e-2)
+
+
+def test_both_operands_mn_major_in_the_largest_tile():
+    # One SM: 128 x 256 tiles (two consumer warpgroups, B in four 64-column spans), one block
+    # looping over the four tiles of C.
+    m, n, k = 256, 512, 192
+    at, b = torch.randn(k, m, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
+    out = poisoned(m, n, dtype=torch.bfloat16)
+    records: list = []
+    torch._dynamo.reset()
+    options = {**HOPPER, "sm_count": 1}
+    fn = torch.compile(
+        lambda at, b, out: torch.mm(at.t(), b, out=out), backend="minicomp", options=options
+    )
+    with recording(records):
+        fn(at, b, out)
+    ((kernel,),) = [r.kernels for r in records]
+    assert kernel.attrs.template == "matmul_hopper[128x256x64_s4]"
+    expect = at.double().t() @ b.double()
+    torch.testing.assert_close(out.double(), expect, rtol=3e-2, atol=3e-2)
+
+
 def _symbolic_problem(*dims: tuple[str, int]):
     """The product x @ w.t() on sm_90a with dimensions `dims` ("x" or "w", dimension) dynamic."""
     marks = {"x": torch.randn(67, K).half(), "w": torch.randn(N, K).half()}
@@ -123,22 +166,37 @@ def test_a_batch_stride_tma_cannot_step_falls_back_with_the_reason():
 
 
 def test_the_symbolic_kernel_builds_for_sm_90a_without_spills(tmp_path):
-    from minicomp.backends.cuda import nvrtc
-    from minicomp.backends.cuda.codegen import render_module
-    from minicomp.ir.func import Module
     from minicomp.ir.printer import function_str
     from minicomp.script.text import parse_function
 
-    try:
-        nvrtc.nvrtc_version()
-    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
-        pytest.skip(f"NVRTC unavailable: {err}")
     problem = _symbolic_problem(("x", 0))
     assert template_choice(problem)[0] is matmul_hopper.TEMPLATE
     kernel = matmul_hopper.instantiate(problem, matmul_hopper.heuristic(problem))
     # Its maps' symbolic shapes print as script text and parse back.
     assert parse_function(function_str(kernel)).attrs == kernel.attrs
+    _build_without_spills(kernel, tmp_path)
+
+
+def test_mn_major_kernels_build_for_sm_90a_without_spills(tmp_path):
+    # Both operands MN-major, in the largest tile and a one-warpgroup one.
+    at, b = torch.randn(K, 72).half(), torch.randn(K, 136).half()
+    problem = matmul_problem_of(lambda at, b: at.t() @ b, at, b)
+    problem.arch = "sm_90a"
+    assert (problem.plain_a.contiguous, problem.plain_b.contiguous) == ("mn", "mn")
+    for config in (matmul_hopper.CONFIGS[0], matmul_hopper.CONFIGS[2]):
+        _build_without_spills(matmul_hopper.instantiate(problem, config), tmp_path)
+
+
+def _build_without_spills(kernel, tmp_path):
+    from minicomp.backends.cuda import nvrtc
+    from minicomp.backends.cuda.codegen import render_module
+    from minicomp.ir.func import Module
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
     source = render_module(Module(kernel.name, (kernel,)))
     binary = nvrtc.compile_cuda(source, arch="sm_90a", cache_dir=str(tmp_path))
     usage = binary.resources[kernel.name]
-    assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, (kernel.attrs.template, usage)

@@ -32,14 +32,15 @@ i % 2 of element i of lane l of warp w), guarded at C's edges, while the produce
 loads the next tile's stages. TMA fills the boxes' rows and K columns past A's and B's edges
 with zeros, so a partial tile or K step needs no other care.
 
-As the compiler's template (`instantiate`), it also computes batches of products (tile t is
-product t // tiles of C; each operand's batch variables its map's outer dimensions) and reads
-a symbolic M from the launch.
-
 TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
-data 16-byte aligned; the launch checks it (`matmul_hopper`). B must be K-major ([N, K] row-major, a
-linear layer's weight): wgmma reads MN-major 16-bit operands only through a descriptor mode
-the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offered.
+data 16-byte aligned; the launch checks it (`matmul_hopper`).
+
+As the compiler's template (`instantiate`), it also computes batches of products (tile t is
+product t // tiles of C; each operand's batch variables its map's outer dimensions), reads a
+symbolic M from the launch, and takes 16-bit MN-major operands (a row-major [K, N] B, a [K, M]
+A): TMA copies them in boxes of KS rows of K by 64 columns (one 128-byte swizzle span), BM / 64
+or BN / 64 of them a stage, which is wgmma's MN-major layout under that swizzle (spans of 64
+rows, K rows each: a warpgroup's 64 rows of A are span wg), read with its transpose flag.
 """
 
 import functools
@@ -51,6 +52,7 @@ from minicomp.ir import types as T
 from minicomp.ir.expr import Dim, Var, as_expr, cast, maximum, minimum, prod
 from minicomp.ir.func import Function
 from minicomp.schedule.templates.base import Template, finish
+from minicomp.schedule.templates.fragments import Names
 from minicomp.schedule.templates.matmul_simt import assumed_sizes
 from minicomp.schedule.templates.problem import ceil_div, needs_check, unravel
 from minicomp.script.function import script
@@ -362,9 +364,9 @@ def refusal(problem) -> str | None:
     for side, plain in (("A", problem.plain_a), ("B", problem.plain_b)):
         if plain is None:
             return f"{side} has a fused prologue or a gathered window (TMA copies memory as it is)"
-        if plain.contiguous != "k":
-            return f"{side} is stored MN-major (wgmma here reads K-major operands)"
         nbytes = plain.dtype.nbytes
+        if plain.contiguous != "k" and nbytes != 2:
+            return f"{side} is stored MN-major (wgmma reads float8 operands K-major only)"
         if not isinstance(plain.ld, int) or not isinstance(plain.base, int):
             return f"{side}'s strides are symbolic"
         if plain.ld * nbytes % 16 or plain.base * nbytes % 16:
@@ -443,12 +445,16 @@ def instantiate(problem, config: HopperConfig) -> Function:
     else:
         GRID = minimum(maximum(TILES, 1), problem.sms)
     store_c = problem.store_c(check_m=needs_check(M, BM), check_n=needs_check(N, BN))
-    a_dims, b_dims = batch_dims(problem.plain_a), batch_dims(problem.plain_b)
-    A_RANK, B_RANK = 2 + len(a_dims), 2 + len(b_dims)
-    A0, A1 = _coordinates(problem.plain_a, a_dims)
-    B0, B1 = _coordinates(problem.plain_b, b_dims)
-    A_BOX = (1,) * len(a_dims) + (BM, KS)
-    B_BOX = (1,) * len(b_dims) + (BN, KS)
+    names = Names()
+    a, b = problem.plain_a, problem.plain_b
+    load_a, A_BOX, A_STAGE = _operand_copy(names, "a", a, BM, KS)
+    load_b, B_BOX, B_STAGE = _operand_copy(names, "b", b, BN, KS)
+    A_STAGES, B_STAGES = (STAGES, *A_STAGE), (STAGES, *B_STAGE)
+    A_MN, B_MN = a.contiguous == "mn", b.contiguous == "mn"
+    # One product: tile t's column of tiles is t // tiles_m, never a constant. (Where C is one
+    # column of tiles, a column 0 known at compile time lets ptxas hoist the epilogue's column
+    # guards out of the tile loop: 128 x 256 tiles then spill.)
+    BATCHED = not (isinstance(BATCH, int) and BATCH == 1)
 
     @script(params=problem.params)
     def matmul_hopper(
@@ -458,8 +464,8 @@ def instantiate(problem, config: HopperConfig) -> Function:
         attrs.grid_dim = GRID
         attrs.block_dim = CONSUMERS + 32
         t = threadIdx.x
-        a_s = dynamic_shared_tensor(dtype, (STAGES, BM, KS), at=0)
-        b_s = dynamic_shared_tensor(dtype, (STAGES, BN, KS), at=B_AT)
+        a_s = dynamic_shared_tensor(dtype, A_STAGES, at=0)
+        b_s = dynamic_shared_tensor(dtype, B_STAGES, at=B_AT)
         full = shared_tensor(u64, (STAGES,))
         empty = shared_tensor(u64, (STAGES,))
         if t == 0:
@@ -476,24 +482,15 @@ def instantiate(problem, config: HopperConfig) -> Function:
         if t == CONSUMERS:  # the producer (see kernel())
             while tile < tiles:
                 bz = tile // tiles_c
-                m0 = tile % tiles_c % tiles_m * BM
-                n0 = tile % tiles_c // tiles_m * BN
+                rest = tile % tiles_c if BATCHED else tile  # (see BATCHED)
+                m0 = rest % tiles_m * BM
+                n0 = rest // tiles_m * BN
                 for kt in range(steps):
                     s = it % STAGES
                     mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
                     mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
-                    if A_RANK == 2:
-                        tma_load(a_s[s], tma_a, m0, kt * KS, full[s])
-                    elif A_RANK == 3:
-                        tma_load(a_s[s], tma_a, A0(bz), m0, kt * KS, full[s])
-                    else:
-                        tma_load(a_s[s], tma_a, A0(bz), A1(bz), m0, kt * KS, full[s])
-                    if B_RANK == 2:
-                        tma_load(b_s[s], tma_b, n0, kt * KS, full[s])
-                    elif B_RANK == 3:
-                        tma_load(b_s[s], tma_b, B0(bz), n0, kt * KS, full[s])
-                    else:
-                        tma_load(b_s[s], tma_b, B0(bz), B1(bz), n0, kt * KS, full[s])
+                    load_a(a_s, tma_a, full, s, bz, m0, kt * KS)
+                    load_b(b_s, tma_b, full, s, bz, n0, kt * KS)
                     it += 1
                 tile += gridDim.x
         elif t < CONSUMERS:
@@ -503,8 +500,9 @@ def instantiate(problem, config: HopperConfig) -> Function:
             acc = register_tensor(f32, (ACC,))
             while tile < tiles:
                 bz = tile // tiles_c
-                m0 = tile % tiles_c % tiles_m * BM
-                n0 = tile % tiles_c // tiles_m * BN
+                rest = tile % tiles_c if BATCHED else tile  # (see BATCHED)
+                m0 = rest % tiles_m * BM
+                n0 = rest // tiles_m * BN
                 for i in unroll(range(ACC)):
                     acc[i] = 0.0
                 for kt in range(steps):
@@ -512,9 +510,32 @@ def instantiate(problem, config: HopperConfig) -> Function:
                     mbarrier_wait(full[s], it // STAGES % 2)
                     wgmma_fence()
                     for kk in unroll(range(KS // STEP)):
-                        wgmma_mma_async(
-                            acc, a_s[s, 64 * wg, STEP * kk], b_s[s, 0, STEP * kk], swizzle=SWIZZLE
-                        )
+                        # An MN-major stage is spans of 64 rows of K rows each (see
+                        # _operand_copy): the warpgroup's 64 rows of A are span wg.
+                        k = STEP * kk
+                        if A_MN and B_MN:
+                            wgmma_mma_async(
+                                acc,
+                                a_s[s, wg, k, 0],
+                                b_s[s, 0, k, 0],
+                                swizzle=SWIZZLE,
+                                trans_a=True,
+                                trans_b=True,
+                            )
+                        elif A_MN:
+                            wgmma_mma_async(
+                                acc, a_s[s, wg, k, 0], b_s[s, 0, k], swizzle=SWIZZLE, trans_a=True
+                            )
+                        elif B_MN:
+                            wgmma_mma_async(
+                                acc,
+                                a_s[s, 64 * wg, k],
+                                b_s[s, 0, k, 0],
+                                swizzle=SWIZZLE,
+                                trans_b=True,
+                            )
+                        else:
+                            wgmma_mma_async(acc, a_s[s, 64 * wg, k], b_s[s, 0, k], swizzle=SWIZZLE)
                     wgmma_commit_group()
                     wgmma_wait_group(1)
                     if kt > 0:
@@ -528,10 +549,7 @@ def instantiate(problem, config: HopperConfig) -> Function:
                     store_c(bz, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
                 tile += gridDim.x
 
-    maps = (
-        _map_entry("tma_a", problem.plain_a, a_dims, M, K),
-        _map_entry("tma_b", problem.plain_b, b_dims, N, K),
-    )
+    maps = (_map_entry("tma_a", a, M, K), _map_entry("tma_b", b, N, K))
     return finish(
         matmul_hopper.ir, problem.name, f"{NAME}[{config.name}]", min_blocks=1, tensor_maps=maps
     )
@@ -561,10 +579,54 @@ def _coordinates(plain, dims) -> list:
     return out
 
 
-def _map_entry(name: str, plain, dims, rows: Dim, k: Dim) -> tuple:
-    """attrs.tensor_maps' entry of operand `plain` read through map `name`: rows x k, below its
-    batch `dims` (outermost first)."""
-    shape = (*(x for _, x, _ in dims), rows, k)
+def _operand_copy(names: Names, tag: str, plain, rows: int, ks: int):
+    """(macro `load(ring, map, bars, s, bz, mn0, k0)`, the map's box, a stage's shape) of plain
+    operand `plain` in tiles of `rows` rows (of M or N) by `ks` of K. A K-major operand is one
+    box of rows x ks a stage, a stage (rows, ks); an MN-major one ([K, N] B, a transposed
+    view's A) boxes of ks K rows of SPAN bytes of MN (the swizzle span), rows / 64 of them a
+    stage, (rows / 64, ks, 64): wgmma's MN-major layout under a 128-byte swizzle. `load`
+    copies operand tile (batch bz, mn0, k0) into stage s of `ring`, completing on `bars[s]`."""
+    dims = batch_dims(plain)
+    RANK = len(dims)
+    C0, C1 = _coordinates(plain, dims)
+    MN = plain.contiguous == "mn"
+    WIDE = SPAN // plain.dtype.nbytes
+    SPANS = rows // WIDE
+    ones = (1,) * RANK
+    if MN:
+        box, stage = (*ones, ks, WIDE), (SPANS, ks, WIDE)
+    else:
+        box, stage = (*ones, rows, ks), (rows, ks)
+
+    def build(ring, tmap, bars, s, bz, mn0, k0):
+        @script
+        def load_operand():
+            if MN:
+                for j in unroll(range(SPANS)):
+                    if RANK == 0:
+                        tma_load(ring[s, j], tmap, k0, mn0 + WIDE * j, bars[s])
+                    elif RANK == 1:
+                        tma_load(ring[s, j], tmap, C0(bz), k0, mn0 + WIDE * j, bars[s])
+                    else:
+                        tma_load(ring[s, j], tmap, C0(bz), C1(bz), k0, mn0 + WIDE * j, bars[s])
+            elif RANK == 0:
+                tma_load(ring[s], tmap, mn0, k0, bars[s])
+            elif RANK == 1:
+                tma_load(ring[s], tmap, C0(bz), mn0, k0, bars[s])
+            else:
+                tma_load(ring[s], tmap, C0(bz), C1(bz), mn0, k0, bars[s])
+
+        return load_operand
+
+    return names.fragment(tag, build), box, stage
+
+
+def _map_entry(name: str, plain, rows: Dim, k: Dim) -> tuple:
+    """attrs.tensor_maps' entry of operand `plain` read through map `name`: rows x k (k x rows
+    MN-major) below its batch dimensions (outermost first)."""
+    dims = batch_dims(plain)
+    inner = (k, rows) if plain.contiguous == "mn" else (rows, k)
+    shape = (*(x for _, x, _ in dims), *inner)
     strides = (*(s for _, _, s in dims), plain.ld, 1)
     return (name, plain.ref.var.name, plain.base, shape, strides)
 
