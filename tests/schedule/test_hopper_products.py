@@ -1,6 +1,6 @@
 """The Hopper template on the products LLM serving and training run (issue 21): a symbolic M
-(the tokens of a serving batch) compiled once and run at M below one 64-row tile and at an odd
-M over it; a bmm and per-head products (two batch dimensions, a broadcast kv head); all into
+(the tokens of a serving batch) and N compiled once and run at M below one 64-row tile and at
+an odd M over it; a bmm and per-head products (two batch dimensions, a broadcast kv head); all into
 poisoned outputs, against float64; explain's reason where a product still falls back; the
 symbolic kernel round-trips through script text and builds for sm_90a with NVRTC without
 spills."""
@@ -31,32 +31,33 @@ def addmm_into(x, w, b, out):
 
 @pytest.fixture(scope="module")
 def dynamic_addmm():
-    """addmm_into compiled once for sm_90a with the tokens (M) dynamic, with its records."""
+    """addmm_into compiled once for sm_90a with M (the tokens) and N dynamic, and its records."""
     records: list = []
     torch._dynamo.reset()
-    fn = torch.compile(addmm_into, backend="minicomp", options=HOPPER)
-    w, b = torch.randn(N, K).half(), torch.randn(N).half()
-    return fn, w, b, records
+    return torch.compile(addmm_into, backend="minicomp", options=HOPPER), records
 
 
-@pytest.mark.parametrize("m", [33, 67], ids=["M33", "M67"])
-def test_a_symbolic_m_runs_the_hopper_template_at_every_size(dynamic_addmm, m):
-    fn, w, b, records = dynamic_addmm
-    x, out = torch.randn(m, K).half(), poisoned(m, N)
-    torch._dynamo.mark_dynamic(x, 0)
-    torch._dynamo.mark_dynamic(out, 0)
+@pytest.mark.parametrize(("m", "n"), [(33, N), (67, 72)], ids=["M33_N130", "M67_N72"])
+def test_symbolic_sizes_run_the_hopper_template_at_every_size(dynamic_addmm, m, n):
+    fn, records = dynamic_addmm
+    x, w, b = torch.randn(m, K).half(), torch.randn(n, K).half(), torch.randn(n).half()
+    out = poisoned(m, n)
+    for t, dims in ((x, (0,)), (w, (0,)), (b, (0,)), (out, (0, 1))):
+        for d in dims:
+            torch._dynamo.mark_dynamic(t, d)
     with recording(records):
         fn(x, w, b, out)
     expect = x.double() @ w.double().t() + b.double()
     torch.testing.assert_close(out.double(), expect, rtol=1e-2, atol=2e-2)
-    # One compile for both sizes: the grid, the tile loop and the maps read M at the launch.
+    # One compile for both: the grid, the tile loop, the guards and the maps read M and N at
+    # the launch.
     (record,) = records
     assert templates(records) == [matmul_hopper.NAME]
     ((_, _, choice),) = record.tuning
     assert choice.why == "sm_90a: TMA and wgmma"
     (kernel,) = record.kernels
-    a_map, _ = tensor_map_arguments(kernel)
-    assert not isinstance(a_map.shape[0], int)  # A's rows: the symbol
+    a_map, b_map = tensor_map_arguments(kernel)
+    assert not isinstance(a_map.shape[0], int) and not isinstance(b_map.shape[0], int)
 
 
 def batched_products(a, b, q, kv, out, scores, hidden):
