@@ -11,6 +11,8 @@ from schedule_graphs import matmul_problem_of
 
 from minicomp.backends.cuda.tensor_map import tensor_map_arguments
 from minicomp.dynamo.backend import recording
+from minicomp.ir import types as T
+from minicomp.ir.expr import Var
 from minicomp.schedule.templates import matmul_hopper, matmul_tc, template_choice
 
 N, K = 130, 192  # an odd column tile; K three 64-wide stages
@@ -175,6 +177,13 @@ def test_the_symbolic_kernel_builds_for_sm_90a_without_spills(tmp_path):
     kernel = matmul_hopper.instantiate(problem, matmul_hopper.heuristic(problem))
     # Its maps' symbolic shapes print as script text and parse back.
     assert parse_function(function_str(kernel)).attrs == kernel.attrs
+    # A's map views the buffer at the launch's M; at M = 0 it has nothing to read (TMA has no
+    # map of an empty dimension): zero bytes, which the kernel, with no tiles, never reads.
+    a_map, _ = tensor_map_arguments(kernel)
+    (m,) = a_map.symbols  # the kernel's one size parameter
+    assert a_map.shape == (Var(m, T.i64), K)
+    assert a_map.view(torch.zeros(5 * K).half(), [5]).shape == (5, K)
+    assert a_map.encode(torch.zeros(0).half(), [0]) == bytes(128)
     _build_without_spills(kernel, tmp_path)
 
 
