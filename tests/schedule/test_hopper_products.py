@@ -1,8 +1,9 @@
 """The Hopper template on the products LLM serving and training run (issue 21): a symbolic M
 (the tokens of a serving batch) and N compiled once and run at M below one 64-row tile and at
-an odd M over it; a bmm and per-head products (two batch dimensions, a broadcast kv head); all into
-poisoned outputs, against float64; explain's reason where a product still falls back; the
-symbolic kernel round-trips through script text and builds for sm_90a with NVRTC without
+an odd M over it; a bmm and per-head products (two batch dimensions, a broadcast kv head);
+[K, N] and [K, M] (MN-major) operands; each into a poisoned output, against float64; split-K
+partials as a batch; explain's reason where a product still falls back; the symbolic and
+MN-major kernels round-trip through script text and build for sm_90a with NVRTC without
 spills."""
 
 import pytest
@@ -93,6 +94,24 @@ def test_batched_and_per_head_products_run_the_hopper_template():
     # The batch is the maps' outer dimensions: one for the bmm, two for q, one for kv.
     ranks = [[len(m.shape) for m in tensor_map_arguments(k)] for r in records for k in r.kernels]
     assert sorted(ranks) == [[2, 2], [3, 3], [4, 3]]
+
+
+def test_split_k_partials_run_the_hopper_template():
+    # 64 x 64 x 8192: one tile, so the graph splits K into 16 chunks of 512, a batch of
+    # partial products reading A and B 1024 bytes apart (passes/graph/split_k.py), then sums.
+    a, w = torch.randn(64, 8192).half(), torch.randn(64, 8192).half()
+    records: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, w: a @ w.t(), backend="minicomp", options=HOPPER)
+    with recording(records):
+        out = fn(a, w)
+    (record,) = records
+    partials, _ = record.kernels
+    assert partials.attrs.template.startswith(f"{matmul_hopper.NAME}[")
+    a_map, _ = tensor_map_arguments(partials)
+    assert (a_map.shape, a_map.strides) == ((16, 64, 512), (512, 8192, 1))
+    expect = a.double() @ w.double().t()
+    torch.testing.assert_close(out.double(), expect, rtol=1e-2, atol=0.25)
 
 
 def mn_major_products(a, b, at, w, out, out_t):
