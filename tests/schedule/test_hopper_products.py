@@ -2,9 +2,9 @@
 (the tokens of a serving batch) and N compiled once and run at M below one 64-row tile and at
 an odd M over it; a bmm and per-head products (two batch dimensions, a broadcast kv head);
 [K, N] and [K, M] (MN-major) operands; each into a poisoned output, against float64; split-K
-partials as a batch; explain's reason where a product still falls back; the symbolic and
-MN-major kernels round-trip through script text and build for sm_90a with NVRTC without
-spills."""
+partials as a batch; explain's reason where a product still falls back; the symbolic kernel
+round-trips through script text; symbolic and MN-major kernels build for sm_90a with NVRTC
+without spills."""
 
 import pytest
 import torch
