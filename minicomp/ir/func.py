@@ -44,7 +44,8 @@ class LaunchAttrs(Node):
     - tensor_maps: the TMA tensor-map parameters a plan encodes at each launch (a template's
       operands read by TMA, matmul_hopper), each entry (map parameter, pointer parameter,
       base, shape, strides): the map describes the pointer parameter's buffer viewed from
-      element `base` with `shape` and `strides` (in elements, outermost first, ints). Those
+      element `base` (an int) with `shape` and `strides` (in elements, outermost first,
+      sizes: a symbolic M is the tensor's at each launch). Those
       parameters come first, in this order, before the buffers
       (backends/cuda/tensor_map.py, TensorMapArgument).
     """
@@ -57,7 +58,7 @@ class LaunchAttrs(Node):
     template: str | None = None
     scratch: tuple[tuple[str, int, bool], ...] = ()
     block_group: int = 1
-    tensor_maps: tuple[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], ...] = ()
+    tensor_maps: tuple[tuple[str, str, int, tuple[Dim, ...], tuple[Dim, ...]], ...] = ()
 
     def __post_init__(self):
         for name in ("grid_dim", "block_dim"):
@@ -109,8 +110,8 @@ def _is_scratch(entry: object) -> bool:
 
 
 def _is_map(entry: object) -> bool:
-    def ints(t: object) -> bool:
-        return isinstance(t, tuple) and all(type(x) is int for x in t)
+    def sizes(t: object) -> bool:
+        return isinstance(t, tuple) and all(map(_is_size, t))
 
     return (
         isinstance(entry, tuple)
@@ -118,8 +119,8 @@ def _is_map(entry: object) -> bool:
         and isinstance(entry[0], str)
         and isinstance(entry[1], str)
         and type(entry[2]) is int
-        and ints(entry[3])
-        and ints(entry[4])
+        and sizes(entry[3])
+        and sizes(entry[4])
         and len(entry[3]) == len(entry[4])
     )
 

@@ -60,7 +60,7 @@ class KernelStep(Step):
     has a true `takes_tensors` attribute (a counted emulator build, which needs each buffer's
     bytes) gets the slots' tensors instead of their addresses. A kernel reading buffers by
     TMA first gets its tensor maps (`maps`, backends/cuda/tensor_map.py), encoded from the slots'
-    tensors at each call."""
+    tensors and the sizes at each call."""
 
     name: str
     fn: Callable
@@ -79,10 +79,10 @@ class KernelStep(Step):
 
     def run(self, slots: list, env: Env) -> None:
         args = [self._pointer(slots[k]) for k in self.buffers]
+        sizes = [env[s] for s in self.symbols]
         if self.maps:
-            args = encoded_maps(self.maps, [slots[k] for k in self.buffers]) + args
-        args += [env[s] for s in self.symbols]
-        self._call(*args)
+            args = encoded_maps(self.maps, [slots[k] for k in self.buffers], sizes) + args
+        self._call(*args, *sizes)
 
 
 @dataclass

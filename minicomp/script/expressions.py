@@ -17,6 +17,7 @@ from minicomp.script import conversions as C
 from minicomp.script import lang
 from minicomp.script.errors import Issue, ScriptError, Source
 from minicomp.script.mapping import TaskMapping, repeat, spatial
+from minicomp.script.tma import TensorMapRef
 from minicomp.script.types import PointerType, ScalarType, TensorType, ptr
 from minicomp.script.values import Effect, TensorRef, as_index
 
@@ -93,8 +94,10 @@ def check_scope_value(name: str, value):
     """`value` when a script may use it as a compile-time value, else an Issue."""
     if isinstance(value, (bool, int, float, lang.ScriptFunctionBase, *_SCOPE_TYPES)):
         return value
-    if isinstance(value, TensorRef) or isinstance(value, Expr) and not isinstance(value, E.Var):
-        return value  # runtime values a template's instantiation gives (sizes, buffers)
+    if isinstance(value, TensorRef | TensorMapRef):
+        return value  # a kernel's buffer or tensor map, passed to a fragment (a template's)
+    if isinstance(value, Expr) and not isinstance(value, E.Var):
+        return value  # runtime values a template's instantiation gives (sizes)
     if isinstance(value, E.Var) and not isinstance(value.type, DataType):
         raise Issue(f"{name!r} is a pointer variable; wrap it in a TensorRef to index it")
     if isinstance(value, E.Var):

@@ -425,7 +425,8 @@ class FunctionParser(ExprParser):
 
     def tensor_maps(self, node: ast.AST, value) -> tuple:
         """attrs.tensor_maps: (tensor-map parameter, pointer parameter, base, shape, strides)
-        entries (LaunchAttrs), as the printer writes them: names as strings, ints."""
+        entries (LaunchAttrs), as the printer writes them: names as strings, ints, and sizes
+        computed from the scalar parameters (a symbolic M)."""
         params = {v.name: v.type for v in self.sig.ir_params}
         entries = value if isinstance(value, tuple) else (value,)
         out = []
@@ -441,13 +442,16 @@ class FunctionParser(ExprParser):
                 and isinstance(shape, tuple)
                 and isinstance(strides, tuple)
                 and len(shape) == len(strides) == params[param].rank
-                and all(type(x) is int for x in (*shape, *strides))
+                and all(type(x) is int or isinstance(x, Expr) for x in (*shape, *strides))
             ):
                 raise self.src.error(
                     node,
                     "attrs.tensor_maps holds (tensor-map parameter, pointer parameter, base, "
                     f"shape, strides) entries, not {C.describe(entry)}",
                 )
+            shape, strides = (
+                tuple(self.size("tensor_maps", d) for d in dims) for dims in (shape, strides)
+            )
             out.append((param, buffer, base, shape, strides))
         return tuple(out)
 
@@ -455,8 +459,6 @@ class FunctionParser(ExprParser):
         items = value if isinstance(value, tuple) else (value,)
         if not 1 <= len(items) <= 3:
             raise Issue(f"attrs.{name} has 1 to 3 dimensions, not {len(items)}")
-        scalars = {p.var for p in self.sig.params if p.kind == "scalar"}
-        scalars |= {v for v in self.sig.extra if isinstance(v.type, DataType)}
         dims: list = []
         for d in items:
             if C.is_number(d) and isinstance(d, int) and not isinstance(d, bool):
@@ -464,25 +466,34 @@ class FunctionParser(ExprParser):
                     raise Issue(f"attrs.{name} has a dimension of {d}")
                 dims.append(d)
                 continue
-            if not isinstance(d, Expr) or not d.dtype.is_integer:
-                raise Issue(f"attrs.{name}: a dimension is an int, not {C.describe(d)}")
-            others = [v.name for v in collect(d, Var) if v not in scalars]
-            if others or collect(d, (E.Call, E.Load)):
-                what = f"uses {', '.join(others)}" if others else "reads memory or threads"
-                raise Issue(
-                    f"attrs.{name}: a dimension is computed from the kernel's scalar parameters "
-                    f"only; this one {what}"
-                )
-            dim = E.cast(d, i64)
-            try:
-                python_source(dim)
-            except NotImplementedError as e:
-                raise Issue(f"attrs.{name}: the runtime cannot evaluate {d} ({e})") from None
-            dims.append(dim)
+            dims.append(self.size(name, d))
         if name == "block_dim" and all(isinstance(d, int) for d in dims):
             if math.prod(dims) > _MAX_THREADS:
                 raise Issue(f"a block of {math.prod(dims)} threads; CUDA allows {_MAX_THREADS}")
         return tuple(dims) + (1,) * (3 - len(dims))
+
+    def size(self, name: str, d) -> int | Expr:
+        """Size `d` of attrs.`name`: an int, or an i64 expression of the scalar parameters
+        that the runtime evaluates at each launch."""
+        if type(d) is int:
+            return d
+        if not isinstance(d, Expr) or not d.dtype.is_integer:
+            raise Issue(f"attrs.{name}: a dimension is an int, not {C.describe(d)}")
+        scalars = {p.var for p in self.sig.params if p.kind == "scalar"}
+        scalars |= {v for v in self.sig.extra if isinstance(v.type, DataType)}
+        others = [v.name for v in collect(d, Var) if v not in scalars]
+        if others or collect(d, (E.Call, E.Load)):
+            what = f"uses {', '.join(others)}" if others else "reads memory or threads"
+            raise Issue(
+                f"attrs.{name}: a dimension is computed from the kernel's scalar parameters "
+                f"only; this one {what}"
+            )
+        dim = E.cast(d, i64)
+        try:
+            python_source(dim)
+        except NotImplementedError as e:
+            raise Issue(f"attrs.{name}: the runtime cannot evaluate {d} ({e})") from None
+        return dim
 
     def finish_attrs(self) -> LaunchAttrs:
         attrs = dict(self.attrs)

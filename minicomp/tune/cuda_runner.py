@@ -74,7 +74,7 @@ class CudaRunner:
 
         def launch(w) -> None:
             tensors = (*w.inputs, *w.outputs, *scratch)
-            encoded = encoded_maps(maps, tensors)
+            encoded = encoded_maps(maps, tensors, w.scalars)
             launcher(*encoded, *(t.data_ptr() for t in tensors), *w.scalars)
 
         return launch

@@ -78,7 +78,7 @@ class LensRunner:
 
         def run(w: Workload, sample_only: bool):
             buffers = (*w.inputs, *w.outputs, *scratch_tensors(kernel, "cpu"))
-            args = (*encoded_maps(maps, buffers), *buffers, *w.scalars)
+            args = (*encoded_maps(maps, buffers, w.scalars), *buffers, *w.scalars)
             grid, block = dims(args)
             nbytes = shared(args) if callable(shared) else shared
             sample = default_sample(math.prod(grid), group=kernel.attrs.block_group)

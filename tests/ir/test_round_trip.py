@@ -297,6 +297,13 @@ TEMPLATE_CASES = {
         lambda: (torch.randn(64, 40, dtype=H), torch.randn(40, 72, dtype=H)),
     ),
     "hopper_linear_gelu": (matmul_hopper, *LINEAR_GELU),
+    # Hopper: per-head products of a transposed view (two batch dimensions, 4-D maps) with
+    # an MN-major B (a [K, N] row-major value), its copies fragments issuing tma_load.
+    "hopper_heads_mn_major": (
+        matmul_hopper,
+        lambda q, v: q.transpose(1, 2) @ v,
+        lambda: (torch.randn(2, 64, 3, 64, dtype=H), torch.randn(2, 3, 64, 72, dtype=H)),
+    ),
     "tc_transposed_bf16": (
         matmul_tc,
         lambda a, b: a.t() @ b,

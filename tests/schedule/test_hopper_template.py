@@ -141,7 +141,7 @@ def test_what_the_template_refuses_and_why():
     refused = {
         "sm_80": "wgmma needs sm_90a, not sm_80",
         "few rows": "M = 16 rows, fewer than a 64-row wgmma tile",
-        "[K, N] weight": "B is stored MN-major",
+        "[K, N] weight": "B's rows start every 260 bytes from byte 0 (TMA needs multiples of 16)",
         "relu prologue": "A has a fused prologue or a gathered window (TMA copies memory as it is)",
     }
     problems = {

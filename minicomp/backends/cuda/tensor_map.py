@@ -14,9 +14,12 @@ sizes 1 to 2^32, the element type the map's.
 
 Compiled kernels (`TensorMapArgument`): a template reading an operand by TMA (matmul_hopper)
 declares a tensor-map parameter for it and says which of its buffers the map describes, as a
-view (LaunchAttrs.tensor_maps: base, shape, strides in elements). Whoever launches it (the
-plan, a tuner's runner) encodes the bytes from the buffer's tensor at each launch: its address
-changes from call to call (a fresh input, the workspace), its view does not. CPU tensors
+view (LaunchAttrs.tensor_maps: base, shape, strides in elements; the shape and strides may be
+expressions of the kernel's size parameters, a symbolic M). Whoever launches it (the plan, a
+tuner's runner) encodes the bytes from the buffer's tensor and the sizes at each launch: its
+address changes from call to call (a fresh input, the workspace), and so may its view. A view
+with no elements gets zero bytes: the kernel has nothing to load from it (TMA has no map of an
+empty dimension). CPU tensors
 (cuda-emu) get the emulator's description, CUDA tensors the driver's CUtensorMap, cached per
 address (a CUDA-graph replay reuses the bytes its capture encoded; a static plan finds its
 inputs at a few addresses).
@@ -28,8 +31,10 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from minicomp.ir.expr import Dim
 from minicomp.ir.func import Function
-from minicomp.ir.types import PointerType, TensorMapType, to_torch
+from minicomp.ir.symbols import compile_dims
+from minicomp.ir.types import DataType, PointerType, TensorMapType, to_torch
 
 MAX_RANK = 5
 MAP_BYTES = 128
@@ -192,7 +197,7 @@ CACHED = 64
 class TensorMapArgument:
     """Tensor-map parameter `param` (of `type`) of kernel `kernel`: buffer argument `buffer`
     (its index among the kernel's pointer arguments) viewed from element `base` with `shape`
-    and `strides`."""
+    and `strides`, sizes of the kernel's scalar parameters `symbols` (their names, in order)."""
 
     def __init__(
         self,
@@ -201,23 +206,30 @@ class TensorMapArgument:
         type: TensorMapType,
         buffer: int,
         base: int,
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
+        shape: tuple[Dim, ...],
+        strides: tuple[Dim, ...],
+        symbols: tuple[str, ...] = (),
     ):
         self.kernel, self.param, self.type, self.buffer = kernel, param, type, buffer
-        self.base, self.shape, self.strides = base, shape, strides
+        self.base, self.shape, self.strides, self.symbols = base, shape, strides, symbols
+        self._dims = compile_dims([*shape, *strides])
         self._cache: dict[tuple, bytes] = {}
 
-    def view(self, t: Any) -> Any:
-        """The view of buffer tensor `t` the map describes."""
-        return t.as_strided(self.shape, self.strides, t.storage_offset() + self.base)
+    def view(self, t: Any, scalars: Sequence[int] = ()) -> Any:
+        """The view of buffer tensor `t` the map describes, for the launch's size arguments
+        `scalars` (the kernel's scalar parameters, in order)."""
+        dims = self._dims(dict(zip(self.symbols, scalars)))
+        rank = len(self.shape)
+        return t.as_strided(dims[:rank], dims[rank:], t.storage_offset() + self.base)
 
-    def encode(self, t: Any) -> bytes:
-        """The map's bytes for buffer tensor `t` (a TensorMapError naming the kernel and the
-        parameter when TMA cannot read it). A view whose data is not 16-byte aligned (an input
-        at an odd offset into its storage) is read from an aligned copy, which the bytes keep
-        alive (`described`) through the launch."""
-        view = self.view(t)
+    def encode(self, t: Any, scalars: Sequence[int] = ()) -> bytes:
+        """The map's bytes for buffer tensor `t` and size arguments `scalars` (a TensorMapError
+        naming the kernel and the parameter when TMA cannot read it). A view whose data is not
+        16-byte aligned (an input at an odd offset into its storage) is read from an aligned
+        copy, which the bytes keep alive (`described`) through the launch."""
+        view = self.view(t, scalars)
+        if view.numel() == 0:
+            return bytes(MAP_BYTES)
         if view.data_ptr() % 16:
             copy = aligned_copy(view)
             data = MapBytes(self._encode(copy, emulated=t.device.type == "cpu"))
@@ -255,6 +267,7 @@ def tensor_map_arguments(f: Function) -> tuple[TensorMapArgument, ...]:
         return ()
     params = {p.name: p for p in f.params}
     pointers = [p.name for p in f.params if isinstance(p.type, PointerType)]
+    symbols = tuple(p.name for p in f.params if isinstance(p.type, DataType))
     leading = [p.name for p in f.params[: len(entries)]]
     if leading != [e[0] for e in entries]:
         raise ValueError(
@@ -270,12 +283,16 @@ def tensor_map_arguments(f: Function) -> tuple[TensorMapArgument, ...]:
                 f"parameter viewing a pointer parameter ({buffer})"
             )
         out.append(
-            TensorMapArgument(f.name, param, t, pointers.index(buffer), base, shape, strides)
+            TensorMapArgument(
+                f.name, param, t, pointers.index(buffer), base, shape, strides, symbols
+            )
         )
     return tuple(out)
 
 
-def encoded_maps(maps: Sequence[TensorMapArgument], buffers: Sequence[Any]) -> list[bytes]:
+def encoded_maps(
+    maps: Sequence[TensorMapArgument], buffers: Sequence[Any], scalars: Sequence[int] = ()
+) -> list[bytes]:
     """The bytes of each of `maps` for a launch whose pointer arguments are the tensors
-    `buffers` (the arguments that follow them)."""
-    return [m.encode(buffers[m.buffer]) for m in maps]
+    `buffers` (the arguments that follow them) and size arguments `scalars`."""
+    return [m.encode(buffers[m.buffer], scalars) for m in maps]

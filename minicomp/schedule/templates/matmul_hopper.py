@@ -33,22 +33,28 @@ loads the next tile's stages. TMA fills the boxes' rows and K columns past A's a
 with zeros, so a partial tile or K step needs no other care.
 
 TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
-data 16-byte aligned; the launch checks it (`matmul_hopper`). B must be K-major ([N, K] row-major, a
-linear layer's weight): wgmma reads MN-major 16-bit operands only through a descriptor mode
-the script DSL does not have yet, so A @ B for a row-major [K, N] B is not offered.
+data 16-byte aligned; the launch checks it (`matmul_hopper`).
+
+As the compiler's template (`instantiate`), it also computes batches of products (tile t is
+product t // tiles of C; each operand's batch variables its map's outer dimensions), reads a
+symbolic M from the launch, and takes 16-bit MN-major operands (a row-major [K, N] B, a [K, M]
+A): TMA copies them in boxes of KS rows of K by 64 columns (one 128-byte swizzle span), BM / 64
+or BN / 64 of them a stage, which is wgmma's MN-major layout under that swizzle (spans of 64
+rows, K rows each: a warpgroup's 64 rows of A are span wg), read with its transpose flag.
 """
 
-from __future__ import annotations
-
 import functools
-import math
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
+from minicomp.ir.expr import Dim, Var, as_expr, cast, maximum, minimum, prod
 from minicomp.ir.func import Function
 from minicomp.schedule.templates.base import Template, finish
+from minicomp.schedule.templates.fragments import Names
+from minicomp.schedule.templates.matmul_simt import assumed_sizes
+from minicomp.schedule.templates.problem import ceil_div, needs_check, unravel
 from minicomp.script.function import script
 from minicomp.script.hopper import (
     mbarrier_arrive,
@@ -61,6 +67,8 @@ from minicomp.script.lang import (
     blockIdx,
     dim,
     dynamic_shared_tensor,
+    gridDim,
+    macro,
     register_tensor,
     shared_tensor,
     syncthreads,
@@ -147,14 +155,15 @@ CONFIGS = (
 comfortably under the shared-memory limit."""
 
 
-def pick_config(m: int, n: int, sms: int = H100_SMS) -> HopperConfig:
+def pick_config(m: int, n: int, sms: int = H100_SMS, batch: int = 1) -> HopperConfig:
     """The largest tile of CONFIGS whose busiest SM has at most PICK_SLACK more tile area to
-    compute (ceil(tiles / SMs) tiles of BM x BN, padding included) than the least of them:
-    larger tiles read fewer operand bytes through L2, which bounds the large products in the
-    lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a 16-row decode product)."""
+    compute for `batch` m x n products (ceil(tiles / SMs) tiles of BM x BN, padding included)
+    than the least of them: larger tiles read fewer operand bytes through L2, which bounds the
+    large products in the lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a
+    16-row decode product)."""
 
     def area(c: HopperConfig) -> int:
-        tiles = -(-m // c.bm) * -(-n // c.bn)
+        tiles = batch * -(-m // c.bm) * -(-n // c.bn)
         return -(-tiles // sms) * c.bm * c.bn
 
     least = min(area(c) for c in CONFIGS)
@@ -328,36 +337,36 @@ it most of each mma is padding, and the product is DRAM-bound on the weight anyw
 lens puts matmul_tc (with its split of K) level with it (16 x 4096 x 11008: 27.9 us both,
 benchmarks/results/lens-h100-2026-12-07-hopper.txt)."""
 TEMPLATE_TYPES = (T.f16, T.bf16)
+MAX_BATCH_DIMS = 2
+"""The batch variables an operand may move along: its map's outer dimensions, under TMA's
+five."""
 
 
 def refusal(problem) -> str | None:
     """Why the template does not compute MatmulProblem `problem`, in a few words for explain;
-    None when it does: f16 or bf16 operands summed in f32 on sm_90a, static sizes, one batch,
-    at least MIN_ROWS rows, and both operands plain reads with K contiguous whose rows and start
-    are 16-byte aligned. TMA copies memory as it is, so an operand with a fused prologue (a
-    relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in a kernel of its
-    own where the product is one the template takes (reads_by_tma)."""
+    None when it does: f16 or bf16 operands summed in f32 on sm_90a, at least MIN_ROWS rows
+    where M is static (a symbolic M, the tokens of a serving batch, takes the template at every
+    size), and both operands plain reads with K contiguous whose rows, start and batch strides
+    (static; a broadcast batch's 0 aside, at most MAX_BATCH_DIMS of them an operand) are
+    multiples of 16 bytes. TMA copies memory as it is, so an operand with a
+    fused prologue (a relu, a cast of A) is refused; on sm_90a fusion leaves such a prologue in
+    a kernel of its own where the product is one the template takes (reads_by_tma)."""
     if problem.arch != WGMMA_ARCH:
         return f"wgmma needs {WGMMA_ARCH}, not {problem.arch}"
     a, b = problem.a_dtype, problem.b_dtype
     if problem.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
         return f"{a.short} x {b.short} operands (it takes f16 or bf16 summed in f32)"
-    sizes = problem.static_sizes()
-    if sizes is None:
-        return "symbolic sizes"
-    batch, m, n, k = sizes
-    if batch != 1:
-        return f"a batch of {batch} products"
-    if min(m, n, k) == 0:
+    batch, m, n, k = problem.batch, problem.m, problem.n, problem.k
+    if any(isinstance(x, int) and x == 0 for x in (batch, m, n, k)):
         return "an empty product"
-    if m < MIN_ROWS:
+    if isinstance(m, int) and m < MIN_ROWS:
         return f"M = {m} rows, fewer than a {MIN_ROWS}-row wgmma tile"
     for side, plain in (("A", problem.plain_a), ("B", problem.plain_b)):
         if plain is None:
             return f"{side} has a fused prologue or a gathered window (TMA copies memory as it is)"
-        if plain.contiguous != "k":
-            return f"{side} is stored MN-major (wgmma here reads K-major operands)"
         nbytes = plain.dtype.nbytes
+        if plain.contiguous != "k" and nbytes != 2:
+            return f"{side} is stored MN-major (wgmma reads float8 operands K-major only)"
         if not isinstance(plain.ld, int) or not isinstance(plain.base, int):
             return f"{side}'s strides are symbolic"
         if plain.ld * nbytes % 16 or plain.base * nbytes % 16:
@@ -365,23 +374,31 @@ def refusal(problem) -> str | None:
                 f"{side}'s rows start every {plain.ld * nbytes} bytes from byte "
                 f"{plain.base * nbytes} (TMA needs multiples of 16)"
             )
+        dims = batch_dims(plain)
+        if len(dims) > MAX_BATCH_DIMS:
+            return f"{side} has {len(dims)} batch dimensions (the template takes {MAX_BATCH_DIMS})"
+        for _, _, stride in dims:
+            if not isinstance(stride, int):
+                return f"{side}'s batch strides are symbolic"
+            if stride < 0 or stride * nbytes % 16:
+                return (
+                    f"{side}'s batch stride is {stride * nbytes} bytes (TMA needs a positive "
+                    "multiple of 16)"
+                )
     return None
 
 
 def reads_by_tma(c) -> bool:
     """Whether the template would compute Contraction `c` (minicomp.ir.contraction) were its
-    operands plain reads: f16 or bf16 summed in f32, static sizes, one batch, at least MIN_ROWS
-    rows. On sm_90a, fusion keeps a computing producer of such a product's operands (a relu,
-    a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory as
-    it is."""
+    operands plain reads: f16 or bf16 summed in f32, at least MIN_ROWS rows where M is
+    static. On sm_90a, fusion keeps a computing producer of such a product's operands (a
+    relu, a cast of A) in a kernel of its own (passes/graph/fusion.py), since TMA copies memory
+    as it is."""
     a, b = c.operand_dtypes
     if c.acc_dtype != T.f32 or a != b or a not in TEMPLATE_TYPES:
         return False
-    extents = [x for _, x in (*c.batch, *c.m, *c.n, *c.k)]
-    if not all(isinstance(x, int) for x in extents):
-        return False
-    batch, m = math.prod(x for _, x in c.batch), math.prod(x for _, x in c.m)
-    return batch == 1 and m >= MIN_ROWS
+    m = prod(x for _, x in c.m)
+    return not isinstance(m, int) or m >= MIN_ROWS
 
 
 def applies(problem) -> bool:
@@ -390,9 +407,9 @@ def applies(problem) -> bool:
 
 
 def heuristic(problem) -> HopperConfig:
-    """pick_config for the problem's size and SMs."""
-    _, m, n, _ = problem.static_sizes()
-    return pick_config(m, n, problem.sms)
+    """pick_config for the problem's size and SMs (a symbolic size counted as large)."""
+    batch, m, n = assumed_sizes(problem)
+    return pick_config(m, n, problem.sms, batch)
 
 
 def space(problem, level: int) -> list[HopperConfig]:
@@ -405,9 +422,14 @@ def space(problem, level: int) -> list[HopperConfig]:
 def instantiate(problem, config: HopperConfig) -> Function:
     """The kernel of `problem` (which `applies`) with `config`: the tensor maps of A and B first
     (attrs.tensor_maps: the plan encodes them), then the group's buffers and sizes; the
-    epilogue (problem.store_c) applied to each accumulator element as it is stored."""
+    epilogue (problem.store_c) applied to each accumulator element as it is stored.
+
+    Tile t of a block is product t // (tiles of C) of the batch; an operand's batch
+    variables with a stride are its map's outer dimensions (a box of one along each), so
+    a broadcast operand (stride 0) is read from one matrix, and per-head products of a
+    transposed view need no copy."""
     config.check()
-    _, M, N, K = problem.static_sizes()
+    M, N, K, BATCH = problem.m, problem.n, problem.k, problem.batch
     dtype = ScalarType(problem.a_dtype)
     BM, BN, STAGES = config.bm, config.bn, config.stages
     CONSUMERS = WARPGROUP * config.consumers
@@ -416,19 +438,34 @@ def instantiate(problem, config: HopperConfig) -> Function:
     KS = SPAN // problem.a_dtype.nbytes
     STEP = 32 // problem.a_dtype.nbytes
     ACC = BN // 2
-    GRID = min(-(-M // BM) * -(-N // BN), problem.sms)
-    store_c = problem.store_c(check_m=M % BM != 0, check_n=N % BN != 0)
+    # A symbolic size (the launch's M) is read at run time: the grid, the tile loop's bounds.
+    TILES = prod((BATCH, ceil_div(M, BM), ceil_div(N, BN)))
+    if isinstance(TILES, int):
+        GRID = min(max(TILES, 1), problem.sms)
+    else:
+        GRID = minimum(maximum(TILES, 1), problem.sms)
+    store_c = problem.store_c(check_m=needs_check(M, BM), check_n=needs_check(N, BN))
+    names = Names()
+    a, b = problem.plain_a, problem.plain_b
+    load_a, A_BOX, A_STAGE = _operand_copy(names, "a", a, BM, KS)
+    load_b, B_BOX, B_STAGE = _operand_copy(names, "b", b, BN, KS)
+    A_STAGES, B_STAGES = (STAGES, *A_STAGE), (STAGES, *B_STAGE)
+    A_MN, B_MN = a.contiguous == "mn", b.contiguous == "mn"
+    # One product: tile t's column of tiles is t // tiles_m, never a constant. (Where C is one
+    # column of tiles, a column 0 known at compile time lets ptxas hoist the epilogue's column
+    # guards out of the tile loop: 128 x 256 tiles then spill.)
+    BATCHED = not (isinstance(BATCH, int) and BATCH == 1)
 
     @script(params=problem.params)
     def matmul_hopper(
-        tma_a: tensor_map(dtype[M, K], box=(BM, KS), swizzle=SWIZZLE),
-        tma_b: tensor_map(dtype[N, K], box=(BN, KS), swizzle=SWIZZLE),
+        tma_a: tensor_map(dtype, box=A_BOX, swizzle=SWIZZLE),
+        tma_b: tensor_map(dtype, box=B_BOX, swizzle=SWIZZLE),
     ):
         attrs.grid_dim = GRID
         attrs.block_dim = CONSUMERS + 32
         t = threadIdx.x
-        a_s = dynamic_shared_tensor(dtype, (STAGES, BM, KS), at=0)
-        b_s = dynamic_shared_tensor(dtype, (STAGES, BN, KS), at=B_AT)
+        a_s = dynamic_shared_tensor(dtype, A_STAGES, at=0)
+        b_s = dynamic_shared_tensor(dtype, B_STAGES, at=B_AT)
         full = shared_tensor(u64, (STAGES,))
         empty = shared_tensor(u64, (STAGES,))
         if t == 0:
@@ -437,30 +474,35 @@ def instantiate(problem, config: HopperConfig) -> Function:
                 mbarrier_init(empty[s], CONSUMERS)
         syncthreads()
         tiles_m = (M + BM - 1) // BM
-        tiles = tiles_m * ((N + BN - 1) // BN)
+        tiles_c = tiles_m * ((N + BN - 1) // BN)
+        tiles = BATCH * tiles_c
         steps = (K + KS - 1) // KS
         it = 0  # the block's K steps so far, over its tiles: the ring's position
         tile = blockIdx.x
         if t == CONSUMERS:  # the producer (see kernel())
             while tile < tiles:
-                m0 = tile % tiles_m * BM
-                n0 = tile // tiles_m * BN
+                bz = tile // tiles_c
+                rest = tile % tiles_c if BATCHED else tile  # (see BATCHED)
+                m0 = rest % tiles_m * BM
+                n0 = rest // tiles_m * BN
                 for kt in range(steps):
                     s = it % STAGES
                     mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
                     mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
-                    tma_load(a_s[s], tma_a, m0, kt * KS, full[s])
-                    tma_load(b_s[s], tma_b, n0, kt * KS, full[s])
+                    load_a(a_s, tma_a, full, s, bz, m0, kt * KS)
+                    load_b(b_s, tma_b, full, s, bz, n0, kt * KS)
                     it += 1
-                tile += GRID
+                tile += gridDim.x
         elif t < CONSUMERS:
             wg = t // WARPGROUP
             w = t % WARPGROUP // 32
             lane = t % 32
             acc = register_tensor(f32, (ACC,))
             while tile < tiles:
-                m0 = tile % tiles_m * BM
-                n0 = tile // tiles_m * BN
+                bz = tile // tiles_c
+                rest = tile % tiles_c if BATCHED else tile  # (see BATCHED)
+                m0 = rest % tiles_m * BM
+                n0 = rest // tiles_m * BN
                 for i in unroll(range(ACC)):
                     acc[i] = 0.0
                 for kt in range(steps):
@@ -468,9 +510,32 @@ def instantiate(problem, config: HopperConfig) -> Function:
                     mbarrier_wait(full[s], it // STAGES % 2)
                     wgmma_fence()
                     for kk in unroll(range(KS // STEP)):
-                        wgmma_mma_async(
-                            acc, a_s[s, 64 * wg, STEP * kk], b_s[s, 0, STEP * kk], swizzle=SWIZZLE
-                        )
+                        # An MN-major stage is spans of 64 rows of K rows each (see
+                        # _operand_copy): the warpgroup's 64 rows of A are span wg.
+                        k = STEP * kk
+                        if A_MN and B_MN:
+                            wgmma_mma_async(
+                                acc,
+                                a_s[s, wg, k, 0],
+                                b_s[s, 0, k, 0],
+                                swizzle=SWIZZLE,
+                                trans_a=True,
+                                trans_b=True,
+                            )
+                        elif A_MN:
+                            wgmma_mma_async(
+                                acc, a_s[s, wg, k, 0], b_s[s, 0, k], swizzle=SWIZZLE, trans_a=True
+                            )
+                        elif B_MN:
+                            wgmma_mma_async(
+                                acc,
+                                a_s[s, 64 * wg, k],
+                                b_s[s, 0, k, 0],
+                                swizzle=SWIZZLE,
+                                trans_b=True,
+                            )
+                        else:
+                            wgmma_mma_async(acc, a_s[s, 64 * wg, k], b_s[s, 0, k], swizzle=SWIZZLE)
                     wgmma_commit_group()
                     wgmma_wait_group(1)
                     if kt > 0:
@@ -481,17 +546,89 @@ def instantiate(problem, config: HopperConfig) -> Function:
                 row = m0 + 64 * wg + 16 * w + lane // 4
                 col = n0 + 2 * (lane % 4)
                 for i in unroll(range(ACC)):
-                    store_c(0, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
-                tile += GRID
+                    store_c(bz, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
+                tile += gridDim.x
 
-    base = {"tma_a": problem.plain_a, "tma_b": problem.plain_b}
-    shapes = {"tma_a": (M, K), "tma_b": (N, K)}
-    maps = tuple(
-        (name, p.ref.var.name, p.base, shapes[name], (p.ld, 1)) for name, p in base.items()
-    )
+    maps = (_map_entry("tma_a", a, M, K), _map_entry("tma_b", b, N, K))
     return finish(
         matmul_hopper.ir, problem.name, f"{NAME}[{config.name}]", min_blocks=1, tensor_maps=maps
     )
+
+
+def batch_dims(plain) -> tuple[tuple[Var, Dim, Dim], ...]:
+    """(variable, extent, stride) of each batch variable plain operand `plain` moves along:
+    the outer dimensions of its tensor map (a broadcast one, stride 0, is not one)."""
+    return tuple(
+        (v, x, s)
+        for (v, x), s in zip(plain.batch, plain.batch_strides)
+        if not (isinstance(x, int) and x == 1) and not (isinstance(s, int) and s == 0)
+    )
+
+
+def _coordinates(plain, dims) -> list:
+    """Macros giving the coordinate of flat batch `bz` along each of `dims`, batch variables of
+    plain operand `plain` (None for the unused ones of MAX_BATCH_DIMS)."""
+    out: list = [None] * MAX_BATCH_DIMS
+    for j, (v, _, _) in enumerate(dims):
+
+        def coordinate(bz, v=v):
+            flat = cast(as_expr(bz, T.i64), T.i64)
+            return cast(unravel(flat, plain.batch)[v], T.i32)
+
+        out[j] = macro(coordinate)
+    return out
+
+
+def _operand_copy(names: Names, tag: str, plain, rows: int, ks: int):
+    """(macro `load(ring, map, bars, s, bz, mn0, k0)`, the map's box, a stage's shape) of plain
+    operand `plain` in tiles of `rows` rows (of M or N) by `ks` of K. A K-major operand is one
+    box of rows x ks a stage, a stage (rows, ks); an MN-major one ([K, N] B, a transposed
+    view's A) boxes of ks K rows of SPAN bytes of MN (the swizzle span), rows / 64 of them a
+    stage, (rows / 64, ks, 64): wgmma's MN-major layout under a 128-byte swizzle. `load`
+    copies operand tile (batch bz, mn0, k0) into stage s of `ring`, completing on `bars[s]`."""
+    dims = batch_dims(plain)
+    RANK = len(dims)
+    C0, C1 = _coordinates(plain, dims)
+    MN = plain.contiguous == "mn"
+    WIDE = SPAN // plain.dtype.nbytes
+    SPANS = rows // WIDE
+    ones = (1,) * RANK
+    if MN:
+        box, stage = (*ones, ks, WIDE), (SPANS, ks, WIDE)
+    else:
+        box, stage = (*ones, rows, ks), (rows, ks)
+
+    def build(ring, tmap, bars, s, bz, mn0, k0):
+        @script
+        def load_operand():
+            if MN:
+                for j in unroll(range(SPANS)):
+                    if RANK == 0:
+                        tma_load(ring[s, j], tmap, k0, mn0 + WIDE * j, bars[s])
+                    elif RANK == 1:
+                        tma_load(ring[s, j], tmap, C0(bz), k0, mn0 + WIDE * j, bars[s])
+                    else:
+                        tma_load(ring[s, j], tmap, C0(bz), C1(bz), k0, mn0 + WIDE * j, bars[s])
+            elif RANK == 0:
+                tma_load(ring[s], tmap, mn0, k0, bars[s])
+            elif RANK == 1:
+                tma_load(ring[s], tmap, C0(bz), mn0, k0, bars[s])
+            else:
+                tma_load(ring[s], tmap, C0(bz), C1(bz), mn0, k0, bars[s])
+
+        return load_operand
+
+    return names.fragment(tag, build), box, stage
+
+
+def _map_entry(name: str, plain, rows: Dim, k: Dim) -> tuple:
+    """attrs.tensor_maps' entry of operand `plain` read through map `name`: rows x k (k x rows
+    MN-major) below its batch dimensions (outermost first)."""
+    dims = batch_dims(plain)
+    inner = (k, rows) if plain.contiguous == "mn" else (rows, k)
+    shape = (*(x for _, x, _ in dims), *inner)
+    strides = (*(s for _, _, s in dims), plain.ld, 1)
+    return (name, plain.ref.var.name, plain.base, shape, strides)
 
 
 TEMPLATE = Template(NAME, space, heuristic, instantiate, applies)

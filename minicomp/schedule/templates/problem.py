@@ -26,6 +26,10 @@ to shared memory with cp.async instead of computing it in registers. Its indices
 affine functions of the loop variables (sums of integer multiples of variables and constants,
 such as the `s * CHUNK + kk` of a split-K partial, passes/graph/split_k.py): each variable's
 stride in the buffer is the sum of its coefficient times the buffer's stride over the indices.
+An index `v // c` or `v % c` (a flattened view's) counts too: where the quotient's stride is c
+times the remainder's, v is linear (a [b, s, d] input's b and s folded into M); a batch
+variable otherwise becomes two, the quotient and the remainder, each with its stride
+(`PlainOperand.batch`: per-head products over a [b, s, h, d] view, b and h strided apart).
 """
 
 from __future__ import annotations
@@ -164,9 +168,10 @@ class PlainOperand:
 
     `ref` is the buffer as a one-dimensional script tensor (its storage), `contiguous` the
     dimension with unit stride ("k", or "mn": along M for a, N for b), `ld` the stride of the
-    other one, `batch_strides` the stride of each batch variable and `base` the element offset
-    of constant indices. Element (b, mn, k) is at `batch_offset(b) + mn * ld + k` ("k") or
-    `batch_offset(b) + k * ld + mn` ("mn").
+    other one, `batch` the batch variables (the contraction's, one split in two where the
+    operand reads it as a quotient and a remainder, see the module doc), `batch_strides` the
+    stride of each and `base` the element offset of constant indices. Element (b, mn, k) is
+    at `batch_offset(b) + mn * ld + k` ("k") or `batch_offset(b) + k * ld + mn` ("mn").
     """
 
     ref: TensorRef
@@ -366,11 +371,15 @@ class MatmulProblem:
         if not isinstance(el, TensorElement) or el.tensor.name not in self.buffers:
             return None
         buf, strides = self.buffers[el.tensor.name]
-        coeff = _strides_of(el.indices, strides)
+        indices, parts = _split_indices(el.indices)
+        coeff = _strides_of(indices, strides)
         if coeff is None:
             return None
         coeff, base = coeff
-        loop_vars = {v for v, _ in c.batch + side + self.k_axes}
+        batch = _joined(coeff, parts, c.batch)
+        if batch is None:
+            return None
+        loop_vars = {v for v, _ in batch + side + self.k_axes}
         if not set(coeff) <= loop_vars:
             return None  # a size symbol, or a variable of the other side
         along_side, along_k = flat_stride(side, coeff), flat_stride(self.k_axes, coeff)
@@ -389,8 +398,8 @@ class MatmulProblem:
         if isinstance(extent, int) and extent * value.dtype.nbytes < CHUNK_BYTES:
             return None  # too small for 16-byte copies; the register path handles it
         ref = TensorRef(value.name, buf, (extent,))
-        batch_strides = tuple(coeff.get(v, 0) for v, _ in c.batch)
-        return PlainOperand(ref, contiguous, ld, c.batch, batch_strides, base)
+        batch_strides = tuple(coeff.get(v, 0) for v, _ in batch)
+        return PlainOperand(ref, contiguous, ld, batch, batch_strides, base)
 
     def _k_order(self) -> tuple[Axis, ...]:
         """The order of the K variables that flat K follows: the contraction's, unless its
@@ -695,6 +704,56 @@ def _affine(e: Expr) -> tuple[dict[Var, int], int] | None:
             return None  # a product of variables
         return _scaled(b, a[1]) if not a[0] else _scaled(a, b[1])
     return _affine_add(a, _scaled(b, 1 if e.op == "add" else -1))
+
+
+def _split_indices(indices) -> tuple[tuple[Expr, ...], dict[tuple[Var, int], tuple[Var, Var]]]:
+    """`indices` with each index `v // c` and `v % c` (a flattened view's, c a constant) as a
+    variable of its own, and those parts: {(v, c): (quotient, remainder)}."""
+    parts: dict[tuple[Var, int], tuple[Var, Var]] = {}
+    out = []
+    for index in indices:
+        if (
+            isinstance(index, Binary)
+            and index.op in ("idiv", "imod")
+            and isinstance(index.a, Var)
+            and isinstance(index.b, Const)
+            and index.b.dtype.is_integer
+            and int(index.b.value) > 0
+        ):
+            v, k = index.a, int(index.b.value)
+            hi, lo = parts.setdefault(
+                (v, k), (Var(f"{v.name}_hi{k}", v.dtype), Var(f"{v.name}_lo{k}", v.dtype))
+            )
+            out.append(hi if index.op == "idiv" else lo)
+        else:
+            out.append(index)
+    return tuple(out), parts
+
+
+def _joined(coeff: dict, parts: Mapping, batch: tuple[Axis, ...]) -> tuple[Axis, ...] | None:
+    """Fold the parts of `_split_indices` in `coeff` (each variable's stride) back: a variable
+    whose quotient by c has c times its remainder's stride is linear, the remainder's stride
+    its own; a batch variable of a static extent that c divides otherwise becomes two batch
+    variables, the quotient and the remainder (per-head products of a [b, s, h, d] view:
+    b and h strided apart). The batch axes that result; None where a part is left over."""
+    out = list(batch)
+    for (v, k), (hi, lo) in parts.items():
+        s_hi, s_lo = coeff.pop(hi, 0), coeff.pop(lo, 0)
+        if v in coeff:
+            return None  # read both whole and in parts
+        if isinstance(s_hi, int) and isinstance(s_lo, int) and s_hi == k * s_lo:
+            if s_lo:
+                coeff[v] = s_lo
+            continue
+        names = [a for a, _ in out]
+        if v not in names or not isinstance(out[names.index(v)][1], int):
+            return None
+        at, x = names.index(v), out[names.index(v)][1]
+        if x % k:
+            return None
+        out[at : at + 1] = [(hi, x // k), (lo, k)]
+        coeff[hi], coeff[lo] = s_hi, s_lo
+    return tuple(out)
 
 
 def _split_sum(coeff: Mapping[Var, Dim], base: Dim, mapping: Mapping[Var, Expr], outer) -> Expr:
