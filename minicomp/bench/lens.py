@@ -131,12 +131,13 @@ def cases(families=LENS_FAMILIES, tiers=(1,), dtypes=None) -> list[Case]:
 
 
 def estimate_case(case: Case, device: str = "h100", options: dict | None = None) -> LensRow:
-    """`case` compiled at search space 0 for cuda-emu with the lens, its launches sampled and
-    estimated on `device`."""
+    """`case` compiled at search space 0 for cuda-emu with the lens as the cuda target would
+    compile it on `device` (`options` may set another arch: {"arch": "sm_90"} gives an H100's
+    products to the Ampere templates), its launches sampled and estimated on `device`."""
     target = get_device(device)
     start = time.monotonic()
     torch._dynamo.reset()
-    opts = {"search_space": 0, **(options or {}), **lens_options(target)}
+    opts = {"search_space": 0, **lens_options(target), **(options or {})}
     try:
         compiled = torch.compile(case.fn, backend="minicomp", options=opts)
         with recording(sample_only=True) as session:
