@@ -176,7 +176,7 @@ _OPERANDS = {
     "bulk_wait_group": "i",
     "bulk_wait_group_read": "i",
     # minicomp.script.wgmma
-    "wgmma_mma_async": "mmmiiiiiie",
+    "wgmma_mma_async": "mmmiiiiiieii",
     "wgmma_wait_group": "imi",
 }
 _ARRAY_FUNCTIONS = {"local": "register_tensor", "shared": "shared_tensor"}

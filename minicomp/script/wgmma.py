@@ -6,7 +6,8 @@ each of these primitives together. The primitives, and what each lowers to (the 
 intrinsic of the same name, an Effect statement; minicomp.backends.cuda.intrinsics_wgmma
 renders them):
 
-- `wgmma_mma_async(acc, a, b, swizzle=0, scale_d=1)`: starts D = A * B^T + D (scale_d 1) or
+- `wgmma_mma_async(acc, a, b, swizzle=0, scale_d=1, trans_a=False, trans_b=False)`: starts
+  D = A * B^T + D (scale_d 1) or
   D = A * B^T (scale_d 0, a runtime value) for the warpgroup, PTX
   `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`, or `m64nNk32.f32.
   {e4m3,e5m2}.{e4m3,e5m2}` for float8 (f8e4m3fn, f8e5m2, either pair). `a` is a 64xK tile of
@@ -28,6 +29,16 @@ renders them):
       `a_s[0, 16 * kk]`. Such a tensor must be a `dynamic_shared_tensor` placed at a multiple
       of 8 * S bytes (the swizzle pattern's period): static shared arrays are only 16-byte
       aligned.
+  trans_a / trans_b (f16/bf16 only; PTX's imm-trans-a/-b) make that operand MN-major, its
+  rows contiguous (a [K, N] matrix as B): swizzle=0 takes the same shape, each core matrix 8 K
+  of 8 rows (element (r, k) at [r // 8, k // 8, k % 8, r % 8]); a swizzle S takes K rows of one
+  span of rows, shape (..., K, S / 2) or (..., rows / (S / 2), K, S / 2) for several spans
+  (leading byte offset: the next span of rows; stride: the next 8 K), the operand at the K
+  step's first K row, `v_s[0, 16 * kk, 0]`.
+  `a` may be a register tensor of 8 f16/bf16 from the operand: A from registers, element j of
+  thread t being A[16w + l // 4 + 8 * (j // 2 % 2), 2 * (l % 4) + j % 2 + 8 * (j // 4)], the
+  accumulator's layout (so an accumulator's elements 8kk to 8kk + 7, converted, are the A of
+  K step kk of a second product).
   The accumulator reads as NaN, on the emulator, until the `wgmma_wait_group` that retires
   the mma; shared memory is read then too, so the operands must stay unchanged until it.
 - `wgmma_fence()`: orders this thread's earlier register accesses before later mma_asyncs
@@ -39,9 +50,10 @@ renders them):
   this thread are pending. `wgmma_wait_group(n, acc)` also fences the accumulator tensor's
   registers, so that the compiler cannot move a read of them above the wait.
 
-`wgmma_mma_async(acc[0], a[i], b[j], n, swizzle, lbo_a, sbo_a, lbo_b, sbo_b, scale_d)`, every
-argument positional, is the explicit form the IR printer writes: the descriptors' byte offsets
-as given, checked only for range and alignment.
+`wgmma_mma_async(acc[0], a[i], b[j], n, swizzle, lbo_a, sbo_a, lbo_b, sbo_b, scale_d, trans_a,
+trans_b)`, every argument positional (the flags may be left out: K-major), is the explicit form
+the IR printer writes: the descriptors' byte offsets as given, checked only for range and
+alignment.
 """
 
 from __future__ import annotations
@@ -95,9 +107,12 @@ def _const(v) -> int | None:
     return v.value if isinstance(v, E.Const) else None
 
 
-def _layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, int]:
-    """The operand of `rows` x (a K step of 32 bytes) at `node`, with the leading and stride
-    byte offsets its tensor's shape gives under `swizzle`."""
+def _layout(
+    p, node, what: str, rows: int, swizzle: int, mn: bool = False
+) -> tuple[Operand, int, int]:
+    """The K-major operand of `rows` x (a K step of 32 bytes) at `node`, with the leading and
+    stride byte offsets its tensor's shape gives under `swizzle` (`mn`: the core matrices of
+    an unswizzled MN-major operand, 8 K of 16 bytes of rows, in the same shape)."""
     op, base, idx = _tile(p, node, what)
     _check(p, node, op, what, "shared", 0, WGMMA_TYPES)
     shape = base.shape if base is not None else ()
@@ -107,9 +122,10 @@ def _layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, 
     at = [_const(i) for i in idx] + [0] * (len(shape) - len(idx))
     if swizzle == 0:
         if not known or len(shape) < 4 or tuple(shape[-2:]) != (8, core):
+            inner = "8 K of 8 rows (MN-major)" if mn else f"8 rows of {core} K"
             raise p.src.error(
                 node,
-                f"{what} without swizzle must be a tensor of 8x{core} core matrices, shape "
+                f"{what} without swizzle must be a tensor of core matrices of {inner}, shape "
                 f"(..., rows / 8, K / {core}, 8, {core}); {op.name} has shape {tuple(shape)}",
             )
         groups, kgroups = shape[-4], shape[-3]
@@ -151,6 +167,79 @@ def _layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, 
         )
     _swizzle_aligned(p, node, op, what, swizzle, base.offset)
     return op, 16, 8 * swizzle
+
+
+def _mn_layout(p, node, what: str, rows: int, swizzle: int) -> tuple[Operand, int, int]:
+    """The MN-major operand of `rows` x (a K step of 16 elements) at `node` (16-bit only),
+    with the leading and stride byte offsets its tensor's shape gives under `swizzle`."""
+    op, base, idx = _tile(p, node, what)
+    _check(p, node, op, what, "shared", 0, WGMMA_TYPES)
+    if op.dtype not in SIXTEEN_BIT:
+        raise p.src.error(
+            node,
+            f"{what} is MN-major, which wgmma has for f16 and bf16 only; {op.name} is "
+            f"{op.dtype} (float8 operands are K-major)",
+        )
+    if swizzle == 0:
+        # Core matrices of 8 K of 8 rows: the K-major tensor shape, each core matrix transposed,
+        # with the same offsets (lbo the next 8 K, sbo the next 8 rows).
+        return _layout(p, node, what, rows, 0, mn=True)
+    shape = base.shape if base is not None else ()
+    size = op.dtype.nbytes
+    span = swizzle // size  # rows a K row holds
+    known = all(isinstance(d, int) for d in shape)
+    blocks = rows // span
+    if not known or len(shape) < 2 or shape[-1] != span or shape[-2] % 8:
+        raise p.src.error(
+            node,
+            f"{what} (MN-major) with a {swizzle}-byte swizzle must be a tensor of K rows of one "
+            f"swizzle span of {span} rows, shape (..., K, {span}) with K a multiple of 8 (and a "
+            f"dimension of {span}-row blocks before K for more rows); {op.name} has shape "
+            f"{tuple(shape)}",
+        )
+    if rows % span or (blocks > 1 and len(shape) < 3):
+        raise p.src.error(
+            node,
+            f"{what} (MN-major) needs {rows} rows, whole {swizzle}-byte spans of {span}: a "
+            f"tensor of shape (..., {max(blocks, 1)}, K, {span}); {op.name} has shape "
+            f"{tuple(shape)}",
+        )
+    at = [_const(i) for i in idx] + [0] * (len(shape) - len(idx))
+    k0, r0 = at[-2], at[-1]
+    if r0 != 0:
+        raise p.src.error(node, f"{what} (MN-major) starts at a row span: index it [..., k, 0]")
+    if k0 is not None and (k0 % 8 or shape[-2] - k0 < M // 4):
+        raise p.src.error(
+            node,
+            f"{what} (MN-major) needs 16 K rows from a multiple of 8; {op.name} has "
+            f"{shape[-2]} and the tile starts at K row {k0}",
+        )
+    if blocks > 1 and at[-3] is not None and shape[-3] - at[-3] < blocks:
+        raise p.src.error(
+            node,
+            f"{what} (MN-major) needs {blocks} blocks of {span} rows; {op.name} has "
+            f"{shape[-3] - at[-3]} from there",
+        )
+    _swizzle_aligned(p, node, op, what, swizzle, base.offset)
+    return op, shape[-2] * swizzle, 8 * swizzle
+
+
+def _register_a(p, node, what: str, trans: bool) -> Operand:
+    """A from registers: 8 f16/bf16 elements of a register tensor (four .f16x2 registers)."""
+    op = operand(p, node, what)
+    _check(p, node, op, what, "local", 8, SIXTEEN_BIT)
+    if trans:
+        raise p.src.error(node, f"{what} in registers has no transpose: trans_a is for shared a")
+    return op
+
+
+def _flag(p, node, what: str) -> int:
+    if node is None:
+        return 0
+    v = p.constant(node, f"{what} of {_NAME}()")
+    if not isinstance(v, bool | int) or v not in (0, 1):
+        raise p.src.error(node, f"{what} of {_NAME}() is a compile-time True or False, not {v!r}")
+    return int(v)
 
 
 def _swizzle_aligned(p, node, op: Operand, what: str, swizzle: int, start=None) -> None:
@@ -228,22 +317,33 @@ def _same_type(p, node, a: Operand, b: Operand) -> None:
 
 
 def _mma_async(p, name, args, kwargs):
-    if len(args) == 10 and not kwargs:
+    if len(args) in (10, 12) and not kwargs:
         return _mma_async_explicit(p, args)
     if len(args) > 3:
         raise Issue(
-            f"{name}() takes (acc, a, b, swizzle=0, scale_d=1), swizzle and scale_d by keyword; "
-            f"{len(args)} positional arguments given"
+            f"{name}() takes (acc, a, b, swizzle=0, scale_d=1, trans_a=False, trans_b=False), "
+            f"all but acc, a and b by keyword; {len(args)} positional arguments given"
         )
-    names = ("acc", "a", "b", "swizzle", "scale_d")
-    acc_node, a_node, b_node, swizzle_node, scale_node = _args(name, args, kwargs, names, 3)
+    names = ("acc", "a", "b", "swizzle", "scale_d", "trans_a", "trans_b")
+    bound = _args(name, args, kwargs, names, 3)
+    acc_node, a_node, b_node, swizzle_node, scale_node, ta_node, tb_node = bound
     acc, n = _accumulator(p, acc_node)
     swizzle = _swizzle(p, swizzle_node)
-    a, lbo_a, sbo_a = _layout(p, a_node, f"the a operand of {name}()", M, swizzle)
-    b, lbo_b, sbo_b = _layout(p, b_node, f"the b operand of {name}()", n, swizzle)
+    trans_a, trans_b = _flag(p, ta_node, "trans_a"), _flag(p, tb_node, "trans_b")
+    a_what, b_what = f"the a operand of {name}()", f"the b operand of {name}()"
+    if operand(p, a_node, a_what).scope == "local":
+        a, lbo_a, sbo_a = _register_a(p, a_node, a_what, trans_a), 0, 0
+    elif trans_a:
+        a, lbo_a, sbo_a = _mn_layout(p, a_node, a_what, M, swizzle)
+    else:
+        a, lbo_a, sbo_a = _layout(p, a_node, a_what, M, swizzle)
+    if trans_b:
+        b, lbo_b, sbo_b = _mn_layout(p, b_node, b_what, n, swizzle)
+    else:
+        b, lbo_b, sbo_b = _layout(p, b_node, b_what, n, swizzle)
     _same_type(p, b_node, a, b)
     offsets = (lbo_a, sbo_a, lbo_b, sbo_b)
-    return _call(acc, a, b, n, swizzle, offsets, _scale_d(p, scale_node))
+    return _call(acc, a, b, n, swizzle, offsets, _scale_d(p, scale_node), trans_a, trans_b)
 
 
 def _mma_async_explicit(p, args):
@@ -253,27 +353,38 @@ def _mma_async_explicit(p, args):
         raise p.src.error(args[3], f"{_NAME}() has N {', '.join(map(str, N_VALUES))}, not {n}")
     _check(p, args[0], acc, f"the accumulator of {_NAME}()", "local", n // 2, (T.f32,))
     swizzle = _swizzle(p, args[4])
+    trans = [_flag(p, node, what) for node, what in zip(args[10:], ("trans_a", "trans_b"))]
+    trans_a, trans_b = trans or (0, 0)
     ops = []
     for node, what in ((args[1], "a"), (args[2], "b")):
-        op = operand(p, node, f"the {what} operand of {_NAME}()")
-        _check(p, node, op, f"the {what} operand of {_NAME}()", "shared", 0, WGMMA_TYPES)
-        _aligned(p, node, op, f"the {what} operand of {_NAME}()", 16)
+        what = f"the {what} operand of {_NAME}()"
+        op = operand(p, node, what)
+        if not ops and op.scope == "local":
+            ops.append(_register_a(p, node, what, trans_a))
+            continue
+        _check(p, node, op, what, "shared", 0, WGMMA_TYPES)
+        _aligned(p, node, op, what, 16)
         if swizzle:
-            _swizzle_aligned(p, node, op, f"the {what} operand of {_NAME}()", swizzle)
+            _swizzle_aligned(p, node, op, what, swizzle)
         ops.append(op)
     _same_type(p, args[2], *ops)
+    if (trans_a or trans_b) and ops[0].dtype not in SIXTEEN_BIT:
+        raise p.src.error(args[1], f"{_NAME}() has MN-major operands for f16 and bf16 only")
     offsets = []
     for node in args[5:9]:
         v = p.compile_time_int(node, f"a byte offset of {_NAME}()")
         if v % 16 or not 0 <= v < MAX_OFFSET:
             raise p.src.error(node, f"{_NAME}() byte offsets are multiples of 16 below 2^18")
         offsets.append(v)
-    return _call(acc, *ops, n, swizzle, offsets, _scale_d(p, args[9]))
+    return _call(acc, *ops, n, swizzle, offsets, _scale_d(p, args[9]), trans_a, trans_b)
 
 
-def _call(acc, a, b, n, swizzle, offsets, scale_d):
+def _call(acc, a, b, n, swizzle, offsets, scale_d, trans_a, trans_b):
     consts = [E.const(v, T.i32) for v in (n, swizzle, *offsets)]
-    return _effect(_NAME, acc.var, acc.index, a.var, a.index, b.var, b.index, *consts, scale_d)
+    flags = [E.const(v, T.i32) for v in (trans_a, trans_b)]
+    return _effect(
+        _NAME, acc.var, acc.index, a.var, a.index, b.var, b.index, *consts, scale_d, *flags
+    )
 
 
 def _no_args(p, name, args, kwargs):

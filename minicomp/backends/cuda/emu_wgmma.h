@@ -12,6 +12,10 @@
 // offsets, the swizzle of swizzle.h on the address bits), within the tensors the script
 // named: a descriptor reaching outside them is an error, never a stray read.
 //
+// A from registers is read at issue (every lane of the warp leaves its fragment at a warp
+// barrier, as the instruction is .sync.aligned), not at the wait: the emulator does not catch
+// those registers changed before the wait.
+//
 // Errors, naming the kernel's source line: an mma_async that does not continue a pending
 // mma on its registers without a wgmma_fence since the thread's last wait (or its start); a
 // warpgroup that is not complete, or whose threads issue different mma_asyncs (operands or
@@ -38,6 +42,7 @@ struct WgmmaOperand {
     uintptr_t ref;     // the address the script named (gives the high bits of the host address)
     uintptr_t lo, hi;  // the bytes of its tensor
     const char* name;
+    bool mn;           // MN-major (imm-trans set): rows contiguous, not K
 };
 
 struct WgmmaOp {
@@ -50,6 +55,8 @@ struct WgmmaOp {
                    // (c once that one retires)
     int line;
     std::vector<float> c;
+    std::vector<float> regs;  // A from registers: this thread's two rows of A, 16 K each
+                              // (gathered from its quad's fragments at issue); else empty
 };
 
 struct WgmmaThread {
@@ -69,6 +76,10 @@ struct WgmmaIssue {
 
 struct WgmmaState {
     std::vector<WgmmaThread> threads;
+    // A-from-registers fragments as issued (8 16-bit elements a thread), one buffer per warp
+    // barrier parity as the warp shuffles' slots: a lane may issue the next before a slower
+    // one has read this one.
+    std::vector<uint16_t> fragments[2];
     std::vector<std::vector<WgmmaIssue>> warpgroups;  // each mma_async its warpgroup issued
 };
 
@@ -124,16 +135,27 @@ static void extent(A& a, uintptr_t& lo, uintptr_t& hi) {
 // The bytes of an element of a K-major operand, and its K elements a step (32 bytes).
 static unsigned element_bytes(unsigned kind) { return kind >= 2 ? 1 : 2; }
 
-// Where the descriptor places byte `kb` of row `row` of a K-major operand.
-static uintptr_t element(const WgmmaOperand& o, unsigned row, unsigned kb) {
+// Where the descriptor places element (row, k) of `size` bytes of an operand. K-major: core
+// matrices of 8 rows of 16 bytes of K (lbo the next in K, sbo the next 8 rows), or under a
+// swizzle rows of one span (sbo the next 8 rows). MN-major: core matrices of 8 K of 16 bytes
+// of rows (lbo the next 8 K, sbo the next rows), or under a swizzle K rows of one span of
+// rows (sbo the next 8 K, lbo the next span of rows).
+static uintptr_t element(const WgmmaOperand& o, unsigned row, unsigned k, unsigned size) {
     uint64_t desc = o.desc;
     uintptr_t start = (uintptr_t)(desc & 0x3fffu) << 4;
     uintptr_t lbo = (uintptr_t)((desc >> 16) & 0x3fffu) << 4;
     uintptr_t sbo = (uintptr_t)((desc >> 32) & 0x3fffu) << 4;
     unsigned span = span_of((unsigned)(desc >> 62));
     uintptr_t base = (o.ref & ~(uintptr_t)ADDRESS_BITS) | start;
-    if (!span) return base + row / 8 * sbo + kb / 16 * lbo + row % 8 * 16 + kb % 16;
-    uintptr_t u = base + row / 8 * sbo + row % 8 * span + kb;
+    unsigned kb = k * size, rb = row * size;
+    uintptr_t u;
+    if (!o.mn) {
+        if (!span) return base + row / 8 * sbo + kb / 16 * lbo + row % 8 * 16 + kb % 16;
+        u = base + row / 8 * sbo + row % 8 * span + kb;
+    } else {
+        if (!span) return base + rb / 16 * sbo + k / 8 * lbo + k % 8 * 16 + rb % 16;
+        u = base + rb / span * lbo + k / 8 * sbo + k % 8 * span + rb % span;
+    }
     return (u & ~(uintptr_t)0xffffffffu) | mc_swizzle((unsigned)u, span);
 }
 
@@ -143,7 +165,7 @@ MC_LENS_UNINSTRUMENTED static float load(Block* b, const WgmmaOp& op, bool secon
                                          unsigned k) {
     const WgmmaOperand& o = second ? op.b : op.a;
     unsigned size = element_bytes(op.kind);
-    uintptr_t at = element(o, row, k * size);
+    uintptr_t at = element(o, row, k, size);
     if (at < o.lo || at + size > o.hi) {
         fail(b, format("wgmma_mma_async (line %d): the descriptor of operand %s places its "
                        "element (%u, %u) at byte %lld of that tensor, which has %llu bytes (a "
@@ -168,7 +190,9 @@ MC_LENS_UNINSTRUMENTED static void retire(Block* b, WgmmaThread& th, const Wgmma
     unsigned K = 32 / element_bytes(op.kind);
     float A[2][32];
     for (unsigned h = 0; h < 2; h++)
-        for (unsigned k = 0; k < K; k++) A[h][k] = load(b, op, false, 16 * w + l / 4 + 8 * h, k);
+        for (unsigned k = 0; k < K; k++)
+            A[h][k] = op.regs.empty() ? load(b, op, false, 16 * w + l / 4 + 8 * h, k)
+                                      : op.regs[16 * h + k];
     std::vector<float> d(op.n / 2);
     for (unsigned i = 0; i < op.n / 2; i++) {
         unsigned col = 8 * (i >> 2) + 2 * (l & 3) + (i & 1);
@@ -204,7 +228,7 @@ static void check_swizzle(Block* b, const WgmmaOperand& o, int line) {
 }
 
 static void issue(unsigned n, unsigned kind, float* d, WgmmaOperand a, WgmmaOperand b_op,
-                  int scale_d, int line) {
+                  int scale_d, int line, std::vector<float> regs = {}) {
     Block* b = block();
     Fiber* f = b->current;
     unsigned wg = f->linear / 128;
@@ -234,6 +258,7 @@ static void issue(unsigned n, unsigned kind, float* d, WgmmaOperand a, WgmmaOper
                        line, since.c_str()));
     }
     for (const WgmmaOperand* o : {&a, &b_op}) {
+        if (o == &a && !regs.empty()) continue;
         if (o->ref % 16) {
             fail(b, format("wgmma_mma_async (line %d): operand %s starts at byte %llu of its "
                            "tensor, not a multiple of 16 (a descriptor holds address / 16)",
@@ -260,7 +285,7 @@ static void issue(unsigned n, unsigned kind, float* d, WgmmaOperand a, WgmmaOper
     // wgmma rate (lens/devices.py), apart from mma.sync's.
     MC_LENS_COUNT(LENS_WGMMA, n / 8);
     MC_LENS_COUNT(LENS_WGMMA_INSTRUCTIONS, 1);
-    WgmmaOp op{n, kind, d, a, b_op, scale_d, chained, line, {}};
+    WgmmaOp op{n, kind, d, a, b_op, scale_d, chained, line, {}, std::move(regs)};
     if (!chained) op.c.assign(d, d + n / 2);
     for (unsigned i = 0; i < n / 2; i++) d[i] = NAN;  // until the wait that retires it
     th.pending.push_back(std::move(op));
@@ -291,15 +316,49 @@ static void wait(unsigned n, int line) {
 }
 
 template <class A, class B>
-static void mma_async(unsigned n, unsigned kind, float* d, A& a, const void* a_at, uint32_t lbo_a,
-                      uint32_t sbo_a, B& b, const void* b_at, uint32_t lbo_b, uint32_t sbo_b,
-                      uint32_t mode, int scale_d, const char* a_name, const char* b_name,
-                      int line) {
-    WgmmaOperand oa{descriptor((uintptr_t)a_at, lbo_a, sbo_a, mode), (uintptr_t)a_at, 0, 0, a_name};
-    WgmmaOperand ob{descriptor((uintptr_t)b_at, lbo_b, sbo_b, mode), (uintptr_t)b_at, 0, 0, b_name};
+static void mma_async(unsigned n, unsigned kind, unsigned trans, float* d, A& a, const void* a_at,
+                      uint32_t lbo_a, uint32_t sbo_a, B& b, const void* b_at, uint32_t lbo_b,
+                      uint32_t sbo_b, uint32_t mode, int scale_d, const char* a_name,
+                      const char* b_name, int line) {
+    WgmmaOperand oa{descriptor((uintptr_t)a_at, lbo_a, sbo_a, mode), (uintptr_t)a_at, 0, 0,
+                    a_name, (trans & 2) != 0};
+    WgmmaOperand ob{descriptor((uintptr_t)b_at, lbo_b, sbo_b, mode), (uintptr_t)b_at, 0, 0,
+                    b_name, (trans & 1) != 0};
     extent(a, oa.lo, oa.hi);
     extent(b, ob.lo, ob.hi);
     issue(n, kind, d, oa, ob, scale_d, line);
+}
+
+// A from registers: every lane of the warp leaves its 8 elements (a0..a7: rows l/4 and
+// l/4 + 8 of its warp's 16, K 2 (l % 4) + {0, 1} and the same + 8) and waits for the others at
+// a warp barrier (wgmma is .sync.aligned: the warp issues it together); then each takes the
+// two rows of A its accumulators need from its quad (the 4 lanes of its rows).
+template <class B>
+static void mma_async_rs(unsigned n, unsigned kind, unsigned trans_b, float* d, const uint16_t* a,
+                         B& b, const void* b_at, uint32_t lbo_b, uint32_t sbo_b, uint32_t mode,
+                         int scale_d, const char* a_name, const char* b_name, int line) {
+    Block* blk = block();
+    Fiber* f = blk->current;
+    WgmmaState& s = state(blk);
+    Warp& w = warp_of(blk, f);
+    unsigned buf = w.gen & 1, l = f->linear % 32, base = f->linear - l;
+    std::vector<uint16_t>& slots = s.fragments[buf];
+    if (slots.size() < 8u * blk->nthreads) slots.resize(8u * blk->nthreads);
+    memcpy(&slots[8u * f->linear], a, 16);
+    warp_barrier(blk, f, w);
+    std::vector<float> regs(32);
+    for (unsigned h = 0; h < 2; h++) {
+        for (unsigned k = 0; k < 16; k++) {
+            unsigned lane = l / 4 * 4 + k % 8 / 2, j = k % 2 + 2 * h + 4 * (k / 8);
+            uint16_t x = slots[8u * (base + lane) + j];
+            regs[16 * h + k] = kind == 1 ? mma::bf16_to_f32(x) : mma::f16_to_f32(x);
+        }
+    }
+    WgmmaOperand oa{0, (uintptr_t)a, 0, 0, a_name, false};
+    WgmmaOperand ob{descriptor((uintptr_t)b_at, lbo_b, sbo_b, mode), (uintptr_t)b_at, 0, 0,
+                    b_name, trans_b != 0};
+    extent(b, ob.lo, ob.hi);
+    issue(n, kind, d, oa, ob, scale_d, line, std::move(regs));
 }
 
 }  // namespace wgmma
@@ -341,8 +400,12 @@ static std::string wgmma_finish(Block* b) {
 #define mc_wgmma_commit_group() ::mc_emu::wgmma::commit()
 #define mc_wgmma_wait_group(N) ::mc_emu::wgmma::wait(N, __LINE__)
 #define mc_wgmma_wait_group_fenced(N, COUNT, acc) ::mc_emu::wgmma::wait(N, __LINE__)
-#define mc_wgmma_mma_async(N, KIND, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, scale) \
-    ::mc_emu::wgmma::mma_async(N, KIND, d, a, &(a)[ai], lbo_a, sbo_a, b, &(b)[bi], lbo_b,     \
+#define mc_wgmma_mma_async(N, KIND, TRANS, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode,  \
+                           scale)                                                               \
+    ::mc_emu::wgmma::mma_async(N, KIND, TRANS, d, a, &(a)[ai], lbo_a, sbo_a, b, &(b)[bi], lbo_b, \
                                sbo_b, mode, scale, #a, #b, __LINE__)
+#define mc_wgmma_mma_async_rs(N, KIND, TRANS_B, d, a, ai, b, bi, lbo_b, sbo_b, mode, scale)    \
+    ::mc_emu::wgmma::mma_async_rs(N, KIND, TRANS_B, d, &(a)[ai], b, &(b)[bi], lbo_b, sbo_b, mode, \
+                                  scale, #a, #b, __LINE__)
 
 #endif  // MC_EMU_WGMMA_H

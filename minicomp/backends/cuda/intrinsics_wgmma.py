@@ -10,12 +10,15 @@ of wgmma.h (inline PTX) or, under the emulator, of emu_wgmma.h (emu.h includes i
 - `wgmma_wait_group(n[, acc, ai, count])`: `wgmma.wait_group.sync.aligned n`; with an
   accumulator, an empty asm on each of its `count` registers after it.
 - `wgmma_mma_async(acc, ai, a, aidx, b, bidx, n, swizzle, lbo_a, sbo_a, lbo_b, sbo_b,
-  scale_d)`: `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`, or
-  `m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2}` for float8 (f8e4m3fn, f8e5m2, either pair), both
-  operands K-major in shared memory through descriptors built from `&a[aidx]` and
-  `&b[bidx]` with the given byte offsets and swizzle span (0, 32, 64 or 128 bytes);
-  `acc[ai]` on are this thread's n/2 f32 accumulators, `scale_d` (0 or 1) whether they are
-  added.
+  scale_d, trans_a, trans_b)`: `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}`,
+  or `m64nNk32.f32.{e4m3,e5m2}.{e4m3,e5m2}` for float8 (f8e4m3fn, f8e5m2, either pair), the
+  operands in shared memory through descriptors built from `&a[aidx]` and `&b[bidx]` with the
+  given byte offsets and swizzle span (0, 32, 64 or 128 bytes), K-major, or MN-major where
+  trans_a / trans_b is 1 (PTX's imm-trans-a/-b; 16-bit types only). An `a` in local memory is
+  A from registers (`{a regs}, b-desc`: the 8 f16/bf16 elements from `a[aidx]` as four
+  .f16x2 registers; lbo_a, sbo_a and trans_a unused). `acc[ai]` on are this thread's n/2 f32
+  accumulators, `scale_d` (0 or 1) whether they are added. (13 arguments: both transpose
+  flags 0.)
 
 A kernel using one compiled for anything but sm_90a fails to compile with a static_assert
 naming the primitive and sm_90a.
@@ -54,6 +57,7 @@ KINDS = {
     (f8e5m2, f8e5m2): 5,
 }
 _OPERAND_TYPES = (f16, bf16, f8e4m3fn, f8e5m2)
+_SIXTEEN_BIT = (f16, bf16)
 
 
 class _WgmmaFinder(Visitor):
@@ -120,27 +124,48 @@ class WgmmaIntrinsics:
         return f"mc_wgmma_wait_group_fenced({n}, {count}, &{acc}[{self.expr(e.args[2])}])"
 
     def intrinsic_wgmma_mma_async(self, e: E.Call) -> str:
-        if len(e.args) != 13:
+        if len(e.args) not in (13, 15):
             raise ValueError(
                 "wgmma_mma_async takes (acc, ai, a, aidx, b, bidx, n, swizzle, lbo_a, sbo_a, "
-                f"lbo_b, sbo_b, scale_d): {e}"
+                f"lbo_b, sbo_b, scale_d[, trans_a, trans_b]): {e}"
             )
         acc, ai, a, aidx, b, bidx = e.args[:6]
         n, swizzle, *offsets = (
             self._wgmma_const(x, "an argument of wgmma_mma_async") for x in e.args[6:12]
         )
+        trans_a, trans_b = (
+            (self._wgmma_const(x, "a transpose flag of wgmma_mma_async") for x in e.args[13:])
+            if len(e.args) == 15
+            else (0, 0)
+        )
         if n not in N_VALUES or swizzle not in SWIZZLE_MODES:
             raise ValueError(f"wgmma_mma_async has no m64n{n}k16 or no {swizzle}-byte swizzle")
+        if trans_a not in (0, 1) or trans_b not in (0, 1):
+            raise ValueError(f"wgmma_mma_async's transpose flags are 0 or 1: {e}")
         d = self._wgmma_buffer(acc, "the accumulator of wgmma_mma_async", "local", (f32,))
-        a_name = self._wgmma_buffer(a, "the a operand of wgmma_mma_async", "shared", _OPERAND_TYPES)
+        registers = (
+            isinstance(a, E.Var) and isinstance(a.type, PointerType) and (a.type.space == "local")
+        )
+        a_space, a_types = ("local", _SIXTEEN_BIT) if registers else ("shared", _OPERAND_TYPES)
+        a_name = self._wgmma_buffer(a, "the a operand of wgmma_mma_async", a_space, a_types)
         b_name = self._wgmma_buffer(b, "the b operand of wgmma_mma_async", "shared", _OPERAND_TYPES)
         kind = KINDS.get((a.type.elem, b.type.elem))
         if kind is None:
             raise ValueError(f"wgmma_mma_async has no {a.type.elem} by {b.type.elem}: {e}")
+        if (trans_a or trans_b) and a.type.elem not in _SIXTEEN_BIT:
+            raise ValueError(f"wgmma_mma_async has MN-major operands for f16/bf16 only: {e}")
         lbo_a, sbo_a, lbo_b, sbo_b = offsets
         scale = self.expr(E.cast(e.args[12], i32))
+        if registers:
+            if trans_a:
+                raise ValueError(f"wgmma_mma_async's a in registers has no transpose: {e}")
+            return (
+                f"mc_wgmma_mma_async_rs({n}, {kind}, {trans_b}, &{d}[{self.expr(ai)}], "
+                f"{a_name}, {self.expr(aidx)}, {b_name}, {self.expr(bidx)}, {lbo_b}, {sbo_b}, "
+                f"{SWIZZLE_MODES[swizzle]}, {scale})"
+            )
         return (
-            f"mc_wgmma_mma_async({n}, {kind}, &{d}[{self.expr(ai)}], {a_name}, "
-            f"{self.expr(aidx)}, {lbo_a}, {sbo_a}, {b_name}, {self.expr(bidx)}, {lbo_b}, "
-            f"{sbo_b}, {SWIZZLE_MODES[swizzle]}, {scale})"
+            f"mc_wgmma_mma_async({n}, {kind}, {2 * trans_a + trans_b}, &{d}[{self.expr(ai)}], "
+            f"{a_name}, {self.expr(aidx)}, {lbo_a}, {sbo_a}, {b_name}, {self.expr(bidx)}, "
+            f"{lbo_b}, {sbo_b}, {SWIZZLE_MODES[swizzle]}, {scale})"
         )

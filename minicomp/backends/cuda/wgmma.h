@@ -13,7 +13,8 @@
    byte offset >> 4, 32-45 the stride byte offset >> 4, 62-63 the swizzle mode (0 none, 1
    128-byte, 2 64-byte, 3 32-byte); the base offset (bits 49-51) stays 0, so a swizzled
    operand starts in the first row of an aligned swizzle pattern. The operand lists of each N
-   below are mechanical: N/2 "+f" registers, then the descriptors and the scale-d flag. */
+   below are mechanical: N/2 "+f" registers, then the descriptors (or A's four registers and
+   B's descriptor) and the scale-d flag. */
 #ifndef MINICOMP_WGMMA_H
 #define MINICOMP_WGMMA_H
 
@@ -23,8 +24,12 @@
 #define mc_wgmma_commit_group() mc_wgmma_commit_group_<>()
 #define mc_wgmma_wait_group(N) mc_wgmma_wait_group_<N>()
 #define mc_wgmma_wait_group_fenced(N, COUNT, acc) mc_wgmma_wait_group_fenced_<N, COUNT>(acc)
-#define mc_wgmma_mma_async(N, KIND, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, scale) \
-    mc_wgmma_mma_async_<N, KIND>(d, &(a)[ai], lbo_a, sbo_a, &(b)[bi], lbo_b, sbo_b, mode, scale)
+#define mc_wgmma_mma_async(N, KIND, TRANS, d, a, ai, lbo_a, sbo_a, b, bi, lbo_b, sbo_b, mode, \
+                           scale)                                                              \
+    mc_wgmma_mma_async_<N, KIND, TRANS>(d, &(a)[ai], lbo_a, sbo_a, &(b)[bi], lbo_b, sbo_b, mode, \
+                                        scale)
+#define mc_wgmma_mma_async_rs(N, KIND, TRANS_B, d, a, ai, b, bi, lbo_b, sbo_b, mode, scale) \
+    mc_wgmma_mma_async_rs_<N, KIND, TRANS_B>(d, &(a)[ai], &(b)[bi], lbo_b, sbo_b, mode, scale)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -70,31 +75,59 @@ MC_DEVICE uint64_t mc_wgmma_desc(const void* p, uint32_t lbo, uint32_t sbo, uint
            ((uint64_t)mode << 62);
 }
 
-/* wgmma.mma_async.sync.aligned.m64nNkK.f32.A.B with both operands K-major from shared memory
-   (no transpose), scale-a and scale-b 1, scale-d from a register. KIND: 0 f16, 1 bf16 (k16);
-   2 e4m3.e4m3, 3 e4m3.e5m2, 4 e5m2.e4m3, 5 e5m2.e5m2 (k32, float8, no transpose operands). */
-template <int N, int KIND>
+/* wgmma.mma_async.sync.aligned.m64nNkK.f32.A.B with both operands from shared memory, scale-a
+   and scale-b 1, scale-d from a register. KIND: 0 f16, 1 bf16 (k16); 2 e4m3.e4m3, 3 e4m3.e5m2,
+   4 e5m2.e4m3, 5 e5m2.e5m2 (k32, float8). TRANS: 2 * imm-trans-a + imm-trans-b, 1 where that
+   operand is MN-major (16-bit types only: float8 has no transpose operands). */
+template <int N, int KIND, int TRANS>
 struct McWgmma;
 
-#define MC_WGMMA_KIND(N, KIND, SHAPE, TRANS)                                                   \
+/* The same with A from registers: this thread's 8 f16/bf16 elements as four .f16x2 registers
+   (the accumulator's layout, so an f32 accumulator converted pairwise is such an A), B from
+   shared memory, K-major (TRANS_B 0) or MN-major (1). */
+template <int N, int KIND, int TRANS_B>
+struct McWgmmaRs;
+
+#define MC_WGMMA_KIND(N, KIND, TRANS, SHAPE, TRANS_TEXT)                                       \
     template <>                                                                                \
-    struct McWgmma<N, KIND> {                                                                  \
+    struct McWgmma<N, KIND, TRANS> {                                                           \
         MC_DEVICE void run(float* d, uint64_t da, uint64_t db, int scale_d) {                  \
             asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " MC_WG_SCALE_##N ", 0;\n"         \
                          " wgmma.mma_async.sync.aligned.m64n" #N SHAPE " {" MC_WG_REGS_##N      \
-                         "}, " MC_WG_TAIL_##N TRANS ";\n}\n"                                    \
+                         "}, " MC_WG_TAIL_##N TRANS_TEXT ";\n}\n"                               \
                          : MC_WG_OUTS_##N                                                      \
                          : "l"(da), "l"(db), "r"(scale_d)                                      \
                          : "memory");                                                          \
         }                                                                                      \
     };
+#define MC_WGMMA_RS_KIND(N, KIND, TRANS_B, SHAPE, TRANS_TEXT)                                  \
+    template <>                                                                                \
+    struct McWgmmaRs<N, KIND, TRANS_B> {                                                       \
+        MC_DEVICE void run(float* d, const uint16_t* a, uint64_t db, int scale_d) {            \
+            asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " MC_WG_RS_SCALE_##N ", 0;\n"      \
+                         " wgmma.mma_async.sync.aligned.m64n" #N SHAPE " {" MC_WG_REGS_##N      \
+                         "}, " MC_WG_RS_TAIL_##N TRANS_TEXT ";\n}\n"                            \
+                         : MC_WG_OUTS_##N                                                      \
+                         : "r"(mc_pack_u16x2(a)), "r"(mc_pack_u16x2(a + 2)),                   \
+                           "r"(mc_pack_u16x2(a + 4)), "r"(mc_pack_u16x2(a + 6)), "l"(db),      \
+                           "r"(scale_d)                                                        \
+                         : "memory");                                                          \
+        }                                                                                      \
+    };
+#define MC_WGMMA_SIXTEEN(N, KIND, SHAPE)                    \
+    MC_WGMMA_KIND(N, KIND, 0, SHAPE, ", 0, 0")              \
+    MC_WGMMA_KIND(N, KIND, 1, SHAPE, ", 0, 1")              \
+    MC_WGMMA_KIND(N, KIND, 2, SHAPE, ", 1, 0")              \
+    MC_WGMMA_KIND(N, KIND, 3, SHAPE, ", 1, 1")              \
+    MC_WGMMA_RS_KIND(N, KIND, 0, SHAPE, ", 0")              \
+    MC_WGMMA_RS_KIND(N, KIND, 1, SHAPE, ", 1")
 #define MC_WGMMA_N(N)                                          \
-    MC_WGMMA_KIND(N, 0, "k16.f32.f16.f16", ", 0, 0")           \
-    MC_WGMMA_KIND(N, 1, "k16.f32.bf16.bf16", ", 0, 0")         \
-    MC_WGMMA_KIND(N, 2, "k32.f32.e4m3.e4m3", "")               \
-    MC_WGMMA_KIND(N, 3, "k32.f32.e4m3.e5m2", "")               \
-    MC_WGMMA_KIND(N, 4, "k32.f32.e5m2.e4m3", "")               \
-    MC_WGMMA_KIND(N, 5, "k32.f32.e5m2.e5m2", "")
+    MC_WGMMA_SIXTEEN(N, 0, "k16.f32.f16.f16")                  \
+    MC_WGMMA_SIXTEEN(N, 1, "k16.f32.bf16.bf16")                \
+    MC_WGMMA_KIND(N, 2, 0, "k32.f32.e4m3.e4m3", "")            \
+    MC_WGMMA_KIND(N, 3, 0, "k32.f32.e4m3.e5m2", "")            \
+    MC_WGMMA_KIND(N, 4, 0, "k32.f32.e5m2.e4m3", "")            \
+    MC_WGMMA_KIND(N, 5, 0, "k32.f32.e5m2.e5m2", "")
 
 #define MC_WG_REGS_8 \
     "%0, %1, %2, %3"
@@ -102,6 +135,8 @@ struct McWgmma;
 #define MC_WG_SCALE_8 "%6"
 #define MC_WG_OUTS_8 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define MC_WG_RS_TAIL_8 "{%4, %5, %6, %7}, %8, p, 1, 1"
+#define MC_WG_RS_SCALE_8 "%9"
 MC_WGMMA_N(8)
 
 #define MC_WG_REGS_16 \
@@ -111,6 +146,8 @@ MC_WGMMA_N(8)
 #define MC_WG_OUTS_16 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
     "+f"(d[7])
+#define MC_WG_RS_TAIL_16 "{%8, %9, %10, %11}, %12, p, 1, 1"
+#define MC_WG_RS_SCALE_16 "%13"
 MC_WGMMA_N(16)
 
 #define MC_WG_REGS_32 \
@@ -121,6 +158,8 @@ MC_WGMMA_N(16)
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
     "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
     "+f"(d[14]), "+f"(d[15])
+#define MC_WG_RS_TAIL_32 "{%16, %17, %18, %19}, %20, p, 1, 1"
+#define MC_WG_RS_SCALE_32 "%21"
 MC_WGMMA_N(32)
 
 #define MC_WG_REGS_64 \
@@ -134,6 +173,8 @@ MC_WGMMA_N(32)
     "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
     "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), \
     "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define MC_WG_RS_TAIL_64 "{%32, %33, %34, %35}, %36, p, 1, 1"
+#define MC_WG_RS_SCALE_64 "%37"
 MC_WGMMA_N(64)
 
 #define MC_WG_REGS_96 \
@@ -151,6 +192,8 @@ MC_WGMMA_N(64)
     "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
     "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
     "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define MC_WG_RS_TAIL_96 "{%48, %49, %50, %51}, %52, p, 1, 1"
+#define MC_WG_RS_SCALE_96 "%53"
 MC_WGMMA_N(96)
 
 #define MC_WG_REGS_128 \
@@ -172,6 +215,8 @@ MC_WGMMA_N(96)
     "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
     "+f"(d[62]), "+f"(d[63])
+#define MC_WG_RS_TAIL_128 "{%64, %65, %66, %67}, %68, p, 1, 1"
+#define MC_WG_RS_SCALE_128 "%69"
 MC_WGMMA_N(128)
 
 #define MC_WG_REGS_192 \
@@ -200,6 +245,8 @@ MC_WGMMA_N(128)
     "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), \
     "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
     "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define MC_WG_RS_TAIL_192 "{%96, %97, %98, %99}, %100, p, 1, 1"
+#define MC_WG_RS_SCALE_192 "%101"
 MC_WGMMA_N(192)
 
 #define MC_WG_REGS_256 \
@@ -235,17 +282,27 @@ MC_WGMMA_N(192)
     "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), \
     "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), \
     "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define MC_WG_RS_TAIL_256 "{%128, %129, %130, %131}, %132, p, 1, 1"
+#define MC_WG_RS_SCALE_256 "%133"
 MC_WGMMA_N(256)
 
 #undef MC_WGMMA_N
+#undef MC_WGMMA_SIXTEEN
+#undef MC_WGMMA_RS_KIND
 #undef MC_WGMMA_KIND
 
-template <int N, int KIND>
+template <int N, int KIND, int TRANS>
 MC_DEVICE void mc_wgmma_mma_async_(float* d, const void* a, uint32_t lbo_a, uint32_t sbo_a,
                                    const void* b, uint32_t lbo_b, uint32_t sbo_b, uint32_t mode,
                                    int scale_d) {
-    McWgmma<N, KIND>::run(d, mc_wgmma_desc(a, lbo_a, sbo_a, mode),
-                          mc_wgmma_desc(b, lbo_b, sbo_b, mode), scale_d);
+    McWgmma<N, KIND, TRANS>::run(d, mc_wgmma_desc(a, lbo_a, sbo_a, mode),
+                                 mc_wgmma_desc(b, lbo_b, sbo_b, mode), scale_d);
+}
+
+template <int N, int KIND, int TRANS_B>
+MC_DEVICE void mc_wgmma_mma_async_rs_(float* d, const uint16_t* a, const void* b, uint32_t lbo_b,
+                                      uint32_t sbo_b, uint32_t mode, int scale_d) {
+    McWgmmaRs<N, KIND, TRANS_B>::run(d, a, mc_wgmma_desc(b, lbo_b, sbo_b, mode), scale_d);
 }
 
 #else /* not sm_90a: each helper fails to compile, naming itself */
@@ -270,9 +327,14 @@ template <int N, int COUNT>
 MC_DEVICE void mc_wgmma_wait_group_fenced_(float*) {
     static_assert(N < 0, MC_WGMMA_NEEDS_SM90A("wgmma_wait_group"));
 }
-template <int N, int KIND>
+template <int N, int KIND, int TRANS>
 MC_DEVICE void mc_wgmma_mma_async_(float*, const void*, uint32_t, uint32_t, const void*, uint32_t,
                                    uint32_t, uint32_t, int) {
+    static_assert(N < 0, MC_WGMMA_NEEDS_SM90A("wgmma_mma_async"));
+}
+template <int N, int KIND, int TRANS_B>
+MC_DEVICE void mc_wgmma_mma_async_rs_(float*, const uint16_t*, const void*, uint32_t, uint32_t,
+                                      uint32_t, int) {
     static_assert(N < 0, MC_WGMMA_NEEDS_SM90A("wgmma_mma_async"));
 }
 #undef MC_WGMMA_NEEDS_SM90A
