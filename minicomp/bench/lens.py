@@ -194,6 +194,20 @@ def estimate_hopper(case: Case, device: str = "h100", configs=None) -> LensRow:
     return LensRow(case.family, case.label, device, [row], seconds, problem_roofline_us=best_us)
 
 
+def estimate_hopper_attention(case: Case, device: str = "h100") -> LensRow:
+    """`case`, an attention, compiled for sm_90a, where the compiler picks the Hopper attention
+    (schedule/templates/attention_hopper.py: TMA, wgmma for both products) for what it takes,
+    estimated on `device` as estimate_case does; its problem roofline the flops at the
+    device's wgmma rate."""
+    row = estimate_case(case, device, options={"arch": "sm_90a"})
+    if row.error:
+        return row
+    target = get_device(device)
+    rate = target.wgmma_tflops_f16 or target.tensor_tflops_f16
+    best_us = max(case.flops / (rate * 1e12), case.min_bytes / (target.dram_gbps * 1e9)) * 1e6
+    return LensRow(row.family, row.case, device, row.kernels, row.seconds, "", best_us)
+
+
 HEADER = (
     "case",
     "kernels",
