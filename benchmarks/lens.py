@@ -12,7 +12,10 @@ spills of its kernels; then the geometric mean and the cases under 70% of roofli
 writes the rows as JSON, which the GPU validation's kernels stage puts beside what it measures.
 --hopper adds, after each 16-bit matrix product, a row for the Hopper matmul
 (minicomp/schedule/templates/matmul_hopper.py) at the fastest of its configs (or of those
---hopper-configs lists, by index), launched directly: its problem % is against the wgmma peak.
+--hopper-configs lists, by index), launched directly: its problem % is against the wgmma peak;
+and after each 16-bit attention a row compiled for sm_90a, where the compiler picks the Hopper
+attention (minicomp/schedule/templates/attention_hopper.py) for what it takes, its problem %
+against the wgmma peak too.
 """
 
 import argparse
@@ -26,6 +29,7 @@ from minicomp.bench.lens import (
     cases,
     estimate_case,
     estimate_hopper,
+    estimate_hopper_attention,
     summary,
     table,
     write,
@@ -57,6 +61,10 @@ def main(argv=None) -> int:
         print(f"{case.label}: {rows[-1].time_us:.1f} us ({rows[-1].seconds:.0f}s)", flush=True)
         if args.hopper and case.family == "matmul" and case.fields["dtype"] in HOPPER_DTYPES:
             rows.append(estimate_hopper(case, args.device, hopper_configs))
+            r = rows[-1]
+            print(f"{case.label} hopper: {r.time_us:.1f} us ({r.seconds:.0f}s)", flush=True)
+        if args.hopper and case.family == "attention" and case.fields["dtype"] in HOPPER_DTYPES:
+            rows.append(estimate_hopper_attention(case, args.device))
             r = rows[-1]
             print(f"{case.label} hopper: {r.time_us:.1f} us ({r.seconds:.0f}s)", flush=True)
     print()
