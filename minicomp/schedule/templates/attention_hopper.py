@@ -21,10 +21,14 @@ reduced across the four lanes of a row with shuffles, as attention.py does. At t
 is stored straight from the accumulator (guarded at the last query row), and the logsumexp
 ((m + log2 l) ln 2) when asked for.
 
-Overlap: with `overlap`, a consumer issues the next step's S = Q K^T before it computes the
-softmax of this step's S (two S accumulators, the step's parity picking one), so the tensor
-cores multiply while the softmax's exp2 and shuffles run (FlashAttention-3's intra-warpgroup
-pipelining); the stage of a step is freed after its P V retires.
+Overlap: with `overlap`, a consumer issues the next step's S = Q K^T (into a second S
+accumulator, copied over after the step) before it computes the softmax of this step's S, so
+the tensor cores multiply while the softmax's exp2 and shuffles run (FlashAttention-3's
+intra-warpgroup pipelining); the stage of a step is freed after its P V retires. ptxas
+serializes the mma's (C7518/C7519) when anything between them branches or writes the P
+registers after the fence: the loop has no guards (the last step issues its own S again,
+discarded), the masking is selects on every step, and the register-A mma fences itself
+(wgmma.h).
 
 Causal masking (top-left aligned, like PyTorch: query i sees keys j <= i) stops the key walk
 at the block's last row and masks only the steps that cross the diagonal; blocks take the
@@ -124,15 +128,16 @@ class HopperAttnConfig:
 
 # Registers a consumer thread holds: S (BN / 2 f32, twice when overlapping), P (BN / 2 16-bit)
 # and O (D / 2 f32); with two consumer warpgroups (288 threads, one block an SM) ptxas gives a
-# thread at most 168. NVRTC 13 for sm_90a, measured: head dim 128 with 128 keys a step spills
-# there, and every overlapped config has ptxas serialize its mma's (C7518/C7519: the P
-# registers are packed between the fence and the P V mma's while the next S is in flight), so
-# the overlapped configs are left out of the space until the fence pins them.
+# thread at most 168. NVRTC 13 for sm_90a, measured: head dim 128 spills with 128 keys a step
+# there, and overlapped with two warpgroups; at 64, overlapped with 128 keys and two.
 CONFIGS = (
     HopperAttnConfig(2, 128, 2),
     HopperAttnConfig(2, 64, 3),
     HopperAttnConfig(1, 128, 2),
     HopperAttnConfig(1, 64, 2),
+    HopperAttnConfig(2, 64, 2, overlap=True),
+    HopperAttnConfig(1, 128, 2, overlap=True),
+    HopperAttnConfig(1, 64, 2, overlap=True),
 )
 
 
@@ -144,12 +149,18 @@ def valid(problem, cfg: HopperAttnConfig) -> bool:
         cfg.check(d)
     except ValueError:
         return False
-    return not cfg.overlap and not (d == 128 and cfg.bn == 128)
+    if d == 128 and cfg.bn == 128:
+        return False
+    if cfg.overlap and cfg.consumers == 2:
+        return d == 64 and cfg.bn == 64
+    return True
 
 
 def heuristic(problem) -> HopperAttnConfig:
     """Two consumer warpgroups (128 query rows), 128 keys a step at head dim 64 and 64 (with a
-    third stage) at 128; one warpgroup when 128-row blocks would not fill the GPU's SMs."""
+    third stage) at 128; one warpgroup when 128-row blocks would not fill the GPU's SMs. Not
+    overlapped: the lens cannot tell what overlapping gains (the tuner measures it on a GPU),
+    and without it the tiles are larger."""
     d = problem.head_dim
     cfg = HopperAttnConfig(2, 128, 2) if d == 64 else HopperAttnConfig(2, 64, 3)
     bh, sq = problem.batch * problem.heads, problem.seq_q
@@ -235,15 +246,21 @@ def _softmax(problem, cfg: HopperAttnConfig, names: tiles.Names) -> Macro:
     running max and sum updated, the probabilities into `p` (16-bit) and O rescaled. Element i
     of S or O is row half i // 2 % 2, column 8 (i // 4) + 2 tq + i % 2."""
     BN, D, SK, CAUSAL = cfg.bn, problem.head_dim, problem.seq_k, problem.causal
+    OVERLAP = cfg.overlap
     SCALE2 = problem.scale * LOG2E
     CAST = ScalarType(problem.dtype)
 
     def softmax(s, p, m_i, l_i, o, row0, n0, first_row, tq):
         @script
         def online_softmax():
-            edge = n0 + BN > SK
-            if CAUSAL:
-                edge = edge or n0 + BN - 1 > first_row
+            if OVERLAP:
+                # Every step: a branch around the selects, while the next S is in flight,
+                # has ptxas serialize the mma's (C7518).
+                edge = True
+            else:
+                edge = n0 + BN > SK
+                if CAUSAL:
+                    edge = edge or n0 + BN - 1 > first_row
             for i in unroll(range(BN // 2)):
                 s[i] = s[i] * SCALE2
             if edge:
