@@ -5,7 +5,7 @@ matches float64 PyTorch on fresh inputs with odd lengths, causal or not, grouped
 head dims 64 and 128, f16 and bf16, the logsumexp a training graph reads; every config of
 the space and the overlapped variant compute the same; explain says which template and why;
 sm_90 and what the template refuses keep attention.py; every config builds for sm_90a with
-NVRTC without spills or serialized mma's, with HGMMA and UTMALDG in its SASS."""
+NVRTC without spills or serialized mma's, with HGMMA, UTMALDG and UTMASTG in its SASS."""
 
 import dataclasses
 
@@ -230,5 +230,6 @@ def test_every_config_builds_for_sm_90a_without_spills(d, causal, tmp_path):
         ops = sass.full_opcode_counts(text)
         assert any(op.startswith("HGMMA") for op in ops), sorted(ops)
         assert any(op.startswith("UTMALDG") for op in ops), sorted(ops)
+        assert any(op.startswith("UTMASTG") for op in ops), sorted(ops)  # O's boxes
         # P V reads A from registers and V transposed.
         assert ".tnspB" in text, what

@@ -17,9 +17,10 @@ then computes, for its 64 rows and the step's keys:
                                  layout), V read MN-major as it lies ([keys, D])
 
 then frees the stage. A thread holds two rows of S (16w + l / 4 and 8 more, warp w, lane l),
-reduced across the four lanes of a row with shuffles, as attention.py does. At the end O / l
-is stored straight from the accumulator (guarded at the last query row), and the logsumexp
-((m + log2 l) ln 2) when asked for.
+reduced across the four lanes of a row with shuffles, as attention.py does. At the end each
+warpgroup writes O / l into its rows of Q's tile (swizzled as TMA reads them), and one thread
+stores the tile's 64-row, 64-column boxes by TMA (rows past the last query are not written);
+the logsumexp ((m + log2 l) ln 2) goes straight to memory when asked for.
 
 Overlap: with `overlap`, a consumer issues the next step's S = Q K^T (into a second S
 accumulator, copied over after the step) before it computes the softmax of this step's S, so
@@ -52,6 +53,7 @@ from minicomp.schedule.templates.base import Template, finish
 from minicomp.schedule.templates.problem import MAX_GRID_Z, ceil_div
 from minicomp.script.function import script
 from minicomp.script.hopper import (
+    fence_proxy_async,
     mbarrier_arrive,
     mbarrier_arrive_expect_tx,
     mbarrier_init,
@@ -71,7 +73,7 @@ from minicomp.script.lang import (
     threadIdx,
     unroll,
 )
-from minicomp.script.tma import tma_load
+from minicomp.script.tma import bulk_commit_group, bulk_wait_group, tma_load, tma_store
 from minicomp.script.types import ScalarType, f32, i32, i64, tensor_map, u64
 from minicomp.script.wgmma import (
     wgmma_commit_group,
@@ -200,7 +202,7 @@ def refusal(problem) -> str | None:
             return f"{role.upper()}'s strides are symbolic"
         if strides[3] != 1:
             return f"{role.upper()} has head-dim stride {strides[3]} (TMA needs 1)"
-        if role != "o" and any(s % 8 for s in strides[:3]):
+        if any(s % 8 for s in strides[:3]):
             return f"{role.upper()}'s strides {strides} are not multiples of 16 bytes (TMA)"
     return None
 
@@ -221,8 +223,8 @@ def _map_view(problem, role: str, heads: int, seq: int) -> tuple:
 
 
 def instantiate(problem, cfg: HopperAttnConfig) -> Function:
-    """The kernel computing `problem` (which `applies`) with `cfg`: its tensor maps of Q, K
-    and V first (attrs.tensor_maps: the plan encodes them), then the problem's buffers and
+    """The kernel computing `problem` (which `applies`) with `cfg`: its tensor maps of Q, K,
+    V and O first (attrs.tensor_maps: the plan encodes them), then the problem's buffers and
     sizes."""
     refused = refusal(problem)
     if refused is not None:
@@ -235,6 +237,7 @@ def instantiate(problem, cfg: HopperAttnConfig) -> Function:
         _map_view(problem, "q", problem.heads, problem.seq_q),
         _map_view(problem, "k", problem.kv_heads, problem.seq_k),
         _map_view(problem, "v", problem.kv_heads, problem.seq_k),
+        _map_view(problem, "o", problem.heads, problem.seq_q),
     )
     return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=1, tensor_maps=maps)
 
@@ -299,17 +302,17 @@ def _softmax(problem, cfg: HopperAttnConfig, names: tiles.Names) -> Macro:
 
 
 def _epilogue(problem, names: tiles.Names) -> Macro:
-    """Macro `epilogue(o, m_i, l_i, row0, o_off, lse_off, tq)`: O / l of the thread's rows
-    row0 and row0 + 8 stored (those before the last query), and their logsumexp when asked."""
+    """Macro `epilogue(o, m_i, l_i, o_s, lr, row0, lse_off, tq)`: O / l of the thread's rows
+    into shared `o_s` [D / 64, rows, 64] at rows lr and lr + 8, each 64-column box swizzled
+    as TMA stores it (chunk c of row r at chunk c ^ r % 8); the logsumexp of rows row0 and
+    row0 + 8 (those before the last query) when asked for."""
     SQ, D = problem.seq_q, problem.head_dim
     CAST = ScalarType(problem.dtype)
-    O_G = problem.o.ref
-    _, _, OSS, OSD = problem.o.strides
     HAS_LSE = problem.lse is not None
     L_G = problem.lse.ref if HAS_LSE else None
     LSS = problem.lse.strides[2] if HAS_LSE else 0
 
-    def epilogue(o, m_i, l_i, row0, o_off, lse_off, tq):
+    def epilogue(o, m_i, l_i, o_s, lr, row0, lse_off, tq):
         @script
         def store_o():
             for r in unroll(range(2)):
@@ -317,13 +320,14 @@ def _epilogue(problem, names: tiles.Names) -> Macro:
                 lt += shfl_xor_sync(lt, 1)
                 lt += shfl_xor_sync(lt, 2)
                 inv = 1.0 / lt if lt > 0.0 else 0.0
+                sr = lr + 8 * r
+                for j in unroll(range(D // 8)):
+                    for c in unroll(range(2)):
+                        chunk = j % 8 ^ sr % 8
+                        o_s[j // 8, sr, chunk * 8 + 2 * tq + c] = CAST(o[4 * j + 2 * r + c] * inv)
                 row = row0 + 8 * r
-                if row < SQ:
-                    for j in unroll(range(D // 8)):
-                        for c in unroll(range(2)):
-                            at = o_off + i64(row) * OSS + (8 * j + 2 * tq + c) * OSD
-                            O_G[at] = CAST(o[4 * j + 2 * r + c] * inv)
-                    if HAS_LSE:
+                if HAS_LSE:
+                    if row < SQ:
                         if tq == 0:
                             # A row every key masks: 0, as PyTorch's kernels give.
                             lse = (m_i[r] + log2(lt)) * LN2 if lt > 0.0 else 0.0
@@ -352,7 +356,6 @@ def _kernel(problem, cfg: HopperAttnConfig, softmax: Macro, epilogue: Macro):
     V_AT = K_AT + STAGES * BN * D * 2
     STAGE_BYTES = 2 * BN * D * 2
     CAUSAL = problem.causal
-    OSB, OSH = problem.o.strides[:2]
     LSB, LSH = problem.lse.strides[:2] if problem.lse is not None else (0, 0)
     SA = 2 if OVERLAP else 1  # S accumulators: the step's and, overlapping, the next's
     LAG = 1 if OVERLAP else 0  # how many steps ahead a step's S is issued
@@ -363,6 +366,7 @@ def _kernel(problem, cfg: HopperAttnConfig, softmax: Macro, epilogue: Macro):
         tma_q: tensor_map(dt[B, H, SQ, D], box=(1, 1, BM, BOX), swizzle=SWIZZLE),
         tma_k: tensor_map(dt[B, HK, SK, D], box=(1, 1, BN, BOX), swizzle=SWIZZLE),
         tma_v: tensor_map(dt[B, HK, SK, D], box=(1, 1, BN, BOX), swizzle=SWIZZLE),
+        tma_o: tensor_map(dt[B, H, SQ, D], box=(1, 1, 64, BOX), swizzle=SWIZZLE),
     ):
         tiles_m = (SQ + BM - 1) // BM
         attrs.grid_dim = ((SQ + BM - 1) // BM, B * H)
@@ -466,8 +470,17 @@ def _kernel(problem, cfg: HopperAttnConfig, softmax: Macro, epilogue: Macro):
                 if OVERLAP:
                     for i in unroll(range(BN // 2)):
                         s_acc[0, i] = s_acc[1, i]
-            o_off = i64(b) * OSB + i64(h) * OSH
-            epilogue(o, m_i, l_i, row0, o_off, i64(b) * LSB + i64(h) * LSH, tq)
+            # O into Q's rows of this warpgroup, which no mma reads any more.
+            lr = row0 - m0
+            epilogue(o, m_i, l_i, q_s, lr, row0, i64(b) * LSB + i64(h) * LSH, tq)
+            fence_proxy_async()  # the stores, before the TMA store reads them
+        syncthreads()
+        if t == 0:  # O's boxes by TMA: rows past the last query are not written
+            for wgi in unroll(range(CONSUMERS // WARPGROUP)):
+                for j in unroll(range(DB)):
+                    tma_store(tma_o, b, h, m0 + 64 * wgi, BOX * j, q_s[j, 64 * wgi, 0])
+            bulk_commit_group()
+            bulk_wait_group(0)
 
     return attention_hopper.ir
 
