@@ -170,7 +170,11 @@ def link(
     }
     t0 = time.perf_counter()
     scratch = {k.name: scratch_of(k) for k in lowered.kernels if k.attrs.scratch}
-    maps = {k.name: tensor_map_arguments(k) for k in lowered.kernels if k.attrs.tensor_maps}
+    maps = {
+        k.name: tensor_map_arguments(k)
+        for k in (*lowered.kernels, *lowered.launched)
+        if k.attrs.tensor_maps
+    }
     builder = PlanBuilder(graph, layouts_for(graph), fns, symbols, scratch, maps)
     plan = builder.build()
     # A graph whose sizes depend on data it computes cannot replay: it runs step by step.

@@ -185,6 +185,19 @@ class CpuTarget(Target):
         return {k.name: lib.kernel(k.name) for k in kernels}, lib.source
 
 
+def _configured_for(p, options):
+    """Pass `p` with what it needs of the compile bound: the GPU's SM count for the passes
+    that fill its SMs (split_k, lower_attention), the architecture for those whose choice
+    depends on it (lower_anchors: _scaled_mm needs sm_89 on CUDA; lower_attention: the Hopper
+    attention needs sm_90a)."""
+    settings = {}
+    if options.sm_count is not None and p in (split_k, lower_attention):
+        settings["sms"] = options.sm_count
+    if options.arch is not None and p in (lower_anchors, lower_attention):
+        settings["arch"] = options.arch
+    return configured(p, **settings) if settings else p
+
+
 class CudaSourceTarget(Target):
     """What the targets compiling CUDA C share: the CUDA scheduler and its templates, fused
     attention, ATen's GEMM as a tuning candidate, script kernels."""
@@ -209,11 +222,8 @@ class CudaSourceTarget(Target):
 
     def passes_for(self, graph, options=None):
         passes = list(self.passes)
-        if options is not None and options.sm_count is not None:
-            sized = {split_k, lower_attention}  # the passes that fill the GPU's SMs
-            passes = [configured(p, sms=options.sm_count) if p in sized else p for p in passes]
-        if options is not None and options.arch is not None:  # _scaled_mm needs sm_89 on CUDA
-            passes = [configured(p, arch=options.arch) if p is lower_anchors else p for p in passes]
+        if options is not None:
+            passes = [_configured_for(p, options) for p in passes]
         if not has_script_ops(graph):
             return passes
         # Script-kernel ops launch first, so the default passes see their tensors; their

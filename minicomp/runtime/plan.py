@@ -87,7 +87,8 @@ class KernelStep(Step):
 
 @dataclass
 class LaunchStep(KernelStep):
-    """A launch of a hand-written kernel (a script kernel op): pointer arguments from slots,
+    """A launch of a hand-written kernel (a script kernel op, or a template a KernelOp
+    launches): its tensor maps first where it has any, then pointer arguments from slots,
     then its scalar arguments, computed from the binding by `scalars`. `dims` gives the
     kernel's (grid, block) for its arguments: a grid without blocks (an empty tensor) launches
     nothing, as in the script's own launches (CUDA refuses such a launch)."""
@@ -97,8 +98,10 @@ class LaunchStep(KernelStep):
 
     def run(self, slots: list, env: Env) -> None:
         args = [self._pointer(slots[k]) for k in self.buffers] + self.scalars(env)
-        if self.dims is not None and 0 in self.dims(args)[0]:
+        if self.dims is not None and 0 in self.dims([None] * len(self.maps) + args)[0]:
             return
+        if self.maps:  # a template launched by a kernel op reading by TMA (attention_hopper)
+            args = encoded_maps(self.maps, [slots[k] for k in self.buffers]) + args
         self.fn(*args)
 
 

@@ -178,7 +178,9 @@ class PlanBuilder:
 
     def launch_step(self, n: KernelOp) -> LaunchStep:
         values = n.inputs + n.outputs
-        pairs = list(zip(n.function.params, n.args))
+        maps = self.maps.get(n.function.name, ())
+        # The tensor-map parameters come first; the launch's arguments are for the rest.
+        pairs = list(zip(n.function.params[len(maps) :], n.args))
         buffers = [self.slot[values[a.index].name] for _, a in pairs if isinstance(a, ArgRef)]
         scalars = [(p, a) for p, a in pairs if not isinstance(a, ArgRef)]
         if any(isinstance(a, ArgRef) for _, a in pairs[len(buffers) :]):
@@ -186,7 +188,7 @@ class PlanBuilder:
         outputs = [self.slot[v.name] for v in n.outputs]
         fn = self.kernels[n.function.name]
         scalars_of, dims = _scalars_builder(scalars), launch_dims(n.function)
-        return LaunchStep(n.name, fn, buffers, outputs, (), scalars=scalars_of, dims=dims)
+        return LaunchStep(n.name, fn, buffers, outputs, (), maps, scalars=scalars_of, dims=dims)
 
     def extern_step(self, n: ExternOp) -> ExternStep:
         reads = [self.slot[v.name] for v in n.inputs]

@@ -569,7 +569,7 @@ def test_tuning_hook_reinstantiates_and_reverts():
     (node,) = [n for n in tuned.nodes if isinstance(n, KernelOp)]
     assert node.function.attrs.template == f"attention[{other}]"
 
-    def prefer_aten(tmpl, problem, op, aten=None):
+    def prefer_aten(tmpl, problem, op, aten=None, why=""):
         return Choice(other, "tuned", aten=True, time_us=20.0, aten_time_us=10.0)
 
     reverted = tune_attention(tuned, prefer_aten)

@@ -84,7 +84,10 @@ struct McWgmma;
 
 /* The same with A from registers: this thread's 8 f16/bf16 elements as four .f16x2 registers
    (the accumulator's layout, so an f32 accumulator converted pairwise is such an A), B from
-   shared memory, K-major (TRANS_B 0) or MN-major (1). */
+   shared memory, K-major (TRANS_B 0) or MN-major (1). A wgmma.fence in the same asm, after the
+   registers are packed: ptxas places the packing where it likes, after the script's
+   wgmma_fence too, and then inserts a fence of its own that serializes the mma's in flight
+   (C7519, an attention's next S = Q K^T during its softmax). */
 template <int N, int KIND, int TRANS_B>
 struct McWgmmaRs;
 
@@ -105,6 +108,7 @@ struct McWgmmaRs;
     struct McWgmmaRs<N, KIND, TRANS_B> {                                                       \
         MC_DEVICE void run(float* d, const uint16_t* a, uint64_t db, int scale_d) {            \
             asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, " MC_WG_RS_SCALE_##N ", 0;\n"      \
+                         " wgmma.fence.sync.aligned;\n"                                        \
                          " wgmma.mma_async.sync.aligned.m64n" #N SHAPE " {" MC_WG_REGS_##N      \
                          "}, " MC_WG_RS_TAIL_##N TRANS_TEXT ";\n}\n"                            \
                          : MC_WG_OUTS_##N                                                      \

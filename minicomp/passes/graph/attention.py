@@ -8,9 +8,10 @@ tensors (so on cuda-emu), `_scaled_dot_product_flash_attention`,
 tensors. The importer leaves each as an ExternOp (the cpu target runs it so); this pass,
 which runs after the default passes (views read by the call are zero-copy aliases by then,
 and the layouts of every value are final), turns each one it can compute into a KernelOp
-launching `schedule.templates.attention` with the heuristic config, passing the strides of
-Q, K, V, the mask and the outputs as scalar arguments (`KernelOp.strided`), so transposed
-projections are read in place. Its outputs keep the strides PyTorch gave them. A
+launching `schedule.templates.attention` (or, on sm_90a where it applies, `attention_hopper`:
+`templates.attention_choice`) with the heuristic config, passing the strides of Q, K, V, the
+mask and the outputs as scalar arguments (`KernelOp.strided`), so transposed projections are
+read in place. Its outputs keep the strides PyTorch gave them. A
 memory-efficient or cuDNN call whose key and value are a repeat over heads (which
 `group_query_attention` leaves, PyTorch's kernels for them taking no grouped heads) launches
 over zero-copy views of the un-repeated tensors, key head h // groups per query head, and has
@@ -26,6 +27,7 @@ saves for the backward; the logsumexp is produced when it has the (B, H, Sq) sha
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from minicomp.ir.types import PointerType
 from minicomp.passes.graph.dce import eliminate_dead_code
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.graph.rewrite import value_names
+from minicomp.schedule.templates.base import DEFAULT_ARCH
 
 aten = torch.ops.aten
 
@@ -61,10 +64,11 @@ class Refused(Exception):
     """Why one attention call stays an ATen call."""
 
 
-def lower_attention(graph: Graph, *, sms: int = H100_SMS) -> Graph:
-    """Every fused attention call the template computes as a launch of its kernel, its
-    heuristic config chosen for a GPU of `sms` SMs (the targets bind the compile's count); the
-    others keep their ATen call with the reason why."""
+def lower_attention(graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_ARCH) -> Graph:
+    """Every fused attention call a template computes as a launch of its kernel, its
+    heuristic config chosen for a GPU of `sms` SMs and architecture `arch` (the targets bind
+    the compile's; sm_90a picks the Hopper template where it applies); the others keep their
+    ATen call with the reason why."""
     ops = sdpa_ops()
 
     def fused_attention(n) -> bool:
@@ -80,12 +84,12 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS) -> Graph:
     for n in graph.nodes:
         if fused_attention(n):
             try:
-                launch = _grouped_launch(n, producers, layouts, read, sms, used)
+                launch = _grouped_launch(n, producers, layouts, read, sms, used, arch)
                 if launch is not None:
                     nodes.extend(launch[:-1])
                     n, grouped = launch[-1], True
                 else:
-                    n = attention_kernel_op(n, layouts, read, sms)
+                    n = attention_kernel_op(n, layouts, read, sms, arch)
             except Refused as why:
                 n = n.replace(reason=f"attention not fused: {why}")
             changed = True
@@ -97,7 +101,9 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS) -> Graph:
     return eliminate_dead_code(graph) if grouped else graph
 
 
-def _grouped_launch(call: ExternOp, producers: dict, layouts: dict, read: set, sms: int, used):
+def _grouped_launch(
+    call: ExternOp, producers: dict, layouts: dict, read: set, sms: int, used, arch: str
+):
     """[zero-copy views..., the launch] computing `call`, a memory-efficient or cuDNN call
     (which reject fewer key than query heads, so group_query_attention left their key and
     value repeated over heads), from the un-repeated key and value; None where they are not
@@ -121,18 +127,21 @@ def _grouped_launch(call: ExternOp, producers: dict, layouts: dict, read: set, s
             source = alias.outputs[0]
             strides[source.name] = source.type.strides
         inputs = [source if x == repeat else x for x in inputs]
-    launch = attention_kernel_op(call.replace(inputs=tuple(inputs)), strides, read, sms)
+    launch = attention_kernel_op(call.replace(inputs=tuple(inputs)), strides, read, sms, arch)
     # PyTorch's kernel for this call takes no grouped heads: the tuner has no ATen candidate.
     _forget_aten(launch.function)
     return [*views, launch]
 
 
-def attention_kernel_op(call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS) -> KernelOp:
-    """The launch computing attention call `call` on a GPU of `sms` SMs; raises Refused when
-    the template cannot."""
-    from minicomp.schedule.templates import attention as template
+def attention_kernel_op(
+    call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS, arch: str = DEFAULT_ARCH
+) -> KernelOp:
+    """The launch computing attention call `call` on a GPU of `sms` SMs and architecture
+    `arch` (templates.attention_choice picks the template); raises Refused when none can."""
+    from minicomp.schedule.templates import attention_choice
 
-    problem, inputs, outputs, roles = attention_problem(call, layouts, read, sms)
+    problem, inputs, outputs, roles = attention_problem(call, layouts, read, sms, arch)
+    template, why = attention_choice(problem)
     if not template.applies(problem):
         raise Refused(f"head dim {problem.head_dim} is not a multiple of 16 up to 256")
     config = template.heuristic(problem)
@@ -141,20 +150,32 @@ def attention_kernel_op(call: ExternOp, layouts: dict, read: set, sms: int = H10
     args: list[Any] = [ArgRef(values.index(v)) for v in roles]
     args += list(problem.symbols)
     op = KernelOp(call.name, inputs, outputs, function, (), tuple(args), strided=True)
-    _remember(function, (problem, config, tuple(roles) == values, call))
+    _remember(function, _Made(problem, config, tuple(roles) == values, call, template, why))
     return op
 
 
-# What tune_attention needs of each kernel the pass made, by the kernel's identity: its
-# problem, config, whether its buffers are the launch's values in order (what the tuner's
-# runner passes), and the ATen call it replaced. The last few only: a graph is tuned right
-# after its passes.
+@dataclasses.dataclass(frozen=True)
+class _Made:
+    """What tune_attention needs of a kernel the pass made: its problem, config, whether its
+    buffers are the launch's values in order (what the tuner's runner passes), the ATen call
+    it replaced (None: no ATen candidate), its template module and why that one."""
+
+    problem: Any
+    config: Any
+    in_order: bool
+    call: ExternOp | None
+    template: Any
+    why: str
+
+
+# The kernels the pass made, by the kernel's identity. The last few only: a graph is tuned
+# right after its passes.
 _made: OrderedDict[int, tuple] = OrderedDict()
 _made_lock = threading.Lock()
 _MADE_KEPT = 64
 
 
-def _remember(function: Function, entry: tuple) -> None:
+def _remember(function: Function, entry: _Made) -> None:
     with _made_lock:
         _made[id(function)] = (function, entry)
         while len(_made) > _MADE_KEPT:
@@ -164,8 +185,8 @@ def _remember(function: Function, entry: tuple) -> None:
 def _forget_aten(function: Function) -> None:
     """No ATen candidate for the launch of `function` (its call's kernel cannot compute it)."""
     with _made_lock:
-        function_, (problem, config, in_order, _) = _made[id(function)]
-        _made[id(function)] = (function_, (problem, config, in_order, None))
+        function_, made = _made[id(function)]
+        _made[id(function)] = (function_, dataclasses.replace(made, call=None))
 
 
 def tune_attention(graph: Graph, choose: Callable) -> Graph:
@@ -173,23 +194,22 @@ def tune_attention(graph: Graph, choose: Callable) -> Graph:
     make_chooser: on the cuda target with search space 1 or 2 the tuner times the
     template's candidates, and PyTorch's attention beside them; elsewhere the heuristic's
     config, which the launch already has)."""
-    from minicomp.schedule.templates import attention as template
-
     nodes, changed = [], False
     for n in graph.nodes:
         with _made_lock:
             found = _made.get(id(n.function)) if isinstance(n, KernelOp) else None
         if found is not None and found[0] is n.function:
-            problem, config, in_order, call = found[1]
-            if in_order:
+            made = found[1]
+            problem, call, template = made.problem, made.call, made.template
+            if made.in_order:
                 # The ATen candidate writes the attention only: not with a logsumexp too.
                 aten = _aten_candidate(call) if call and len(n.outputs) == 1 else None
-                choice = choose(template.TEMPLATE, problem, n, aten)
+                choice = choose(template.TEMPLATE, problem, n, aten, why=made.why)
                 if choice.aten:
                     n, changed = _back_to_aten(call, n, choice), True
-                elif choice.config != config:
+                elif choice.config != made.config:
                     function = template.instantiate(problem, choice.config)
-                    _remember(function, (problem, choice.config, in_order, call))
+                    _remember(function, dataclasses.replace(made, config=choice.config))
                     n, changed = n.replace(function=function), True
         nodes.append(n)
     return graph.replace(nodes=tuple(nodes)) if changed else graph
@@ -231,10 +251,12 @@ def _arguments(call: ExternOp) -> dict[str, Any]:
     return given
 
 
-def attention_problem(call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS):
+def attention_problem(
+    call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS, arch: str = DEFAULT_ARCH
+):
     """(problem, KernelOp inputs, KernelOp outputs, the value of each buffer parameter) for
-    attention call `call` on a GPU of `sms` SMs; raises Refused for what the template does not
-    compute."""
+    attention call `call` on a GPU of `sms` SMs and architecture `arch`; raises Refused for
+    what no template computes."""
     from minicomp.schedule.templates.attention import AttentionProblem
 
     given = _arguments(call)
@@ -293,6 +315,7 @@ def attention_problem(call: ExternOp, layouts: dict, read: set, sms: int = H100_
         causal=causal,
         scale=float(scale),
         sms=sms,
+        arch=arch,
     )
     return problem, inputs, outputs, roles
 

@@ -22,7 +22,13 @@ from minicomp.config import Options
 from minicomp.ir.func import Function
 from minicomp.ir.graph import FusedOp
 from minicomp.schedule.common import Strides
-from minicomp.schedule.templates import matmul_hopper, matmul_simt, matmul_tc
+from minicomp.schedule.templates import (
+    attention,
+    attention_hopper,
+    matmul_hopper,
+    matmul_simt,
+    matmul_tc,
+)
 from minicomp.schedule.templates.base import arch_of, sm_count_of
 from minicomp.schedule.templates.problem import MatmulProblem, matmul_problem
 from minicomp.script.errors import ScriptError
@@ -57,6 +63,17 @@ def template_choice(problem: MatmulProblem, options: Options | None = None) -> t
     return matmul_simt.TEMPLATE, "no tensor-core instruction for these operands"
 
 
+def attention_choice(problem) -> tuple[Any, str]:
+    """(the attention template module computing AttentionProblem `problem`, why, in a few
+    words for explain): the Hopper one (TMA and wgmma) on sm_90a where it applies
+    (attention_hopper.refusal), else attention.py's (mma.sync, cp.async), which the pass
+    checks applies."""
+    refused = attention_hopper.refusal(problem)
+    if refused is None:
+        return attention_hopper, f"{attention_hopper.WGMMA_ARCH}: TMA and wgmma"
+    return attention, f"not {attention_hopper.NAME}: {refused}"
+
+
 def schedule_contraction(
     op: FusedOp,
     layouts: Mapping[str, Strides],
@@ -88,6 +105,7 @@ def schedule_contraction(
 __all__ = [
     "TEMPLATES",
     "MatmulProblem",
+    "attention_choice",
     "matmul_problem",
     "schedule_contraction",
     "select_template",

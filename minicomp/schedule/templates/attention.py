@@ -53,6 +53,7 @@ from minicomp.ir.func import Function
 from minicomp.ir.functor import collect
 from minicomp.schedule.templates import tiles
 from minicomp.schedule.templates.base import (
+    DEFAULT_ARCH,
     MAX_DYNAMIC_SHARED,
     Template,
     WarpTiled,
@@ -159,7 +160,8 @@ class AttentionProblem:
 
     `sms` is the SM count of the GPU it compiles for, which the heuristic fills with blocks.
     It is not part of the signature, as in MatmulProblem: tuning records are keyed by the
-    architecture, and a record's config stays a valid candidate whatever the SM count.
+    architecture, and a record's config stays a valid candidate whatever the SM count. `arch`
+    is the architecture it compiles for (sm_90a: the Hopper template, attention_hopper.py).
     """
 
     name: str
@@ -179,6 +181,7 @@ class AttentionProblem:
     causal: bool = False
     scale: float = 1.0
     sms: int = H100_SMS
+    arch: str = DEFAULT_ARCH
 
     @property
     def buffers(self) -> tuple[Var, ...]:
