@@ -484,3 +484,25 @@ def test_kernel_libraries_link_to_one_runtime_built_once_per_flags(tmp_path):
         torch.testing.assert_close(c, want)
     with pytest.raises(emu.OutOfBoundsError):
         checked.launch("vadd", 2, 256, [a, b, torch.empty(299), 300])
+    # The runtime has all of the emulator; these kernel libraries call no mma or wgmma helper,
+    # so their precompiled prelude leaves both out.
+    preludes = [p.read_text() for p in (tmp_path / "headers").rglob("prelude.h")]
+    assert len(preludes) == 2 and not [p for p in preludes if "MC_EMU_MMA_H" in p]
+
+
+def test_a_kernel_library_has_the_mma_and_wgmma_emulation_when_its_code_calls_them():
+    from minicomp.backends.cuda.codegen import device_header
+
+    mma = "mc_mma_m16n8k16_f16(d, a, b, d);"
+    wgmma = "mc_wgmma_fence();"
+    # The device header names them all, and a comment may: neither counts.
+    plain = device_header() + "/* mc_mma_m16n8k16_f16, mc_wgmma_fence */" + VADD
+    assert emu.prelude_parts(plain) == {"mma": False, "wgmma": False}
+    assert emu.prelude_parts(plain.replace("if (i < n)", mma)) == {"mma": True, "wgmma": False}
+    assert emu.prelude_parts(plain.replace("if (i < n)", wgmma)) == {"mma": False, "wgmma": True}
+    # emu_wgmma.h uses emu_mma.h's conversions: asking for it brings both.
+    full = emu.emulator_prelude()
+    assert emu.emulator_prelude(mma=False, wgmma=True) == full
+    base = emu.emulator_prelude(mma=False, wgmma=False)
+    assert "MC_EMU_MMA_H" in emu.emulator_prelude(wgmma=False) and "MC_EMU_MMA_H" not in base
+    assert "MC_EMU_WGMMA_H" in full and "MC_EMU_WGMMA_H" not in emu.emulator_prelude(wgmma=False)

@@ -462,6 +462,7 @@ static std::string describe_deadlock(Block* b) {
     return s;
 }
 
+#ifdef MC_EMU_RUNTIME
 static void run_fibers(Block* b) {
 #ifdef MC_EMU_ASAN
     pthread_attr_t attr;
@@ -495,6 +496,8 @@ static void run_plain(Block* b) {
                 b->body(b->args);
             }
 }
+
+#endif  // MC_EMU_RUNTIME
 
 // A kernel library's settings (mc_emu_configure), passed to each of its launches.
 struct Config {
@@ -576,6 +579,7 @@ struct Worker {
 
 MC_EMU_SHARED __thread Worker* tls_worker;  // the Worker of the block running on this OS thread
 
+#ifdef MC_EMU_RUNTIME
 static std::string misaligned_error() {
     if (!tls_misaligned) return "";
     return format("misaligned %u-byte vector access at %p (a GPU raises a misaligned address "
@@ -655,7 +659,6 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     return error;
 }
 
-#ifdef MC_EMU_RUNTIME
 #ifdef MC_EMU_ASAN
 // With halt_on_error=0, ASan reports come here and the launch fails with the report.
 static std::mutex* asan_mutex = new std::mutex;
