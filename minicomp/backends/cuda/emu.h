@@ -284,6 +284,7 @@ static void run_queue(Block* b) {
 #endif
 }
 
+#ifdef MC_EMU_RUNTIME
 static void async_thread_exit(Block* b);  // emu_async.h
 
 static void fiber_main(Fiber* f) {
@@ -341,6 +342,7 @@ static void start_fiber(Block* b, Fiber* f) {
     f->sp = sp;
 #endif
 }
+#endif  // MC_EMU_RUNTIME
 
 // ---- barriers ----
 
@@ -433,7 +435,9 @@ static inline void syncwarp() {
 #include "emu_checks.h"
 
 // mbarriers and bulk copies (emu_async.h; emu.py puts its text here).
+#ifndef MC_EMU_NO_ASYNC
 #include "emu_async.h"
+#endif
 
 namespace mc_emu {
 
@@ -456,8 +460,10 @@ static std::string describe_deadlock(Block* b) {
                               b->nthreads, line);
     if (at_warp) s += format("%s%u wait at a warp shuffle/__syncwarp", at_block ? ", " : "",
                              at_warp);
+#ifndef MC_EMU_NO_ASYNC
     std::string mbar = describe_async_waits(b);
     if (!mbar.empty()) s += (at_block || at_warp ? ", " : "") + mbar;
+#endif
     if (exited) s += format(", %u exited without reaching it", exited);
     return s;
 }
