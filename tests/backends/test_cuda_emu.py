@@ -484,3 +484,33 @@ def test_kernel_libraries_link_to_one_runtime_built_once_per_flags(tmp_path):
         torch.testing.assert_close(c, want)
     with pytest.raises(emu.OutOfBoundsError):
         checked.launch("vadd", 2, 256, [a, b, torch.empty(299), 300])
+    # The runtime has all of the emulator; these kernel libraries call no mbarrier, mma or
+    # wgmma helper, so their precompiled prelude leaves those parts out.
+    preludes = [p.read_text() for p in (tmp_path / "headers").rglob("prelude.h")]
+    assert len(preludes) == 2
+    assert all("MC_EMU_NO_ASYNC" in p and "MC_EMU_MMA_H" not in p for p in preludes)
+
+
+def test_a_kernel_library_has_the_async_mma_and_wgmma_emulation_when_its_code_calls_them():
+    from minicomp.backends.cuda.codegen import device_header
+
+    calls = {
+        "async_copies": "mc_mbarrier_init(bar, 1);",
+        "mma": "mc_mma_m16n8k16_f16(d, a, b, d);",
+        "wgmma": "mc_wgmma_fence();",
+    }
+    # The device header names them all, and a comment may: neither counts.
+    plain = device_header() + f"/* {' '.join(calls.values())} */" + VADD
+    none = dict.fromkeys(calls, False)
+    assert emu.prelude_parts(plain) == none
+    for part, call in calls.items():
+        assert emu.prelude_parts(plain.replace("if (i < n)", call)) == {**none, part: True}
+    tma = plain.replace("if (i < n)", "mc_tma_load_2d(dst, map, bar, 0, 0);")
+    assert emu.prelude_parts(tma) == {**none, "async_copies": True}
+    # emu_wgmma.h uses emu_async.h's errors and emu_mma.h's conversions: it brings both.
+    full = emu.emulator_prelude()
+    assert emu.emulator_prelude(async_copies=False, mma=False, wgmma=True) == full
+    base = emu.emulator_prelude(async_copies=False, mma=False, wgmma=False)
+    assert "#define MC_EMU_NO_ASYNC" in base and "#define MC_EMU_NO_ASYNC" not in full
+    assert "MC_EMU_MMA_H" in emu.emulator_prelude(wgmma=False) and "MC_EMU_MMA_H" not in base
+    assert "MC_EMU_WGMMA_H" in full and "MC_EMU_WGMMA_H" not in emu.emulator_prelude(wgmma=False)

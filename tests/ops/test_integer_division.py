@@ -48,6 +48,11 @@ def all_ops(a, b):
     return tuple(op(a, b) for op in OPS.values())
 
 
+def each_op(a, *divisors):
+    """Every op of OPS, the i-th dividing `a` by the i-th divisor."""
+    return tuple(op(a, b) for op, b in zip(OPS.values(), divisors, strict=True))
+
+
 def dividends(dtype: torch.dtype) -> torch.Tensor:
     """Fresh random values over the whole range of `dtype`, MIN among them."""
     info = torch.iinfo(dtype)
@@ -107,25 +112,28 @@ def assert_raises_like_eager(compiled, op, *args) -> None:
 
 @in_child
 @pytest.mark.parametrize("dtype", INTS, ids=str)
-@pytest.mark.parametrize("name", OPS)
-def test_tensor_by_tensor(target, name, dtype):
-    op = OPS[name]
-    compiled = compile_minicomp(op, target)
+def test_tensor_by_tensor(target, dtype):
+    # One graph for every op, each dividing by a divisor of its own: a zero planted in one
+    # op's divisor tests that op's check alone.
+    compiled = compile_minicomp(each_op, target)
     a = dividends(dtype)
     b = divisors(dtype, a)
-    got = compiled(a, b)
-    assert torch.equal(got, eager(op, a, b))
-    if dtype.is_signed:
-        # MIN / -1 overflows: quotients wrap to MIN, remainders are 0, as in eager.
-        low = torch.iinfo(dtype).min
-        assert got[0, :2].tolist() == ([low, low] if name in QUOTIENTS else [0, 0])
-    # Zeros among safe divisors: eager checks each element as it divides, and faults on
-    # MIN / -1 before it reaches a zero.
-    zeros = with_zeros(safe(a, b))
-    assert_raises_like_eager(compiled, op, a, zeros)
-    # The error was that call's: the next call, without zeros, succeeds.
-    ones = torch.where(zeros == 0, torch.ones_like(zeros), zeros)
-    assert torch.equal(compiled(a, ones), op(a, ones))
+    got = compiled(a, *(b.clone() for _ in OPS))
+    low = torch.iinfo(dtype).min
+    for name, value in zip(OPS, got):
+        assert torch.equal(value, eager(OPS[name], a, b)), name
+        if dtype.is_signed:
+            # MIN / -1 overflows: quotients wrap to MIN, remainders are 0, as in eager.
+            assert value[0, :2].tolist() == ([low, low] if name in QUOTIENTS else [0, 0]), name
+    for i, name in enumerate(OPS):
+        # Zeros among safe divisors: eager checks each element as it divides, and faults on
+        # MIN / -1 before it reaches a zero.
+        divs = [safe(a, b).clone() for _ in OPS]  # distinct tensors: one graph for all calls
+        divs[i] = zeros = with_zeros(divs[i])
+        assert_raises_like_eager(compiled, each_op, a, *divs)
+        # The error was that call's: the next call, without zeros, succeeds.
+        divs[i] = ones = torch.where(zeros == 0, torch.ones_like(zeros), zeros)
+        assert torch.equal(compiled(a, *divs)[i], OPS[name](a, ones)), name
 
 
 @in_child
@@ -142,9 +150,11 @@ def test_tensor_by_zero_scalar(target, name, dtype):
 def test_tensor_by_nonzero_scalars(target, dtype):
     a = dividends(dtype)
     k = int(torch.randint(2, 10, ()))
-    for divisor in [k, -k, -1] if dtype.is_signed else [k]:
-        got = compile_minicomp(lambda a, d=divisor: all_ops(a, d), target)(a)
-        for name, value in zip(OPS, got):
+    scalars = [k, -k, -1] if dtype.is_signed else [k]
+    # One graph for every op and scalar.
+    got = compile_minicomp(lambda a: [all_ops(a, d) for d in scalars], target)(a)
+    for divisor, values in zip(scalars, got, strict=True):
+        for name, value in zip(OPS, values):
             assert torch.equal(value, eager(OPS[name], a, divisor)), f"{name}(a, {divisor})"
 
 

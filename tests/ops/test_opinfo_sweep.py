@@ -119,7 +119,41 @@ DIRECT_CALLS = {
 
 
 def _as_function(call, sample):
-    """`f(*tensors)` calling the op on the sample, with every non-tensor argument closed over."""
+    """`f(*tensors)` calling the op on the sample, with every non-tensor argument closed over.
+
+    `f` is written out as Python source (`f(*t): return call(t[0], [t[1], t[2]], dim=c[0])`)
+    so that Dynamo traces a call, not a pytree rebuild of its arguments: that rebuild cost
+    more to trace than many ops cost to compile. Anything but a plain tuple, list or
+    string-keyed dict holding a tensor is rebuilt with pytree instead."""
+    tensors, consts = [], []
+
+    def spelled(x) -> str:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+            return f"t[{len(tensors) - 1}]"
+        if type(x) in (list, tuple):
+            inner = "".join(f"{spelled(v)}, " for v in x)
+            return f"[{inner}]" if type(x) is list else f"({inner})"
+        if type(x) is dict and all(isinstance(k, str) for k in x):
+            return "{" + "".join(f"{k!r}: {spelled(v)}, " for k, v in x.items()) + "}"
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(x)):
+            raise TypeError(f"a tensor inside {type(x).__name__}")
+        consts.append(x)
+        return f"c[{len(consts) - 1}]"
+
+    try:
+        first = spelled(sample.input)
+        args = "".join(f", {spelled(a)}" for a in sample.args)
+        kwargs = f", **{spelled(dict(sample.kwargs))}"
+    except TypeError:
+        return _as_function_by_pytree(call, sample)
+    namespace = {"call": call, "c": consts}
+    exec(f"def f(*t):\n    return call({first}{args}{kwargs})\n", namespace)  # noqa: S102
+    return namespace["f"], tensors
+
+
+def _as_function_by_pytree(call, sample):
+    """`_as_function` for arguments it cannot write out."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     tensors = [leaves[i] for i in slots]

@@ -284,6 +284,7 @@ static void run_queue(Block* b) {
 #endif
 }
 
+#ifdef MC_EMU_RUNTIME
 static void async_thread_exit(Block* b);  // emu_async.h
 
 static void fiber_main(Fiber* f) {
@@ -341,6 +342,7 @@ static void start_fiber(Block* b, Fiber* f) {
     f->sp = sp;
 #endif
 }
+#endif  // MC_EMU_RUNTIME
 
 // ---- barriers ----
 
@@ -433,7 +435,9 @@ static inline void syncwarp() {
 #include "emu_checks.h"
 
 // mbarriers and bulk copies (emu_async.h; emu.py puts its text here).
+#ifndef MC_EMU_NO_ASYNC
 #include "emu_async.h"
+#endif
 
 namespace mc_emu {
 
@@ -456,12 +460,15 @@ static std::string describe_deadlock(Block* b) {
                               b->nthreads, line);
     if (at_warp) s += format("%s%u wait at a warp shuffle/__syncwarp", at_block ? ", " : "",
                              at_warp);
+#ifndef MC_EMU_NO_ASYNC
     std::string mbar = describe_async_waits(b);
     if (!mbar.empty()) s += (at_block || at_warp ? ", " : "") + mbar;
+#endif
     if (exited) s += format(", %u exited without reaching it", exited);
     return s;
 }
 
+#ifdef MC_EMU_RUNTIME
 static void run_fibers(Block* b) {
 #ifdef MC_EMU_ASAN
     pthread_attr_t attr;
@@ -495,6 +502,8 @@ static void run_plain(Block* b) {
                 b->body(b->args);
             }
 }
+
+#endif  // MC_EMU_RUNTIME
 
 // A kernel library's settings (mc_emu_configure), passed to each of its launches.
 struct Config {
@@ -576,6 +585,7 @@ struct Worker {
 
 MC_EMU_SHARED __thread Worker* tls_worker;  // the Worker of the block running on this OS thread
 
+#ifdef MC_EMU_RUNTIME
 static std::string misaligned_error() {
     if (!tls_misaligned) return "";
     return format("misaligned %u-byte vector access at %p (a GPU raises a misaligned address "
@@ -655,7 +665,6 @@ static std::string run_block(const char* kernel, Body body, void** args, bool fi
     return error;
 }
 
-#ifdef MC_EMU_RUNTIME
 #ifdef MC_EMU_ASAN
 // With halt_on_error=0, ASan reports come here and the launch fails with the report.
 static std::mutex* asan_mutex = new std::mutex;

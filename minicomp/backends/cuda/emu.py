@@ -136,6 +136,16 @@ _SYNC_TOKENS = re.compile(
     rf"{ASYNC_TOKENS}|{TMA_TOKENS}|{WGMMA_TOKENS})\b"
 )
 
+# The names emu_async.h, emu_mma.h and emu_wgmma.h define (the spellings of async.h's, tma.h's,
+# mma.h's and wgmma.h's helpers): a kernel library whose code calls none of a part's is built
+# without it, whose template instantiations were most of a small kernel's build.
+_ASYNC_TOKENS = re.compile(rf"\b({ASYNC_TOKENS}|{TMA_TOKENS})\b")
+_MMA_TOKENS = re.compile(r"\bmc_(mma|ldmatrix|cp_async)_\w+")
+_WGMMA_TOKENS = re.compile(rf"\b({WGMMA_TOKENS})\b")
+# The device headers a generated source carries (device.h, mma.h...), guards and all: their
+# names are only declared there, or defined for the GPU alone.
+_DEVICE_HEADERS = re.compile(r"#ifndef (MINICOMP_\w+_H)\n.*?#endif /\* \1 \*/", re.S)
+
 _C_SCALARS = {
     "float": ctypes.c_float,
     "double": ctypes.c_double,
@@ -349,10 +359,12 @@ def _wrapper(spec: KernelSpec) -> str:
 
 
 @functools.cache
-def emulator_prelude(*, ucontext: bool = False) -> str:
+def emulator_prelude(
+    *, ucontext: bool = False, async_copies: bool = True, mma: bool = True, wgmma: bool = True
+) -> str:
     """What every emulated kernel starts with: the emulator's macros, emu.h (emu_checks.h,
-    emu_lens.h, emu_async.h with emu_tma.h and swizzle.h in their places), emu_mma.h and
-    emu_wgmma.h (read once per process)."""
+    emu_lens.h, emu_async.h with emu_tma.h and swizzle.h in their places), then emu_mma.h and
+    emu_wgmma.h, which uses both (each part left out when not asked for: `prelude_parts`)."""
     with open(HEADER_PATH, encoding="utf-8") as f:
         header = f.read()
     # emu_async.h includes emu_tma.h, which includes swizzle.h: replaced after them.
@@ -366,11 +378,26 @@ def emulator_prelude(*, ucontext: bool = False) -> str:
         with open(path, encoding="utf-8") as f:
             # In the build cache, the prelude has no headers beside it to include.
             header = header.replace(f'#include "{os.path.basename(path)}"\n', f.read())
-    for path in (EMU_HEADER_PATH, WGMMA_HEADER_PATH):
+    for path in (EMU_HEADER_PATH,) * (mma or wgmma) + (WGMMA_HEADER_PATH,) * wgmma:
         with open(path, encoding="utf-8") as f:
             header += "\n" + f.read()
     prefix = "#define MC_EMULATE 1\n" + ("#define MC_EMU_UCONTEXT 1\n" if ucontext else "")
+    if not (async_copies or wgmma):
+        prefix += "#define MC_EMU_NO_ASYNC 1\n"  # emu.h then leaves emu_async.h out
     return prefix + header
+
+
+def prelude_parts(source: str) -> dict[str, bool]:
+    """Which optional parts of the prelude CUDA ``source`` calls, outside the device headers it
+    carries: ``async_copies`` (emu_async.h: mbarriers, bulk copies, TMA), ``mma`` (emu_mma.h)
+    and ``wgmma`` (emu_wgmma.h). The runtime library is built with all of them; a kernel
+    library includes only what it calls (a name left out fails its build)."""
+    code = _strip_comments(_DEVICE_HEADERS.sub("", source))
+    return {
+        "async_copies": bool(_ASYNC_TOKENS.search(code)),
+        "mma": bool(_MMA_TOKENS.search(code)),
+        "wgmma": bool(_WGMMA_TOKENS.search(code)),
+    }
 
 
 def _kernels_part(source: str, specs: Sequence[KernelSpec]) -> str:
@@ -381,7 +408,8 @@ def _kernels_part(source: str, specs: Sequence[KernelSpec]) -> str:
 def emulator_source(source: str, specs: Sequence[KernelSpec], *, ucontext: bool = False) -> str:
     """The C++ translation unit: the prelude, the generated ``source`` unchanged, the
     wrappers."""
-    return emulator_prelude(ucontext=ucontext) + _kernels_part(source, specs)
+    prelude = emulator_prelude(ucontext=ucontext, **prelude_parts(source))
+    return prelude + _kernels_part(source, specs)
 
 
 # The runtime libraries loaded in this process, by path: kept for good, as the kernel
@@ -424,11 +452,14 @@ def _compile(source, specs, *, ucontext, cxx, flags, cache_dir) -> ctypes.CDLL:
     every emulated kernel's build), and the prelude is included from the cache where GCC keeps
     it precompiled (parsing it was most of the rest). Both are named relative to the build, not
     by their path, so the library's key, and so the cache, does not depend on where the cache
-    lives."""
-    prelude = emulator_prelude(ucontext=ucontext)
+    lives. The library's prelude leaves out what of emu_async.h, emu_mma.h and emu_wgmma.h its
+    kernels do not call (`prelude_parts`)."""
+    prelude = emulator_prelude(ucontext=ucontext, **prelude_parts(source))
 
     def build() -> ctypes.CDLL:
-        runtime = _runtime(prelude, cxx=cxx, flags=flags, cache_dir=cache_dir)
+        runtime = _runtime(
+            emulator_prelude(ucontext=ucontext), cxx=cxx, flags=flags, cache_dir=cache_dir
+        )
         header = compiler.precompiled_header(
             prelude, cc=cxx, cflags=flags, cache_dir=cache_dir, name="cuda_emu_prelude"
         )
