@@ -25,6 +25,7 @@ from minicomp.ir.compute import Compute, TensorElement, TensorInput, TensorNode,
 from minicomp.ir.expr import Expr, Var
 from minicomp.ir.functor import Mutator, collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
+from minicomp.ir.symbols import free_symbols
 from minicomp.ops.registry import NO_LOWERING, LoweringContext, NotLowerable, lowering_for
 from minicomp.script.custom_op import registered_op
 
@@ -303,11 +304,21 @@ class Importer:
             return ()
         from torch.fx.experimental.symbolic_shapes import resolve_unbacked_bindings
 
+        bound = resolve_unbacked_bindings(self.shape_env, bindings)
+        # The symbols the plan knows once the call returns: the inputs', earlier calls' and
+        # this call's own.
+        known = {v.name for v in self.inputs if isinstance(v, Var)} | {str(s) for s in bound}
+        dims = [d for v in self.inputs if isinstance(v, Value) for d in v.shape]
+        known |= free_symbols(dims)
+        known |= {name for op in self.nodes if isinstance(op, ExternOp) for name, _ in op.binds}
         checks = []
-        for symbol, path in resolve_unbacked_bindings(self.shape_env, bindings).items():
+        for symbol, path in bound.items():
             replaced = self.shape_env.replacements.get(symbol)
-            if replaced is not None and replaced != symbol:
-                checks.append((tuple(path), from_sympy(replaced)))
+            if replaced is None or replaced == symbol:
+                continue
+            expr = from_sympy(replaced)
+            if isinstance(expr, int) or free_symbols([expr]) <= known:
+                checks.append((tuple(path), expr))
         return tuple(checks)
 
     def arg(self, a: Any) -> Any:

@@ -117,3 +117,20 @@ def test_a_size_checked_against_a_constant_raises_where_it_differs(target):
         four_positions(fewer)
     with pytest.raises(RuntimeError, match=r"result.size\(\)\[0\] is 2, but the graph was"):
         compiled(fewer)
+
+
+def positions_plus(x, y):
+    positions = torch.nonzero(x > 0)
+    torch._check(positions.size(0) == y.size(0))
+    return positions[:, 0].float() + y
+
+
+def test_a_size_checked_against_another_inputs_size_raises_where_they_differ(target):
+    # The count becomes y's size symbol: every call compares the two.
+    compiled = compile_minicomp(positions_plus, target, dynamic=True)
+    x, y = torch.tensor([1.0, -1, 2, 3, -4, 5]), torch.randn(4)
+    assert_same(compiled(x, y), positions_plus(x, y))
+    with pytest.raises(RuntimeError):
+        positions_plus(x, y[:3])
+    with pytest.raises(RuntimeError, match=r"result.size\(\)\[0\] is 4, but the graph was"):
+        compiled(x, y[:3])
