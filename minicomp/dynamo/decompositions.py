@@ -44,10 +44,21 @@ def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     for op in KEEP_WHOLE:
         table.pop(op, None)
+    table[aten._weight_norm_interface.default] = _weight_norm_interface
     for op, fn in table.items():
         if eager_strides_of(op, (), {}, None, probe=True):
             table[op] = _with_eager_strides(op, fn)
     return table
+
+
+def _weight_norm_interface(v, g, dim=0):
+    """w = v * g / |v| (the norm over every dim but `dim`), and the norms, which eager's
+    kernel keeps in float32 for 16-bit inputs: its backward, which stays whole in a training
+    graph, refuses float16 norms. PyTorch's decomposition keeps them so for bfloat16 only."""
+    over = [d for d in range(v.dim()) if d != dim]
+    wide = torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else None
+    norms = torch.linalg.vector_norm(v, 2, over, keepdim=True, dtype=wide)
+    return v * (g / norms.to(g.dtype)), norms
 
 
 def _with_eager_strides(op, fn):

@@ -25,6 +25,7 @@ from minicomp.ir.compute import Compute, TensorElement, TensorInput, TensorNode,
 from minicomp.ir.expr import Expr, Var
 from minicomp.ir.functor import Mutator, collect
 from minicomp.ir.graph import ArgRef, ComputeOp, ExternOp, Graph, Op, TensorType, Value
+from minicomp.ir.symbols import free_symbols
 from minicomp.ops.registry import NO_LOWERING, LoweringContext, NotLowerable, lowering_for
 from minicomp.script.custom_op import registered_op
 
@@ -231,7 +232,7 @@ class Importer:
         binds = self.unbacked_bindings(n)
         if binds and _is_symint(val) and isinstance(n.target, torch._ops.OpOverload):
             # `.item()` and the like: the plan calls it, and its value binds the symbol.
-            self.extern(n, [], UNBACKED_REASON, binds=binds)
+            self.extern(n, [], UNBACKED_REASON, binds=binds, checks=self.bound_checks(n))
             self.env[n] = from_sympy(val)
             return
         if (
@@ -261,7 +262,7 @@ class Importer:
             raise NotImplementedError(f"{n.target} returns non-tensors")
         if binds:
             # Its output's size is known only once it ran (nonzero, a boolean mask index).
-            self.extern(n, outs, UNBACKED_REASON, binds=binds)
+            self.extern(n, outs, UNBACKED_REASON, binds=binds, checks=self.bound_checks(n))
             return
         if is_collective(n.target):
             self.extern(n, outs, collective_reason(n.target))
@@ -292,6 +293,33 @@ class Importer:
 
             bindings = resolve_unbacked_bindings(self.shape_env, bindings)
         return tuple((str(symbol), tuple(path)) for symbol, path in bindings.items())
+
+    def bound_checks(self, n: torch.fx.Node) -> tuple[tuple[tuple, Any], ...]:
+        """(key path, expression) for each data-dependent size node `n` defines that PyTorch
+        replaced by an expression (`torch._check(x.nonzero().size(0) == 4)` makes the graph's
+        sizes 4): the plan checks the value against it, as the graph's other sizes assume it.
+        """
+        bindings = n.meta.get("unbacked_bindings")
+        if not bindings or self.shape_env is None:
+            return ()
+        from torch.fx.experimental.symbolic_shapes import resolve_unbacked_bindings
+
+        bound = resolve_unbacked_bindings(self.shape_env, bindings)
+        # The symbols the plan knows once the call returns: the inputs', earlier calls' and
+        # this call's own.
+        known = {v.name for v in self.inputs if isinstance(v, Var)} | {str(s) for s in bound}
+        dims = [d for v in self.inputs if isinstance(v, Value) for d in v.shape]
+        known |= free_symbols(dims)
+        known |= {name for op in self.nodes if isinstance(op, ExternOp) for name, _ in op.binds}
+        checks = []
+        for symbol, path in bound.items():
+            replaced = self.shape_env.replacements.get(symbol)
+            if replaced is None or replaced == symbol:
+                continue
+            expr = from_sympy(replaced)
+            if isinstance(expr, int) or free_symbols([expr]) <= known:
+                checks.append((tuple(path), expr))
+        return tuple(checks)
 
     def arg(self, a: Any) -> Any:
         """An FX argument as a lowering argument."""
@@ -387,6 +415,7 @@ class Importer:
         fx_args: tuple | None = None,
         fx_kwargs: dict | None = None,
         binds: tuple = (),
+        checks: tuple = (),
     ) -> tuple:
         target = n.target if target is None else target
         fx_args = n.args if fx_args is None else fx_args
@@ -433,6 +462,7 @@ class Importer:
                 paths,
                 reason,
                 binds,
+                checks,
             )
         )
         if target is n.target and not _is_symint(n.meta.get("val")):

@@ -75,8 +75,9 @@ def _storage(val: Any) -> StorageWeakRef | None:
 
 
 def share_storages(outs: list, groups: Sequence[SharedStorage], env: dict) -> list:
-    """`outs` with each group moved into one new storage, laid out as in eager (a group the
-    plan already returns so, as aliases of one ATen result, stays as it is)."""
+    """`outs` with each group moved into one new storage, laid out as in eager, views of one
+    base (a group the plan already returns so, as aliases of one ATen result, stays as it
+    is)."""
     for group in groups:
         nbytes, *rest = group.dims(env)
         layouts = []
@@ -85,14 +86,23 @@ def share_storages(outs: list, groups: Sequence[SharedStorage], env: dict) -> li
             layouts.append((tuple(size), tuple(stride), offset))
             rest = rest[2 * rank + 1 :]
         members = [outs[pos] for pos in group.positions]
-        if _laid_out_as(members, layouts):
+        if _laid_out_as(members, layouts) and len({id(_base(o)) for o in members}) == 1:
             continue
+        # Each output a view of one tensor per dtype over the new storage: AOTAutograd, handed
+        # aliases as inputs of a later graph it writes into, wants them to share their ._base,
+        # as eager's do (a view(dtype) to another element size has no ._base: made once).
         storage = torch.empty(nbytes, dtype=torch.uint8, device=members[0].device)
+        typed: dict[torch.dtype, torch.Tensor] = {}
         for pos, (size, stride, offset) in zip(group.positions, layouts):
             out = outs[pos]
-            view = storage.view(out.dtype).as_strided(size, stride, offset)
-            outs[pos] = view.copy_(out)
+            whole = typed.setdefault(out.dtype, storage.view(out.dtype))
+            outs[pos] = whole.as_strided(size, stride, offset).copy_(out)
     return outs
+
+
+def _base(t: torch.Tensor) -> torch.Tensor:
+    """The tensor `t` is a view of (PyTorch's ._base, never itself a view), or `t`."""
+    return t if t._base is None else t._base
 
 
 def _laid_out_as(outs: list, layouts: list) -> bool:

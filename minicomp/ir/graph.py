@@ -84,7 +84,10 @@ class ExternOp(Op):
     symbolic sizes by expressions; `result_paths` says where each output sits in the
     returned structure (() for a lone tensor, (k,) for element k of a tuple). `binds` names
     the size symbols the call's result defines (data-dependent sizes such as nonzero's count
-    or `.item()`'s value), each with its PyTorch key path into the result.
+    or `.item()`'s value), each with its PyTorch key path into the result. `checks` holds
+    the bound symbols PyTorch replaced by an expression (after `torch._check(n == 4)` the
+    graph's sizes say 4, not n): each key path with the expression its value must equal,
+    checked when the call returns, before anything reads the result.
     """
 
     name: str
@@ -96,6 +99,7 @@ class ExternOp(Op):
     result_paths: tuple[tuple[int, ...], ...]
     reason: str = ""
     binds: tuple[tuple[str, tuple], ...] = ()
+    checks: tuple[tuple[tuple, Any], ...] = ()
 
     @property
     def has_effects(self) -> bool:

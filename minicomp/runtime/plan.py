@@ -221,7 +221,9 @@ class ExternStep(Step):
     """A call of an ATen operator; tensors come from slots, sizes from the binding. A call
     whose result defines size symbols (nonzero's count, `.item()`'s value) binds each of
     `binds` (symbol, PyTorch key path into the result) before storing its outputs, whose
-    expected strides may use them, and before any later step."""
+    expected strides may use them, and before any later step. `checks` are the sizes PyTorch
+    replaced by an expression (ExternOp.checks): a result that disagrees raises, as the
+    rest of the plan was built for the expression's value."""
 
     name: str
     target: Any
@@ -233,6 +235,7 @@ class ExternStep(Step):
     # Inputs a view-like op's outputs may share memory with; they must outlive the outputs.
     aliases: Sequence[int] = ()
     binds: Sequence[tuple[str, tuple]] = ()
+    checks: Sequence[tuple[tuple, Callable[[Env], tuple], Any]] = ()
 
     def run(self, slots: list, env: Env) -> None:
         args, kwargs = self.build_args(slots, env)
@@ -240,6 +243,15 @@ class ExternStep(Step):
         for name, path in self.binds:
             value = pytree.key_get(result, path)
             env[name] = value if isinstance(value, float) else int(value)
+        for path, want, expr in self.checks:
+            value, (expected,) = pytree.key_get(result, path), want(env)
+            if value != expected:
+                assumed = f"{expected}" if isinstance(expr, int) else f"{expr} = {expected}"
+                raise RuntimeError(
+                    f"{self.name}: result{pytree.keystr(path)} is {value}, but the graph was "
+                    f"compiled for {assumed} (asserted by a torch._check or an earlier use of "
+                    "the value)"
+                )
         for k, path, want in zip(self.outputs, self.paths, self.expected_strides):
             t = result
             for p in path:

@@ -209,6 +209,7 @@ class PlanBuilder:
             reads,
             reads if n.returns_views else [],
             n.binds,
+            [(path, dims_fn([want]), want) for path, want in n.checks],
         )
 
 

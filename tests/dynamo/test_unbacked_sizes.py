@@ -98,3 +98,39 @@ def test_gradient_through_a_boolean_mask(target):
         out.backward()
         expected.backward()
         assert_same(x.grad, x_ref.grad)
+
+
+def four_positions(x):
+    positions = torch.nonzero(x > 0)
+    torch._check(positions.size(0) == 4)
+    return positions * 10 + 3
+
+
+def test_a_size_checked_against_a_constant_raises_where_it_differs(target):
+    # torch._check(n == 4) makes every size of the graph 4: eager raises where n is not 4, and
+    # so must the plan, never run kernels sized for 4 over a result of another size.
+    compiled = compile_minicomp(four_positions, target)
+    x = torch.tensor([[0.0, 1, -2], [3, 4, 0], [5, -1, 0]])
+    assert_same(compiled(x), four_positions(x))
+    fewer = torch.tensor([[0.0, 1, -2], [3, 0, 0], [0, -1, 0]])
+    with pytest.raises(RuntimeError):
+        four_positions(fewer)
+    with pytest.raises(RuntimeError, match=r"result.size\(\)\[0\] is 2, but the graph was"):
+        compiled(fewer)
+
+
+def positions_plus(x, y):
+    positions = torch.nonzero(x > 0)
+    torch._check(positions.size(0) == y.size(0))
+    return positions[:, 0].float() + y
+
+
+def test_a_size_checked_against_another_inputs_size_raises_where_they_differ(target):
+    # The count becomes y's size symbol: every call compares the two.
+    compiled = compile_minicomp(positions_plus, target, dynamic=True)
+    x, y = torch.tensor([1.0, -1, 2, 3, -4, 5]), torch.randn(4)
+    assert_same(compiled(x, y), positions_plus(x, y))
+    with pytest.raises(RuntimeError):
+        positions_plus(x, y[:3])
+    with pytest.raises(RuntimeError, match=r"result.size\(\)\[0\] is 4, but the graph was"):
+        compiled(x, y[:3])

@@ -403,6 +403,16 @@ def test_nvrtc_compiles_the_partial_kernels(small_thresholds, tmp_path):
             assert usage.spill_stores == 0 and usage.spill_loads == 0, (case, arch, usage)
 
 
+def test_an_outer_product_has_nothing_to_split():
+    # K = 1 (a column times a row): neither rule splits it, and neither may fail looking for
+    # the K axis to chunk.
+    outer = Product(1, 256, 256, (1,), operand_bytes=2 * 512)
+    assert plan(outer) is None
+    assert plan_balanced_split(outer) is None
+    a, b = torch.randn(256, 1, dtype=torch.float16), torch.randn(1, 256, dtype=torch.float16)
+    check_compiled(torch.matmul, a, b, target=EMU, reference_dtype=torch.float64)
+
+
 # --- end to end on cuda-emu against float64 PyTorch -------------------------------------------
 
 

@@ -62,6 +62,22 @@ def layout_constraint(n: ExternOp) -> str:
     return "flexible"
 
 
+def needs_unit_last_stride(n: ExternOp) -> bool:
+    """Whether an ATen call views its first argument as another element type, which needs
+    the last dimension's stride 1 and the others divisible (view_as_complex; view.dtype to a
+    dtype of another size). Eager's layout has them where tracing succeeded, but minicomp may
+    have dropped the copy that made it so (simplify_views drops identity copies); a row-major
+    layout has them."""
+    import torch
+
+    aten = torch.ops.aten
+    if n.target is aten.view_as_complex.default:
+        return True
+    if n.target is not aten.view.dtype or not n.inputs:
+        return False
+    return n.inputs[0].dtype.nbytes != n.args[1].itemsize
+
+
 def eager_stride_reads(graph: Graph) -> set[Value]:
     """The values ATen calls read with eager's strides (layout_constraint "exact"), looking
     through the selects an as_strided call reads its storage by."""
@@ -125,9 +141,14 @@ def contiguous_kernel_inputs(graph: Graph) -> Graph:
 
 def contiguous_extern_inputs(graph: Graph) -> Graph:
     """Make every tensor argument of an ATen call tagged needs_contiguous_strides row-major,
-    as contiguous_kernel_inputs does for kernel launches."""
+    as contiguous_kernel_inputs does for kernel launches, and the argument an ATen call views
+    as another element type (needs_unit_last_stride)."""
     return _row_major_inputs(
-        graph, lambda n: isinstance(n, ExternOp) and layout_constraint(n) == "contiguous"
+        graph,
+        lambda n: (
+            isinstance(n, ExternOp)
+            and (layout_constraint(n) == "contiguous" or needs_unit_last_stride(n))
+        ),
     )
 
 

@@ -299,9 +299,9 @@ def plan_balanced_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
     """The second rule's split of product `p` on a GPU of `sms` SMs (see the module
     docstring): the exact, aligned chunking with the least `estimated_time`, if that is less
     than what matmul_tc does with the product whole (`in_kernel_time`); else None."""
-    if not p.tensor_cores or p.operand_bytes is None or not 1 <= p.tiles < sms:
-        return None
     k = prod(p.k)
+    if not p.tensor_cores or p.operand_bytes is None or not 1 <= p.tiles < sms or k == 1:
+        return None  # k == 1: an outer product, nothing to chunk
     axis = next(q for q, x in enumerate(p.k) if x != 1)
     extent = p.k[axis]
     inner = k // extent
