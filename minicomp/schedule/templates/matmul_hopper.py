@@ -155,26 +155,57 @@ CONFIGS = (
 comfortably under the shared-memory limit."""
 
 
-def pick_config(m: int, n: int, sms: int = H100_SMS, batch: int = 1) -> HopperConfig:
-    """The largest tile of CONFIGS whose busiest SM has at most PICK_SLACK more tile area to
-    compute for `batch` m x n products (ceil(tiles / SMs) tiles of BM x BN, padding included)
-    than the least of them: larger tiles read fewer operand bytes through L2, which bounds the
-    large products in the lens (128 x 256 for 4096 x 4096 and 4096 x 11008, 64 x 64 for a
-    16-row decode product)."""
+def pick_config(
+    m: int,
+    n: int,
+    sms: int = H100_SMS,
+    batch: int = 1,
+    *,
+    k: int = 4096,
+    in_bytes: int = 2,
+    out_bytes: int = 2,
+) -> HopperConfig:
+    """The config of CONFIGS with the least `tile_time` for `batch` m x n x k products on `sms`
+    SMs; of those within PICK_SLACK of it, the one computing the fewest padding rows and
+    columns, then the larger tile: 128 x 256 for 4096 x 4096 and 4096 x
+    11008 (fewest operand re-reads through L2), 128 x 128 for 1024 x 1024 (64 blocks, each
+    busy, rather than 128 smaller ones re-reading more), 64 x 64 for a 16-row decode
+    product (the most blocks pulling the weight from DRAM)."""
+    times = {c: tile_time(c, m, n, k, sms, batch, in_bytes, out_bytes) for c in CONFIGS}
+    least = min(times.values())
+    fitting = [c for c in CONFIGS if times[c] <= least * (1 + PICK_SLACK)]
 
-    def area(c: HopperConfig) -> int:
-        tiles = batch * -(-m // c.bm) * -(-n // c.bn)
-        return -(-tiles // sms) * c.bm * c.bn
+    def padded(c: HopperConfig) -> int:
+        return -(-m // c.bm) * c.bm * -(-n // c.bn) * c.bn
 
-    least = min(area(c) for c in CONFIGS)
-    fitting = [c for c in CONFIGS if area(c) <= least * (1 + PICK_SLACK)]
-    return max(fitting, key=lambda c: c.bm * c.bn)
+    return min(fitting, key=lambda c: (padded(c), -c.bm * c.bn))
+
+
+def tile_time(
+    c: HopperConfig, m: int, n: int, k: int, sms: int, batch: int, in_bytes: int, out_bytes: int
+) -> float:
+    """The level-0 model of `c`'s kernel, in wgmma flops of one SM (matmul_tc.product_work's
+    unit at the wgmma rate), the longest of: the busiest SM's tiles (ceil(tiles / SMs) of BM x
+    BN x K, padding included); every tile's A and B panels through L2; each operand and C once
+    through DRAM. The busy SMs pull at most twice their even share of L2 and DRAM (as the
+    lens assumes), so a grid of few tiles also waits for memory."""
+    tiles = batch * -(-m // c.bm) * -(-n // c.bn)
+    reach = min(1.0, 2 * min(tiles, sms) / sms)
+    compute = -(-tiles // sms) * c.bm * c.bn * 2 * k
+    l2 = tiles * (c.bm + c.bn) * k * in_bytes * WGMMA_FLOPS_PER_L2_BYTE / sms
+    dram_bytes = batch * ((m + n) * k * in_bytes + m * n * out_bytes)
+    dram = dram_bytes * WGMMA_FLOPS_PER_DRAM_BYTE / sms
+    return max(compute, l2 / reach, dram / reach)
 
 
 PICK_SLACK = 0.1
-"""How much more work a larger tile's busiest SM may have: at 4096 x 11008, 128 x 256 tiles
-give it 5% more than 128 x 128 ones and the lens still puts them ahead
-(benchmarks/results/lens-h100-2026-12-07-hopper.txt)."""
+"""How much longer a larger tile's modelled time may be: at 256 x 4096 x 4096 the 64 x 128
+tile (128 blocks) is within it of 64 x 64 (256 blocks, two rounds) and takes half the blocks."""
+# The model's prices of memory traffic, in wgmma flops of one SM for a byte the GPU moves,
+# times its SM count: an H100's 989 TFLOP/s over 3.35 TB/s of DRAM and over the lens's ~10
+# TB/s of L2 (lens/devices.py).
+WGMMA_FLOPS_PER_DRAM_BYTE = 295
+WGMMA_FLOPS_PER_L2_BYTE = 99
 
 
 @functools.cache
@@ -320,7 +351,8 @@ def matmul_hopper(
         )
     if out.numel() == 0 or k == 0:  # nothing to load: TMA has no map of an empty dimension
         return out.zero_()
-    config = config or pick_config(m, n, sms)
+    size = in_type.nbytes, out_type.nbytes
+    config = config or pick_config(m, n, sms, k=k, in_bytes=size[0], out_bytes=size[1])
     tiles = -(-m // config.bm) * -(-n // config.bn)
     if grid is None:
         grid = min(tiles, sms)
@@ -409,7 +441,10 @@ def applies(problem) -> bool:
 def heuristic(problem) -> HopperConfig:
     """pick_config for the problem's size and SMs (a symbolic size counted as large)."""
     batch, m, n = assumed_sizes(problem)
-    return pick_config(m, n, problem.sms, batch)
+    k = problem.k if isinstance(problem.k, int) else 4096
+    in_bytes = problem.op.inputs[0].dtype.nbytes
+    out_bytes = problem.out_dtypes[0].nbytes if problem.out_dtypes else 2
+    return pick_config(m, n, problem.sms, batch, k=k, in_bytes=in_bytes, out_bytes=out_bytes)
 
 
 def space(problem, level: int) -> list[HopperConfig]:
