@@ -97,11 +97,12 @@ class LaunchStep(KernelStep):
     dims: Callable[[Sequence[Any]], tuple] | None = None
 
     def run(self, slots: list, env: Env) -> None:
-        args = [self._pointer(slots[k]) for k in self.buffers] + self.scalars(env)
+        pointers, scalars = [self._pointer(slots[k]) for k in self.buffers], self.scalars(env)
+        args = pointers + scalars
         if self.dims is not None and 0 in self.dims([None] * len(self.maps) + args)[0]:
             return
         if self.maps:  # a template launched by a kernel op reading by TMA (attention_hopper)
-            args = encoded_maps(self.maps, [slots[k] for k in self.buffers]) + args
+            args = encoded_maps(self.maps, [slots[k] for k in self.buffers], scalars) + args
         self.fn(*args)
 
 
