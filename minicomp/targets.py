@@ -189,11 +189,11 @@ def _configured_for(p, options):
     """Pass `p` with what it needs of the compile bound: the GPU's SM count for the passes
     that fill its SMs (split_k, lower_attention), the architecture for those whose choice
     depends on it (lower_anchors: _scaled_mm needs sm_89 on CUDA; lower_attention: the Hopper
-    attention needs sm_90a)."""
+    attention needs sm_90a; split_k: the Hopper matmul's model weighs splits on sm_90a)."""
     settings = {}
     if options.sm_count is not None and p in (split_k, lower_attention):
         settings["sms"] = options.sm_count
-    if options.arch is not None and p in (lower_anchors, lower_attention):
+    if options.arch is not None and p in (lower_anchors, lower_attention, split_k):
         settings["arch"] = options.arch
     return configured(p, **settings) if settings else p
 

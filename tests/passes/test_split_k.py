@@ -24,6 +24,7 @@ from minicomp.passes.graph.split_k import (
     KSplit,
     Product,
     estimated_time,
+    hopper_time,
     in_kernel_time,
     plan,
     plan_balanced_split,
@@ -208,6 +209,25 @@ def test_balanced_rule_keeps_what_a_split_would_not_speed_up():
     assert plan_balanced_split(replace(late_3x3, operand_bytes=None)) is None
     # Only exact chunks that keep cp.async sources aligned: 7 channels do not halve.
     assert plan_balanced_split(_conv(32, 7, 512, 7, taps=9 * 73)) is None
+
+
+def test_on_sm_90a_the_hopper_matmuls_model_decides():
+    # 128 rows of an 11008 x 4096 weight: the grid rule splits it in 8 for matmul_tc; the
+    # Hopper matmul computes it whole in 64 x 128 tiles at DRAM speed, which the final sum's
+    # round trip would only slow down (the lens: 29.0 us whole, 34.6 split).
+    weights = 2 * (128 * 11008 + 11008 * 4096)
+    ffn = Product(1, 128, 4096, (11008,), operand_bytes=weights)
+    assert plan(ffn) == KSplit(0, 8, 1376, True)
+    assert plan(ffn, arch="sm_90a") is None
+    assert hopper_time(ffn, 1) < min(hopper_time(ffn, s) for s in (2, 4, 8))
+    # One 64 x 64 tile over K = 8192 leaves 131 SMs idle: split, chunks the model prices.
+    one_tile = Product(1, 64, 64, (8192,), operand_bytes=2 * 128 * 8192)
+    split = plan(one_tile, arch="sm_90a")
+    assert split is not None and split.exact and split.chunks * split.length == 8192
+    assert hopper_time(one_tile, split.chunks) < hopper_time(one_tile, 1) / 4
+    # Products the Hopper matmul does not compute (f32: SIMT) keep the rules.
+    f32 = replace(one_tile, tensor_cores=False, out_size=4, in_size=4)
+    assert plan(f32, arch="sm_90a") == plan(f32)
 
 
 def test_a_convolution_splits_with_its_partial_in_the_products_order(whole_template):

@@ -79,6 +79,14 @@ two kernels, 26% less in one; their 1 x 1 neighbour over K = 2048 (22% less) and
 x 1024 (8%) also split in 2 inside the kernel.) f32 products, on the SIMT template, split by
 the first rule only.
 
+On sm_90a (`arch`, which the targets bind to the compile's) a tensor-core product is the
+Hopper matmul's (templates/matmul_hopper.py), whose persistent grid, tile sizes down to 64 x
+64 and deep TMA ring change the trade: both rules give way to one weighing with that
+template's level-0 model (`hopper_time`: matmul_hopper.config_time of the whole product, or
+of the batch of partial products plus the final sum priced as above at the wgmma rate). It
+keeps 128 x 4096 x 11008 whole (the lens: 29.0 us whole against 34.6 split in 8, the grid
+rule's choice) and still splits one 64 x 64 tile over K = 8192 into 16 chunks of 512.
+
 The pass runs before split_reductions (the CUDA targets' pass list, minicomp/targets.py),
 which would otherwise take a long-K product with few outputs (16 x 16 x 2^15) for a row
 reduction and split it with the chunk index last and unravelled, a form no template
@@ -92,6 +100,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir.compute import Compute, Reduce, TensorInput
 from minicomp.ir.contraction import is_widening, product_sides
@@ -100,6 +109,8 @@ from minicomp.ir.functor import collect, substitute
 from minicomp.ir.graph import ComputeOp, Graph, Op, TensorType, Value
 from minicomp.ir.types import f32, i64
 from minicomp.passes.graph.rewrite import fresh_name, inputs_read, value_names
+from minicomp.schedule.templates import matmul_hopper
+from minicomp.schedule.templates.base import DEFAULT_ARCH
 from minicomp.schedule.templates.matmul_tc import (
     FLOPS_PER_DRAM_BYTE,
     FLOPS_PER_L2_BYTE,
@@ -121,6 +132,9 @@ ALIGN = 64
 # TFLOP/s for the microsecond a launch in a CUDA graph takes); its bytes are priced as
 # matmul_tc's model prices them (FLOPS_PER_DRAM_BYTE, FLOPS_PER_L2_BYTE).
 LAUNCH_FLOPS = 5e6
+# The same launch in wgmma flops of one SM (an H100 SM's 7.5 TFLOP/s of wgmma for a
+# microsecond), as the Hopper model (matmul_hopper.tile_time) counts.
+HOPPER_LAUNCH_FLOPS = 7.5e6
 # Partials of at most this many bytes are still in L2 when the final sum reads them: the
 # smaller L2 of the GPUs the lens describes (an A100's 40 MB; an H100's is 50).
 L2_BYTES = 40 * 2**20
@@ -150,15 +164,15 @@ class KSplit:
     exact: bool
 
 
-def split_k(graph: Graph, *, sms: int = H100_SMS) -> Graph:
+def split_k(graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_ARCH) -> Graph:
     """`graph` with every small-grid, long-K matrix product replaced by a partial product per
-    K-chunk and their sum, grids judged small and chunks sized for a GPU of `sms` SMs (see the
-    module docstring)."""
+    K-chunk and their sum, grids judged small and chunks sized for a GPU of `sms` SMs and
+    architecture `arch` (see the module docstring)."""
     names = value_names(graph)
     nodes: list[Op] = []
     changed = False
     for n in graph.nodes:
-        split = _split_op(n, names, sms) if isinstance(n, ComputeOp) else None
+        split = _split_op(n, names, sms, arch) if isinstance(n, ComputeOp) else None
         nodes.extend(split or (n,))
         changed |= split is not None
     return graph.replace(nodes=tuple(nodes)) if changed else graph
@@ -170,7 +184,8 @@ class Product:
     m x n matrix over K extents `k`; `order`, the positions of its compute's axes with the
     batch axes first, then M's, then N's (unit axes, which no side claims, first of all); the
     bytes of an output and of an accumulator (partial) element, of the tensors it reads (None
-    when a size is symbolic), and whether matmul_tc computes it (16-bit operands, f32 sums)."""
+    when a size is symbolic), whether matmul_tc computes it (16-bit operands, f32 sums), and
+    the bytes of an operand element."""
 
     batch: int
     m: int
@@ -181,6 +196,7 @@ class Product:
     acc_size: int = 4
     operand_bytes: int | None = None
     tensor_cores: bool = True
+    in_size: int = 2
 
     @property
     def tiles(self) -> int:
@@ -219,14 +235,64 @@ def find_product(d: Compute, reads: Sequence[Value] = ()) -> tuple[Product, Redu
         red.dtype.nbytes,
         sum(read) if all(isinstance(x, int) for x in read) else None,
         tensor_cores,
+        a.nbytes,
     )
     return p, red
 
 
-def plan(p: Product, sms: int = H100_SMS) -> KSplit | None:
-    """How to chunk product `p` on a GPU of `sms` SMs, or None to keep it whole: the first
-    rule's split (`plan_split`), else the second's (`plan_balanced_split`)."""
+def plan(p: Product, sms: int = H100_SMS, arch: str = DEFAULT_ARCH) -> KSplit | None:
+    """How to chunk product `p` on a GPU of `sms` SMs and architecture `arch`, or None to keep
+    it whole: on sm_90a a tensor-core product's `plan_hopper_split`; else the first rule's
+    split (`plan_split`), else the second's (`plan_balanced_split`)."""
+    if arch == WGMMA_ARCH and p.tensor_cores:
+        return plan_hopper_split(p, sms)
     return plan_split(p.tiles, p.k, sms) or plan_balanced_split(p, sms)
+
+
+def hopper_time(p: Product, chunks: int, sms: int = H100_SMS) -> float:
+    """The Hopper matmul's level-0 model of product `p` in `chunks` exact chunks (1: whole) on
+    a GPU of `sms` SMs, in wgmma flops of one SM: matmul_hopper.config_time of the product, or
+    of `chunks` partial products writing f32 partials plus the final sum's reads of them (at
+    L2 speed where they fit in L2_BYTES), its writes of the output and its launch."""
+    k = prod(p.k)
+    if chunks == 1:
+        return matmul_hopper.config_time(
+            p.m, p.n, k, sms, p.batch, in_bytes=p.in_size, out_bytes=p.out_size
+        )
+    main = matmul_hopper.config_time(
+        p.m, p.n, -(-k // chunks), sms, chunks * p.batch, in_bytes=p.in_size, out_bytes=p.acc_size
+    )
+    partials = chunks * p.batch * p.m * p.n * p.acc_size
+    out = p.batch * p.m * p.n * p.out_size
+    read = (
+        matmul_hopper.WGMMA_FLOPS_PER_L2_BYTE
+        if partials <= L2_BYTES
+        else matmul_hopper.WGMMA_FLOPS_PER_DRAM_BYTE
+    )
+    final = partials * read + out * matmul_hopper.WGMMA_FLOPS_PER_DRAM_BYTE
+    return main + final / sms + HOPPER_LAUNCH_FLOPS
+
+
+def plan_hopper_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
+    """The split of tensor-core product `p` on sm_90a with `sms` SMs: of the exact chunkings
+    with chunks a multiple of ALIGN, at least MIN_CHUNK long and tiles * chunks at most
+    target_blocks(sms), the one with the least `hopper_time`, if that is less than the
+    product's whole; else None."""
+    k = prod(p.k)
+    if k == 1:
+        return None
+    axis = next(q for q, x in enumerate(p.k) if x != 1)
+    extent = p.k[axis]
+    inner = k // extent
+    best, least = None, hopper_time(p, 1, sms)
+    for s in range(2, max(2, target_blocks(sms) // p.tiles) + 1):
+        length = extent // s
+        if extent % s or length * inner % ALIGN or length * inner < MIN_CHUNK:
+            continue
+        t = hopper_time(p, s, sms)
+        if t < least:
+            best, least = KSplit(axis, s, length, True), t
+    return best
 
 
 def plan_split(tiles: int, k_extents: Sequence[int], sms: int = H100_SMS) -> KSplit | None:
@@ -316,13 +382,13 @@ def plan_balanced_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
     return best
 
 
-def _split_op(op: ComputeOp, names: set[str], sms: int) -> list[ComputeOp] | None:
+def _split_op(op: ComputeOp, names: set[str], sms: int, arch: str) -> list[ComputeOp] | None:
     d = op.definition
     found = find_product(d, inputs_read(d, op.inputs))
     if found is None:
         return None
     product, red = found
-    how = plan(product, sms)
+    how = plan(product, sms, arch)
     if how is None:
         return None
     used = {v.name for v in collect(d, Var)}

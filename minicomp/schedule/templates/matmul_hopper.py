@@ -181,6 +181,22 @@ def pick_config(
     return min(fitting, key=lambda c: (padded(c), -c.bm * c.bn))
 
 
+def config_time(
+    m: int,
+    n: int,
+    k: int,
+    sms: int = H100_SMS,
+    batch: int = 1,
+    *,
+    in_bytes: int = 2,
+    out_bytes: int = 2,
+) -> float:
+    """The modelled time (`tile_time`) of the config `pick_config` chooses for `batch` m x n x k
+    products on `sms` SMs: what the level-0 kernel costs, for passes weighing it."""
+    c = pick_config(m, n, sms, batch, k=k, in_bytes=in_bytes, out_bytes=out_bytes)
+    return tile_time(c, m, n, k, sms, batch, in_bytes, out_bytes)
+
+
 def tile_time(
     c: HopperConfig, m: int, n: int, k: int, sms: int, batch: int, in_bytes: int, out_bytes: int
 ) -> float:
