@@ -1,4 +1,8 @@
-"""CPU benchmark: eager PyTorch, Inductor and minicomp side by side in one run."""
+"""CPU benchmark: eager PyTorch, Inductor and minicomp side by side in one run.
+
+`--extra-cflags "-m..."` adds the backend minicomp-extra, minicomp with those C flags appended,
+timed in the same interleaved rounds (to weigh a code-generation change); `--cpu-time` times
+with the process's CPU time (one thread: what a busy shared machine disturbs least)."""
 
 import argparse
 import copy
@@ -13,7 +17,8 @@ import time
 import torch
 import torch._dynamo
 
-import minicomp  # noqa: F401  (registers the "minicomp" backend)
+import minicomp  # registers the "minicomp" backend
+import minicomp.config
 
 BACKENDS = ("eager", "inductor", "minicomp")
 
@@ -124,9 +129,16 @@ WORKLOADS = {
 }
 
 
+EXTRA_CFLAGS = ""  # what --extra-cflags appends to minicomp-extra's C flags
+TIMER = time.perf_counter
+
+
 def compiled(fn, backend: str):
     if backend == "eager":
         return fn
+    if backend == "minicomp-extra":
+        flags = f"{minicomp.config.Options().cflags} {EXTRA_CFLAGS}"
+        return torch.compile(fn, backend="minicomp", options={"target": "cpu", "cflags": flags})
     options = {"target": "cpu"} if backend == "minicomp" else None
     return torch.compile(fn, backend=backend, options=options)
 
@@ -141,9 +153,9 @@ def interleaved_medians(runs: dict, inputs, repeat: int, warmup: int = 3) -> dic
     names = list(runs)
     for r in range(repeat):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
+            start = TIMER()
             runs[name](*inputs)
-            times[name].append((time.perf_counter() - start) * 1e3)
+            times[name].append((TIMER() - start) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -231,8 +243,15 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="run one workload")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma list")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/cpu-*.json")
+    parser.add_argument("--extra-cflags", default="", help="add minicomp-extra, with these flags")
+    parser.add_argument("--cpu-time", action="store_true", help="time CPU, not wall clock")
     args = parser.parse_args()
+    global EXTRA_CFLAGS, TIMER
+    EXTRA_CFLAGS = args.extra_cflags
+    TIMER = time.process_time if args.cpu_time else time.perf_counter
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if args.extra_cflags and "minicomp-extra" not in backends:
+        backends.append("minicomp-extra")
     names = [args.only] if args.only else list(WORKLOADS)
     results = {name: measure(name, backends, args.repeat) for name in names}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeat}")

@@ -1,7 +1,7 @@
 """GPU benchmark: one family of kernels (matmul, attention, conv, memory) compiled by minicomp
 against the library PyTorch calls (cuBLAS, SDPA, cuDNN, eager) and Inductor.
 
-    python benchmarks/kernels.py FAMILY [--dtypes f16,bf16] [--tiers 1] [--levels 0,1]
+    python benchmarks/kernel_bench.py FAMILY [--dtypes f16,bf16] [--tiers 1] [--levels 0,1]
                                         [--inductor MODE|none] [--out FAMILY.jsonl]
 
 minicomp/bench/kernels/FAMILY.py has the cases, cases.py what a row holds. Each row is printed
@@ -17,5 +17,5 @@ from minicomp.bench.kernels.families import FAMILIES
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in FAMILIES:
-        sys.exit(f"usage: python benchmarks/kernels.py {{{','.join(FAMILIES)}}} [options]")
+        sys.exit(f"usage: python benchmarks/kernel_bench.py {{{','.join(FAMILIES)}}} [options]")
     sys.exit(main(sys.argv[1], sys.argv[2:]))
