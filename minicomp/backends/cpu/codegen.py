@@ -37,10 +37,11 @@ from collections.abc import Iterator
 
 from minicomp.backends.c_like import CLikeRenderer, uses_any
 from minicomp.backends.cpu.near_math import NEAR_F32, far_tests, near_calls, runs_again_safely
+from minicomp.backends.cpu.vector_width import prefers_wide_vectors
 from minicomp.backends.headers import inline_includes
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
-from minicomp.ir.func import Module
+from minicomp.ir.func import Function, Module
 from minicomp.ir.types import DataType, f32, i32, is_narrow_float
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.h")
@@ -66,6 +67,11 @@ class CRenderer(CLikeRenderer):
 
     def header(self) -> str:
         return runtime_header()
+
+    def function_qualifier(self, f: Function) -> str:
+        if f.kind == "kernel" and prefers_wide_vectors(f):
+            return "MC_WIDE_VECTORS"
+        return super().function_qualifier(f)
 
     def math_function_name(self, name: str, dt: DataType) -> str:
         # libm's float exp, tanh, erf, sin, cos and log are calls GCC cannot vectorise (the

@@ -18,6 +18,15 @@
 /* Forced inlining lets GCC vectorise loops calling helpers inside `#pragma omp simd`. */
 #define MC_INLINE static inline __attribute__((always_inline, unused))
 
+/* Kernels streaming more than a core's caches ask GCC for 512-bit vectors, which -march=native
+   on an AVX-512 CPU does not prefer (backends/cpu/vector_width.py); a no-op elsewhere, and
+   with -DMC_NARROW_VECTORS in the cflags option. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MC_NARROW_VECTORS)
+#define MC_WIDE_VECTORS __attribute__((target("prefer-vector-width=512")))
+#else
+#define MC_WIDE_VECTORS
+#endif
+
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
 #endif
