@@ -1,8 +1,9 @@
 """CPU benchmark: eager PyTorch, Inductor and minicomp side by side in one run.
 
 `--extra-cflags "-m..."` adds the backend minicomp-extra, minicomp with those C flags appended,
-timed in the same interleaved rounds (to weigh a code-generation change); `--cpu-time` times
-with the process's CPU time (one thread: what a busy shared machine disturbs least)."""
+and `--extra-options '{"cpu_gemm": "onednn"}'` one with those options, timed in the same
+interleaved rounds (to weigh a change); `--cpu-time` times with the process's CPU time (one
+thread: what a busy shared machine disturbs least)."""
 
 import argparse
 import copy
@@ -130,6 +131,7 @@ WORKLOADS = {
 
 
 EXTRA_CFLAGS = ""  # what --extra-cflags appends to minicomp-extra's C flags
+EXTRA_OPTIONS: dict = {}  # --extra-options: minicomp-extra's other options
 TIMER = time.perf_counter
 
 
@@ -137,8 +139,10 @@ def compiled(fn, backend: str):
     if backend == "eager":
         return fn
     if backend == "minicomp-extra":
-        flags = f"{minicomp.config.Options().cflags} {EXTRA_CFLAGS}"
-        return torch.compile(fn, backend="minicomp", options={"target": "cpu", "cflags": flags})
+        options = {"target": "cpu", **EXTRA_OPTIONS}
+        if EXTRA_CFLAGS:
+            options["cflags"] = f"{minicomp.config.Options().cflags} {EXTRA_CFLAGS}"
+        return torch.compile(fn, backend="minicomp", options=options)
     options = {"target": "cpu"} if backend == "minicomp" else None
     return torch.compile(fn, backend=backend, options=options)
 
@@ -244,13 +248,15 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma list")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/cpu-*.json")
     parser.add_argument("--extra-cflags", default="", help="add minicomp-extra, with these flags")
+    parser.add_argument("--extra-options", default="{}", help="JSON: minicomp-extra's options")
     parser.add_argument("--cpu-time", action="store_true", help="time CPU, not wall clock")
     args = parser.parse_args()
-    global EXTRA_CFLAGS, TIMER
+    global EXTRA_CFLAGS, EXTRA_OPTIONS, TIMER
     EXTRA_CFLAGS = args.extra_cflags
+    EXTRA_OPTIONS = json.loads(args.extra_options)
     TIMER = time.process_time if args.cpu_time else time.perf_counter
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    if args.extra_cflags and "minicomp-extra" not in backends:
+    if (args.extra_cflags or EXTRA_OPTIONS) and "minicomp-extra" not in backends:
         backends.append("minicomp-extra")
     names = [args.only] if args.only else list(WORKLOADS)
     results = {name: measure(name, backends, args.repeat) for name in names}

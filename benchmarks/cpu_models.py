@@ -27,6 +27,7 @@ import minicomp  # noqa: F401  (registers the "minicomp" backend)
 from minicomp.bench import suite
 
 BACKENDS = ("eager", "inductor", "inductor-freeze", "minicomp", "minicomp-freeze")
+# Also accepted by --backends: minicomp-onednn and minicomp-onednn-freeze.
 # llama-1b is left out by default: its full size has 22 layers, minutes per call on one thread.
 DEFAULT_MODELS = ("gpt2", "bert-base", "resnet50", "vit-b16")
 
@@ -46,7 +47,10 @@ def compiled(model: torch.nn.Module, backend: str):
         freeze = backend == "inductor-freeze"
         inductor_config.freezing = freeze
         return torch.compile(model, backend="inductor", options={"freezing": freeze})
-    options = {"target": "cpu", "freeze": backend == "minicomp-freeze"}
+    # minicomp-onednn[-freeze]: the cpu_gemm option forced to oneDNN (auto's choice off Intel).
+    options = {"target": "cpu", "freeze": backend.endswith("-freeze")}
+    if backend.startswith("minicomp-onednn"):
+        options["cpu_gemm"] = "onednn"
     return torch.compile(model, backend="minicomp", options=options)
 
 

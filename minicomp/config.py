@@ -96,6 +96,14 @@ class Options:
     freeze: bool = _option(
         False, "Treat parameters and buffers as constants, so they can be folded (inference only)."
     )
+    cpu_gemm: str = _option(
+        "auto",
+        "Which library computes the cpu target's float32 matrix products. onednn: oneDNN's "
+        "linear (its weight prepacked under freeze); mkl: ATen's product (MKL's sgemm; its "
+        "weight prepacked by MKL under freeze, as Inductor's freezing does). auto: mkl on Intel "
+        "CPUs, where it is as fast or faster, onednn on others (AMD: 0.45 of MKL's time).",
+        choices=("auto", "onednn", "mkl"),
+    )
     arch: str | None = _option(
         None,
         "CUDA architecture to compile for, such as sm_90, which also decides what the templates "

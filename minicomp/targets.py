@@ -173,6 +173,15 @@ class CpuTarget(Target):
         onednn_linears,
     )
 
+    def passes_for(self, graph, options=None):
+        passes = list(self.passes)
+        if options is None:
+            return passes
+        # The library computing float32 products: the cpu_gemm option's (auto: by the CPU).
+        return [
+            configured(p, library=options.cpu_gemm) if p is onednn_linears else p for p in passes
+        ]
+
     def schedule(self, op, layouts, choose, options):
         return schedule_cpu(op, layouts)
 

@@ -13,7 +13,7 @@ from minicomp.dynamo.backend import recording
 from minicomp.ir.contraction import match_contraction
 from minicomp.ir.graph import ExternOp, FusedOp, Graph
 from minicomp.passes.graph.horizontal import fuse_matmuls_sharing_input
-from minicomp.passes.graph.onednn_calls import PackedLinear, linear
+from minicomp.passes.graph.onednn_calls import MklPackedLinear, PackedLinear, linear
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are built here; nothing is downloaded
 
@@ -29,12 +29,16 @@ def transposed(b: GraphBuilder, name: str, w: torch.Tensor):
 
 
 def products(graph: Graph) -> list[ExternOp]:
-    """The matrix products the graph calls: ATen's, or oneDNN's linear (cpu), prepacked or not."""
+    """The matrix products the graph calls: ATen's, oneDNN's linear (prepacked or not), MKL's."""
     return [
         n
         for n in graph.nodes
         if isinstance(n, ExternOp)
-        and ("mm" in str(n.target) or isinstance(n.target, PackedLinear) or n.target is linear)
+        and (
+            "mm" in str(n.target)
+            or isinstance(n.target, (PackedLinear, MklPackedLinear))
+            or n.target is linear
+        )
     ]
 
 

@@ -1,20 +1,30 @@
 """oneDNN's linear for the cpu target's products: prepacked over constant weights, unpacked over
 weights the graph takes (laid out as a linear or a Conv1D holds them, products large enough);
-products oneDNN's linear does not compute, or would compute slower, are left alone."""
+products oneDNN's linear does not compute, or would compute slower, are left alone. With
+`cpu_gemm="mkl"` (auto's choice on Intel CPUs), MKL's linear over constant weights it packed,
+the rest ATen's."""
 
 import pytest
 import torch
 from helpers import assert_same
 from helpers_graph import PassGraphBuilder, run_graph
 
-from minicomp import compiler
+from minicomp import compiler, config
 from minicomp.dynamo.backend import recording
 from minicomp.ir import types as T
 from minicomp.ir.graph import ExternOp, Graph
-from minicomp.passes.graph.onednn_calls import PackedLinear, linear
-from minicomp.passes.graph.onednn_linear import MIN_UNPACKED_WORK, onednn_linears
+from minicomp.passes.graph import onednn_linear as onednn_linear_module
+from minicomp.passes.graph.onednn_calls import MklPackedLinear, PackedLinear, linear
+from minicomp.passes.graph.onednn_linear import (
+    MIN_UNPACKED_WORK,
+    host_gemm_library,
+    onednn_linears,
+)
+from minicomp.targets import get_target
 
 aten = torch.ops.aten
+# The compiled tests of oneDNN's calls choose the library: auto's depends on the CPU.
+ONEDNN = {"target": "cpu", "cpu_gemm": "onednn"}
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN"
 )
@@ -203,7 +213,7 @@ def test_compiled_large_mlp_runs_unpacked_onednn_calls():
     records: list = []
     torch._dynamo.reset()
     with torch.no_grad():
-        compile_and_check(model, torch.randn(4, 16, K), {"target": "cpu"}, records)
+        compile_and_check(model, torch.randn(4, 16, K), ONEDNN, records)
     (record,) = records
     assert len(linear_calls(record)) == 3
 
@@ -213,7 +223,7 @@ def test_dynamic_rows():
     model = torch.nn.Sequential(torch.nn.Linear(256, 8192), torch.nn.ReLU()).eval()
     records: list = []
     torch._dynamo.reset()
-    options = {"target": "cpu", "fallback": "error"}
+    options = {**ONEDNN, "fallback": "error"}
     with torch.no_grad(), recording(records):
         compiled = torch.compile(model, backend="minicomp", options=options, dynamic=True)
         for rows in (3, 5):
@@ -231,7 +241,7 @@ def test_a_training_step_matches_eager():
     records: list = []
     torch._dynamo.reset()
     with recording(records):
-        compiled = torch.compile(model, backend="minicomp", options={"target": "cpu"})
+        compiled = torch.compile(model, backend="minicomp", options=ONEDNN)
         loss = compiled(x).square().mean()
         loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -248,7 +258,7 @@ def test_a_training_step_matches_eager():
 def test_a_graph_with_unpacked_calls_is_linked_from_the_graph_cache(tmp_path, monkeypatch):
     model = large_mlp().eval()
     x = torch.randn(4, 16, K)
-    options = {"target": "cpu", "cache_dir": str(tmp_path), "graph_cache": True}
+    options = {**ONEDNN, "cache_dir": str(tmp_path), "graph_cache": True}
     for expected in ("stored", "hit"):
         torch._dynamo.reset()
         records: list = []
@@ -277,7 +287,7 @@ def test_compiled_mlp_matches_eager(freeze):
     x = torch.randn(2, 5, 16)
     records: list = []
     torch._dynamo.reset()
-    options = {"target": "cpu", "fallback": "error", "freeze": freeze}
+    options = {**ONEDNN, "fallback": "error", "freeze": freeze}
     with torch.no_grad(), recording(records):
         compiled = torch.compile(model, backend="minicomp", options=options)
         assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
@@ -287,3 +297,58 @@ def test_compiled_mlp_matches_eager(freeze):
     calls = [n for n in record.graph.nodes if isinstance(n, ExternOp)]
     packed = [n for n in calls if isinstance(n.target, PackedLinear)]
     assert len(packed) == (2 if freeze else 0)
+
+
+# MKL (cpu_gemm="mkl") ---------------------------------------------------------------------------
+
+needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="no MKL build")
+
+
+@needs_mkl
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_mkl_packs_constant_weights_and_leaves_weight_values_to_aten(with_bias):
+    torch.manual_seed(0)
+    weight = torch.randn(24, 16).t()  # a linear's, read transposed
+    g = products(weight, torch.randn(24) if with_bias else None)
+    (call,) = onednn_linears(g, library="mkl").nodes
+    assert isinstance(call.target, MklPackedLinear) and call.target.shape == (24, 16)
+    x = torch.randn(6, 16)
+    (got,) = run_graph(onednn_linears(g, library="mkl"), {"x": x})
+    expected = x.double() @ weight.double() + (g.constants["bias"].double() if with_bias else 0)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    # Over a weight the graph takes: ATen's product, unchanged.
+    b = PassGraphBuilder()
+    xv, wv = b.input("x", (64, K)), b.input("w", (K, N))
+    b.output(b.extern("y", aten.mm.default, [xv, wv], (64, N)))
+    unpacked = b.build()
+    assert onednn_linears(unpacked, library="mkl") is unpacked
+
+
+def test_auto_is_mkl_on_intel_cpus_only(monkeypatch):
+    for intel, expected in ((True, "mkl"), (False, "onednn")):
+        monkeypatch.setattr(onednn_linear_module, "_intel_cpu", lambda intel=intel: intel)
+        assert host_gemm_library() == (expected if torch.backends.mkl.is_available() else "onednn")
+
+
+def test_the_cpu_target_binds_the_option_to_the_pass():
+    passes = get_target("cpu").passes_for(None, config.Options(cpu_gemm="mkl"))
+    (bound,) = [p for p in passes if getattr(p, "func", None) is onednn_linears]
+    assert bound.keywords == {"library": "mkl"}
+
+
+@needs_mkl
+@pytest.mark.parametrize("cpu_gemm", ["mkl", "onednn"])
+def test_a_frozen_model_matches_eager_with_either_library(cpu_gemm):
+    model = mlp()
+    records: list = []
+    torch._dynamo.reset()
+    options = {"target": "cpu", "fallback": "error", "freeze": True, "cpu_gemm": cpu_gemm}
+    with torch.no_grad(), recording(records):
+        compiled = torch.compile(model, backend="minicomp", options=options)
+        for x in (torch.randn(2, 5, 16), torch.randn(2, 5, 16)):
+            assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    (record,) = records
+    kind = MklPackedLinear if cpu_gemm == "mkl" else PackedLinear
+    assert (
+        sum(isinstance(n.target, kind) for n in record.graph.nodes if isinstance(n, ExternOp)) == 2
+    )

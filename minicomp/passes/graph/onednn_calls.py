@@ -212,6 +212,27 @@ class PackedLinear:
         return f"PackedLinear(weight {list(self.shape)})"
 
 
+class MklPackedLinear:
+    """MKL's matrix product x @ w.t() + bias over a weight w [N, K] packed once for `rows` rows
+    (`mkl._mkl_reorder_linear_weight`; what Inductor's freezing calls on Intel CPUs). Another
+    row count runs over w as it is."""
+
+    __name__ = "mkl._mkl_linear (prepacked)"
+
+    def __init__(self, weight: torch.Tensor, rows: int):
+        self.weight = weight
+        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        self.rows = rows
+        self.shape = tuple(weight.shape)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = x if x.is_contiguous() else x.contiguous()
+        return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, bias, self.rows)
+
+    def __repr__(self) -> str:
+        return f"MklPackedLinear(weight {list(self.shape)}, {self.rows} rows)"
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ w (+ bias) by oneDNN's linear over the weight as it is: w [K, N] is the transpose
     of the [N, K] weight oneDNN reads, a free view when w is either row-major or column-major

@@ -1,5 +1,5 @@
-"""CPU matrix products as oneDNN's linear: over a prepacked constant weight, or over the
-weight the graph holds.
+"""CPU matrix products as oneDNN's linear (over a prepacked constant weight, or over the
+weight the graph holds) or, on Intel CPUs, as MKL's over a weight MKL prepacked.
 
 A linear layer is an ATen `addmm(bias, x, W)` or `mm(x, W)`, W [K, N] the parameter read
 transposed (nn.Linear's [N, K] weight), the parameter as it is (GPT-2's Conv1D) or, with
@@ -26,10 +26,21 @@ to 1576 rows), either weight layout, and 0.46 to 0.56 at a training backward's p
 (the gradient of the input, and of the weight with the activation read transposed). Its
 fixed cost (about 10 us) loses on small products: 16 x 256 x 256 takes 1.14 of MKL's time,
 4 x 768 x 768 0.92, and one row of 768 x 3072 0.83.
+
+Not on Intel CPUs: on an Intel Xeon with AVX-512 (2026-12-08, one thread, process time) oneDNN's
+unpacked linear takes 0.96 to 1.10 of MKL's time over an nn.Linear weight and 1.16 to 1.52 over
+a Conv1D one (GPT-2's block went from 0.96x Inductor's speed to 0.73x), and over prepacked
+weights MKL's own packing (`mkl._mkl_linear`, what Inductor's freezing calls) takes 0.80 to
+0.98 of the plain product's time where oneDNN's takes 0.88 to 1.07. So the library is the
+`cpu_gemm` option's: `auto` (the default) is `mkl` on Intel CPUs with an MKL build of PyTorch,
+`onednn` elsewhere; `mkl` leaves products over weight values to ATen (MKL's sgemm) and packs
+constant weights with MKL (`MklPackedLinear`).
 """
 
 from __future__ import annotations
 
+import functools
+import platform
 from typing import NamedTuple
 
 import torch
@@ -37,7 +48,7 @@ import torch
 from minicomp.ir import types as T
 from minicomp.ir.graph import ArgRef, ExternOp, Graph, Op, Value
 from minicomp.passes.graph.layout import is_row_major, layouts_for
-from minicomp.passes.graph.onednn_calls import PackedLinear, linear
+from minicomp.passes.graph.onednn_calls import MklPackedLinear, PackedLinear, linear
 
 aten = torch.ops.aten
 mkldnn = torch.ops.mkldnn
@@ -45,6 +56,21 @@ mkldnn = torch.ops.mkldnn
 MIN_UNPACKED_WORK = 1 << 21
 """Multiply-adds (rows x K x N) from which oneDNN's unpacked linear beats MKL's sgemm on one
 thread (measured crossover: about 1M to 2M)."""
+
+
+def host_gemm_library() -> str:
+    """What `cpu_gemm="auto"` means on this machine: "mkl" on an Intel CPU with an MKL build
+    of PyTorch, else "onednn" (see the module docstring)."""
+    return "mkl" if torch.backends.mkl.is_available() and _intel_cpu() else "onednn"
+
+
+@functools.cache
+def _intel_cpu() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return "intel" in platform.processor().lower()
 
 
 class Product(NamedTuple):
@@ -56,10 +82,16 @@ class Product(NamedTuple):
     bias: Value | None
 
 
-def onednn_linears(graph: Graph) -> Graph:
+def onednn_linears(graph: Graph, *, library: str = "onednn") -> Graph:
     """`graph` with each float32 `mm` or `addmm` (1-D bias, alpha = beta = 1) a call of oneDNN's
-    linear: prepacked over a constant weight (with a static row count), unpacked over a
-    weight value laid out row- or column-major when the product is large enough."""
+    linear (`library` "onednn"): prepacked over a constant weight (with a static row count),
+    unpacked over a weight value laid out row- or column-major when the product is large
+    enough; with `library` "mkl", MKL's product over a constant weight it prepacked, the
+    others left to ATen; "auto" is `host_gemm_library()`."""
+    if library == "auto":
+        library = host_gemm_library()
+    if library == "mkl":
+        return _mkl_packed_linears(graph)
     if not torch.backends.mkldnn.is_available():
         return graph
     products = [p for n in graph.nodes if (p := _product(n)) is not None]
@@ -79,6 +111,28 @@ def onednn_linears(graph: Graph) -> Graph:
             calls[p.op] = _packed_call(p, packed[key])
         elif _unpacked_pays(p, layouts[p.w.name]):
             calls[p.op] = _unpacked_call(p)
+    if not calls:
+        return graph
+    return graph.replace(nodes=tuple(calls.get(n, n) for n in graph.nodes))
+
+
+def _mkl_packed_linears(graph: Graph) -> Graph:
+    """`graph` with each float32 product over a constant weight (static row count) a call of
+    MKL's linear over the weight it packed once (`MklPackedLinear`)."""
+    if not torch.backends.mkl.is_available():
+        return graph
+    calls: dict[Op, ExternOp] = {}
+    packed: dict[tuple, MklPackedLinear] = {}
+    for n in graph.nodes:
+        p = _product(n)
+        w = graph.constants.get(p.w.name) if p is not None else None
+        rows = p.x.shape[0] if p is not None else None
+        if w is None or not isinstance(rows, int) or w.dtype != torch.float32:
+            continue
+        key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.stride(), rows)
+        if key not in packed:
+            packed[key] = MklPackedLinear(w.t().contiguous(), rows)
+        calls[p.op] = _packed_call(p, packed[key], "MKL linear, weight prepacked")
     if not calls:
         return graph
     return graph.replace(nodes=tuple(calls.get(n, n) for n in graph.nodes))
@@ -126,11 +180,14 @@ def _unpacked_pays(p: Product, w_strides: tuple) -> bool:
     return work >= MIN_UNPACKED_WORK
 
 
-def _packed_call(p: Product, target: PackedLinear) -> ExternOp:
-    """The prepacked oneDNN call computing product `p`."""
+def _packed_call(
+    p: Product,
+    target: PackedLinear | MklPackedLinear,
+    reason: str = "oneDNN linear, weight prepacked",
+) -> ExternOp:
+    """The prepacked call computing product `p`."""
     inputs = (p.x,) if p.bias is None else (p.x, p.bias)
     args = (ArgRef(0), None if p.bias is None else ArgRef(1))
-    reason = "oneDNN linear, weight prepacked"
     return ExternOp(p.op.name, inputs, p.op.outputs, target, args, (), ((),), reason)
 
 
