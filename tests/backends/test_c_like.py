@@ -170,8 +170,9 @@ def _render(body: S.Stmt, params=(x_ptr, out_ptr, n), kind="kernel", ret=None) -
 
 def test_signature_marks_read_only_pointers_const():
     src = _render(S.For(i, n, S.Store(out_ptr, i, E.Load(x_ptr, i))))
-    assert src.splitlines()[0] == (
-        "void k(const float* __restrict__ x, float* __restrict__ out, int64_t n) {"
+    # (After the cpu target's MC_WIDE_VECTORS: n is symbolic, so the loop may be long.)
+    assert src.splitlines()[0].endswith(
+        " void k(const float* __restrict__ x, float* __restrict__ out, int64_t n) {"
     )
 
 

@@ -444,7 +444,7 @@ def test_hot_helpers_vectorise(tmp_path):
     }
     lines = src.splitlines()
     for k in kernels:
-        start = next(n for n, line in enumerate(lines) if line.startswith(f"void {k.name}("))
+        start = next(n for n, line in enumerate(lines) if f"void {k.name}(" in line)
         loop_line = next(n for n in range(start, len(lines)) if "for (" in lines[n]) + 1
         # GCC reports the loop's line or its body's.
         assert {loop_line, loop_line + 1} & vectorized, k.name
