@@ -227,7 +227,7 @@ class MklPackedLinear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x = x if x.is_contiguous() else x.contiguous()
-        return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, bias, self.rows)
+        return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, _dense(bias), self.rows)
 
     def __repr__(self) -> str:
         return f"MklPackedLinear(weight {list(self.shape)}, {self.rows} rows)"

@@ -104,7 +104,7 @@ def onednn_linears(graph: Graph, *, library: str = "onednn") -> Graph:
         w = graph.constants.get(p.w.name)
         rows = p.x.shape[0]
         if w is not None and isinstance(rows, int) and w.dtype == torch.float32:
-            key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.stride(), rows)
+            key = _weight_key(w, rows)
             if key not in packed:
                 weight = mkldnn._reorder_linear_weight(w.t().contiguous(), rows)
                 packed[key] = PackedLinear(weight)
@@ -129,13 +129,18 @@ def _mkl_packed_linears(graph: Graph) -> Graph:
         rows = p.x.shape[0] if p is not None else None
         if w is None or not isinstance(rows, int) or w.dtype != torch.float32:
             continue
-        key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.stride(), rows)
+        key = _weight_key(w, rows)
         if key not in packed:
             packed[key] = MklPackedLinear(w.t().contiguous(), rows)
         calls[p.op] = _packed_call(p, packed[key], "MKL linear, weight prepacked")
     if not calls:
         return graph
     return graph.replace(nodes=tuple(calls.get(n, n) for n in graph.nodes))
+
+
+def _weight_key(w: torch.Tensor, rows: int) -> tuple:
+    """What identifies a packed weight: a weight products share (at one row count) packs once."""
+    return (w.untyped_storage().data_ptr(), w.storage_offset(), w.stride(), rows)
 
 
 def _product(n: Op) -> Product | None:
