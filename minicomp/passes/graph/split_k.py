@@ -97,7 +97,7 @@ both alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from minicomp.backends.cuda.arch import WGMMA_ARCH
@@ -278,21 +278,9 @@ def plan_hopper_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
     with chunks a multiple of ALIGN, at least MIN_CHUNK long and tiles * chunks at most
     target_blocks(sms), the one with the least `hopper_time`, if that is less than the
     product's whole; else None."""
-    k = prod(p.k)
-    if k == 1:
+    if prod(p.k) == 1:
         return None
-    axis = next(q for q, x in enumerate(p.k) if x != 1)
-    extent = p.k[axis]
-    inner = k // extent
-    best, least = None, hopper_time(p, 1, sms)
-    for s in range(2, max(2, target_blocks(sms) // p.tiles) + 1):
-        length = extent // s
-        if extent % s or length * inner % ALIGN or length * inner < MIN_CHUNK:
-            continue
-        t = hopper_time(p, s, sms)
-        if t < least:
-            best, least = KSplit(axis, s, length, True), t
-    return best
+    return _least_exact_split(p, sms, hopper_time(p, 1, sms), hopper_time)
 
 
 def plan_split(tiles: int, k_extents: Sequence[int], sms: int = H100_SMS) -> KSplit | None:
@@ -368,15 +356,25 @@ def plan_balanced_split(p: Product, sms: int = H100_SMS) -> KSplit | None:
     k = prod(p.k)
     if not p.tensor_cores or p.operand_bytes is None or not 1 <= p.tiles < sms or k == 1:
         return None  # k == 1: an outer product, nothing to chunk
+    return _least_exact_split(p, sms, in_kernel_time(p, sms), estimated_time)
+
+
+def _least_exact_split(
+    p: Product, sms: int, whole: float, time_of: Callable[[Product, int, int], float]
+) -> KSplit | None:
+    """Of product `p`'s exact chunkings (chunks a multiple of ALIGN, at least MIN_CHUNK long,
+    tiles * chunks at most target_blocks(sms)), the one `time_of(p, chunks, sms)` prices
+    least, if below `whole`; else None."""
+    k = prod(p.k)
     axis = next(q for q, x in enumerate(p.k) if x != 1)
     extent = p.k[axis]
     inner = k // extent
-    best, least = None, in_kernel_time(p, sms)
-    for s in range(2, target_blocks(sms) // p.tiles + 1):
+    best, least = None, whole
+    for s in range(2, max(2, target_blocks(sms) // p.tiles) + 1):
         length = extent // s
         if extent % s or length * inner % ALIGN or length * inner < MIN_CHUNK:
             continue
-        t = estimated_time(p, s, sms)
+        t = time_of(p, s, sms)
         if t < least:
             best, least = KSplit(axis, s, length, True), t
     return best
