@@ -112,6 +112,7 @@ class FunctionParser(ExprParser):
         self.callees: dict[object, object] = {}
         self.dynamic_bytes = 0
         self.dynamic_vars: set[Var] = set()  # the dynamic shared tensors' variables
+        self.setmaxnreg: ast.AST | None = None  # the first setmaxnreg call (it needs min_blocks)
         self.pending_name: str | None = None
         self.once = _assigned_once(self.src.tree)
         self.inits: dict[Var, Expr] = {}  # the value of each variable assigned only once
@@ -506,6 +507,14 @@ class FunctionParser(ExprParser):
         if "min_blocks" in attrs and bound is None and not constant_block:
             raise self.src.error(
                 None, "attrs.min_blocks needs a constant attrs.block_dim or attrs.launch_bounds"
+            )
+        if self.setmaxnreg is not None and "min_blocks" not in attrs:
+            # ptxas ignores setmaxnreg ("unable to determine register count at entry") in a
+            # kernel whose launch bounds name no blocks per SM.
+            raise self.src.error(
+                self.setmaxnreg,
+                "setmaxnreg needs attrs.min_blocks (such as 1): without it ptxas cannot tell "
+                "the registers a thread has at entry and ignores it",
             )
         if bound is not None and constant_block:
             if math.prod(block) > bound:

@@ -84,11 +84,13 @@ static const int warpSize = 32;
 
 namespace mc_emu {
 
-enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_MBAR, DONE };
+// WAIT_GROUP: at a warpgroup-wide instruction (setmaxnreg); WAIT_CLUSTER: at a cluster barrier.
+enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_MBAR, WAIT_GROUP, WAIT_CLUSTER, DONE };
 
 struct Block;
 struct AsyncState;  // emu_async.h
 struct WgmmaState;  // emu_wgmma.h
+struct ClusterBlock;  // emu_cluster.h
 
 struct Fiber {
     uint3 tid;
@@ -134,6 +136,7 @@ struct Block {
     std::string error;
     std::unique_ptr<AsyncState> async;  // its mbarriers and bulk copies, once it uses one
     WgmmaState* wgmma;  // its threads' wgmma queues, once one issues (freed by wgmma_finish)
+    std::unique_ptr<ClusterBlock> cluster;  // its warpgroup and cluster barriers, once used
 #ifdef MC_EMU_UCONTEXT
     ucontext_t sched;
 #else
@@ -437,6 +440,8 @@ static inline void syncwarp() {
 // mbarriers and bulk copies (emu_async.h; emu.py puts its text here).
 #ifndef MC_EMU_NO_ASYNC
 #include "emu_async.h"
+// Clusters, distributed shared memory and setmaxnreg (emu_cluster.h; emu.py puts its text here).
+#include "emu_cluster.h"
 #endif
 
 namespace mc_emu {
@@ -463,6 +468,8 @@ static std::string describe_deadlock(Block* b) {
 #ifndef MC_EMU_NO_ASYNC
     std::string mbar = describe_async_waits(b);
     if (!mbar.empty()) s += (at_block || at_warp ? ", " : "") + mbar;
+    std::string group = describe_cluster_waits(b);
+    if (!group.empty()) s += (at_block || at_warp || !mbar.empty() ? ", " : "") + group;
 #endif
     if (exited) s += format(", %u exited without reaching it", exited);
     return s;

@@ -49,6 +49,8 @@ from minicomp.backends.ctypes_params import TensorMapBytes
 from minicomp.backends.cuda.arch import LARGEST
 from minicomp.backends.cuda.intrinsics_async import BLOCKING_INTRINSICS
 from minicomp.backends.cuda.intrinsics_async import HELPER_TOKENS as ASYNC_TOKENS
+from minicomp.backends.cuda.intrinsics_cluster import BLOCKING_INTRINSICS as CLUSTER_BLOCKING
+from minicomp.backends.cuda.intrinsics_cluster import HELPER_TOKENS as CLUSTER_TOKENS
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
 from minicomp.backends.cuda.intrinsics_tma import HELPER_TOKENS as TMA_TOKENS
 from minicomp.backends.cuda.intrinsics_tma import TENSOR_MAP_CTYPE, TMA_INTRINSICS
@@ -64,6 +66,7 @@ from minicomp.ir.types import PointerType, TensorMapType
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
 CHECKS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_checks.h")
+CLUSTER_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_cluster.h")
 LENS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_lens.h")
 ASYNC_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_async.h")
 TMA_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_tma.h")
@@ -130,16 +133,17 @@ _SYNC_INTRINSICS = (
     | BLOCKING_INTRINSICS
     | TMA_INTRINSICS
     | WGMMA_INTRINSICS
+    | CLUSTER_BLOCKING
 )
 _SYNC_TOKENS = re.compile(
     r"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|"
-    rf"{ASYNC_TOKENS}|{TMA_TOKENS}|{WGMMA_TOKENS})\b"
+    rf"{ASYNC_TOKENS}|{TMA_TOKENS}|{WGMMA_TOKENS}|{CLUSTER_TOKENS})\b"
 )
 
 # The names emu_async.h, emu_mma.h and emu_wgmma.h define (the spellings of async.h's, tma.h's,
 # mma.h's and wgmma.h's helpers): a kernel library whose code calls none of a part's is built
 # without it, whose template instantiations were most of a small kernel's build.
-_ASYNC_TOKENS = re.compile(rf"\b({ASYNC_TOKENS}|{TMA_TOKENS})\b")
+_ASYNC_TOKENS = re.compile(rf"\b({ASYNC_TOKENS}|{TMA_TOKENS}|{CLUSTER_TOKENS})\b")
 _MMA_TOKENS = re.compile(r"\bmc_(mma|ldmatrix|cp_async)_\w+")
 _WGMMA_TOKENS = re.compile(rf"\b({WGMMA_TOKENS})\b")
 # The device headers a generated source carries (device.h, mma.h...), guards and all: their
@@ -372,6 +376,7 @@ def emulator_prelude(
         CHECKS_HEADER_PATH,
         LENS_HEADER_PATH,
         ASYNC_HEADER_PATH,
+        CLUSTER_HEADER_PATH,
         TMA_HEADER_PATH,
         SWIZZLE_HEADER_PATH,
     ):
