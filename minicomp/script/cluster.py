@@ -1,8 +1,24 @@
-"""Hopper thread-block clusters and register reallocation in scripts: setmaxnreg_inc/_dec.
+"""Hopper thread-block clusters and register reallocation in scripts: cluster_ctarank,
+cluster_nctarank, cluster_sync, cluster_arrive, cluster_wait, fence_mbarrier_init,
+mbarrier_arrive_cluster and setmaxnreg_inc/_dec.
 
-Each primitive lowers to the kernel-IR intrinsic of the same name (an Effect statement unless it
-returns a value; minicomp.backends.cuda.intrinsics_cluster renders them):
+A kernel with `attrs.cluster_dim = (x, y, z)` runs its blocks in clusters of x * y * z CTAs
+that the GPU schedules together, which may wait on each other (a cluster barrier), signal each
+other's mbarriers and receive one TMA copy together (`tma_load(..., multicast=mask)`,
+minicomp.script.tma). Each primitive lowers to the kernel-IR intrinsic of the same name (an
+Effect statement unless it returns a value; minicomp.backends.cuda.intrinsics_cluster renders
+them):
 
+- `cluster_ctarank()` / `cluster_nctarank()`: an i32, this CTA's rank in its cluster (0 to
+  n - 1, x fastest) / the cluster's CTAs (1 without a cluster).
+- `cluster_sync()`: every thread of every CTA of the cluster waits until all have arrived,
+  and sees their writes before it (`barrier.cluster.arrive.release` then `wait.acquire`).
+  `cluster_arrive()` and `cluster_wait()` are its two halves, for work in between.
+- `fence_mbarrier_init()`: makes this thread's mbarrier_inits visible to the other CTAs of
+  the cluster (`fence.mbarrier_init.release.cluster`), before the cluster_sync after which
+  they may signal those barriers.
+- `mbarrier_arrive_cluster(bar, cta)`: one arrival on the barrier at `bar`'s place in CTA
+  `cta` of the cluster (a runtime i32: `mapa`, then `mbarrier.arrive.release.cluster`).
 - `setmaxnreg_inc(n)` / `setmaxnreg_dec(n)`: the registers a thread of this warpgroup may use
   become `n` (a compile-time int, a multiple of 8 from 24 to 256): raised by `_inc` (waiting
   until the SM has them free), lowered by `_dec` (giving them back), so that a producer
@@ -16,13 +32,32 @@ from __future__ import annotations
 
 from minicomp.ir import expr as E
 from minicomp.ir import types as T
+from minicomp.ir.func import MAX_CLUSTER
+from minicomp.script.hopper import _barrier, _int
 from minicomp.script.lang import Primitive
 from minicomp.script.mma import _args, _effect
 
+cluster_ctarank = Primitive("cluster_ctarank")
+cluster_nctarank = Primitive("cluster_nctarank")
+cluster_sync = Primitive("cluster_sync")
+cluster_arrive = Primitive("cluster_arrive")
+cluster_wait = Primitive("cluster_wait")
+fence_mbarrier_init = Primitive("fence_mbarrier_init")
+mbarrier_arrive_cluster = Primitive("mbarrier_arrive_cluster")
 setmaxnreg_inc = Primitive("setmaxnreg_inc")
 setmaxnreg_dec = Primitive("setmaxnreg_dec")
 
-PRIMITIVES = (setmaxnreg_inc, setmaxnreg_dec)
+PRIMITIVES = (
+    cluster_ctarank,
+    cluster_nctarank,
+    cluster_sync,
+    cluster_arrive,
+    cluster_wait,
+    fence_mbarrier_init,
+    mbarrier_arrive_cluster,
+    setmaxnreg_inc,
+    setmaxnreg_dec,
+)
 MIN_REGISTERS, MAX_REGISTERS = 24, 256
 
 
@@ -40,7 +75,33 @@ def _setmaxnreg(p, name, args, kwargs):
     return _effect(name, E.const(n, T.i32))
 
 
+def _rank(p, name, args, kwargs):
+    _args(name, args, kwargs, (), 0)
+    return E.Call(name, (), T.i32)
+
+
+def _no_args(p, name, args, kwargs):
+    _args(name, args, kwargs, (), 0)
+    return _effect(name)
+
+
+def _arrive_cluster(p, name, args, kwargs):
+    bar_node, cta_node = _args(name, args, kwargs, ("bar", "cta"), 2)
+    bar = _barrier(p, bar_node, name)
+    cta = _int(p, cta_node, name, "the CTA rank")
+    if isinstance(cta, E.Const) and not 0 <= cta.value < MAX_CLUSTER:
+        raise p.src.error(cta_node, f"the CTA rank of {name}() is 0 to {MAX_CLUSTER - 1}")
+    return _effect(name, bar.var, bar.index, cta)
+
+
 HANDLERS = {
+    "cluster_ctarank": _rank,
+    "cluster_nctarank": _rank,
+    "cluster_sync": _no_args,
+    "cluster_arrive": _no_args,
+    "cluster_wait": _no_args,
+    "fence_mbarrier_init": _no_args,
+    "mbarrier_arrive_cluster": _arrive_cluster,
     "setmaxnreg_inc": _setmaxnreg,
     "setmaxnreg_dec": _setmaxnreg,
 }

@@ -216,13 +216,16 @@ class CudaRenderer(
                 )
             threads = bound
         min_blocks = f.attrs.min_blocks
+        prefix = 'extern "C" __global__'
+        if f.attrs.cluster_dim is not None:
+            prefix += " __cluster_dims__({}, {}, {})".format(*f.attrs.cluster_dim)
         if threads is None:
             if min_blocks is not None:
                 raise ValueError(f"kernel {f.name} has min_blocks but no constant thread count")
-            return 'extern "C" __global__'
+            return prefix
         if min_blocks is not None:
-            return f'extern "C" __global__ __launch_bounds__({threads}, {min_blocks})'
-        return f'extern "C" __global__ __launch_bounds__({threads})'
+            return f"{prefix} __launch_bounds__({threads}, {min_blocks})"
+        return f"{prefix} __launch_bounds__({threads})"
 
     def array_decl(self, s: S.DeclareArray) -> str:
         if s.scope == "dynamic":

@@ -210,13 +210,14 @@ class OutOfBoundsError(EmulatorError):
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """What the launcher needs of a kernel: its name, parameter C types, whether it syncs, and
-    its parameters' names (for messages)."""
+    """What the launcher needs of a kernel: its name, parameter C types, whether it syncs, its
+    parameters' names (for messages), and its cluster's CTAs along x, y, z."""
 
     name: str
     params: tuple[str, ...]
     sync: bool
     names: tuple[str, ...] = ()
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
 
 class _SyncFinder(Visitor):
@@ -308,6 +309,15 @@ def _param_names(source: str, kernel: str, count: int) -> tuple[str, ...]:
     return tuple(f"argument {i}" for i in range(count))
 
 
+def _cluster_dims(source: str, kernel: str) -> tuple[int, int, int]:
+    """The `__cluster_dims__(x, y, z)` of `kernel`'s definition in `source`, else (1, 1, 1)."""
+    text = _strip_comments(source)
+    dims = r"__cluster_dims__\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)"
+    pattern = dims + rf"[^;{{}}]*?\b{re.escape(kernel)}\s*\("
+    match = re.search(pattern, text)
+    return tuple(int(g) for g in match.groups()) if match else (1, 1, 1)
+
+
 def _ir_type_name(t) -> str:
     if isinstance(t, TensorMapType):
         return TENSOR_MAP_CTYPE
@@ -326,14 +336,16 @@ def _specs(source: str, kernels: Sequence[Any]) -> list[KernelSpec]:
             finder.visit(k.body)
             params = tuple(_ir_type_name(p.type) for p in k.params)
             names = tuple(p.name for p in k.params)
-            specs.append(KernelSpec(k.name, params, finder.found or k.name in textual, names))
+            sync = finder.found or k.name in textual
+            cluster = k.attrs.cluster_dim or (1, 1, 1)
+            specs.append(KernelSpec(k.name, params, sync, names, cluster))
         else:
             name, params, *flag = k
             if isinstance(params, str):
                 params = [p for p in (x.strip() for x in params.split(",")) if p]
             sync = bool(flag[0]) if flag else name in textual
             names = _param_names(source, name, len(params))
-            specs.append(KernelSpec(name, tuple(params), sync, names))
+            specs.append(KernelSpec(name, tuple(params), sync, names, _cluster_dims(source, name)))
     return specs
 
 
@@ -348,6 +360,7 @@ def _unpack(ctype: str, i: int) -> str:
 
 
 def _wrapper(spec: KernelSpec) -> str:
+    cx, cy, cz = spec.cluster
     unpack = ", ".join(_unpack(t, i) for i, t in enumerate(spec.params))
     return (
         f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
@@ -357,7 +370,7 @@ def _wrapper(spec: KernelSpec) -> str:
         f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
         f"mc_emu_body_{spec.name}, mc_emu_config,\n"
         "                        gx, gy, gz, bx, by, bz, shared, args, checks, lens, err, "
-        "errlen);\n"
+        f"errlen, {cx}, {cy}, {cz});\n"
         "}\n"
     )
 
