@@ -137,7 +137,7 @@ def _tma_load(p, name, args, kwargs):
     coords = _coords(p, args[2:-1], m, name)
     dst = _shared_box(p, args[0], m, name, "destination")
     bar = _barrier(p, args[-1], name)
-    if mask_node is None:
+    if mask_node is None or p.value(mask_node) is None:  # multicast=None: to this CTA only
         return _effect(name, dst.var, dst.index, m.var, *coords, bar.var, bar.index)
     # One copy into the same shared offset of every CTA of the mask, each CTA's barrier at
     # bar's offset completing its bytes (cluster.py).
