@@ -174,6 +174,8 @@ _OPERANDS = {
     "bulk_copy_g2s": "mmem",
     # minicomp.script.cluster
     "mbarrier_arrive_cluster": "me",
+    "cluster_load": "me",
+    "cluster_store": "mee",
     # minicomp.script.tma (tma_load and tma_store: _tma_call)
     "bulk_wait_group": "i",
     "bulk_wait_group_read": "i",

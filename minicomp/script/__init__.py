@@ -86,7 +86,8 @@ Hopper barriers and bulk copies (minicomp.script.hopper has their meaning): `mba
 (minicomp.script.wgmma, sm_90a): `wgmma_fence`, `wgmma_mma_async`, `wgmma_commit_group`,
 `wgmma_wait_group`. Clusters and register reallocation (minicomp.script.cluster; sm_90, setmaxnreg
 sm_90a): `cluster_ctarank`, `cluster_nctarank`, `cluster_sync`, `cluster_arrive`,
-`cluster_wait`, `fence_mbarrier_init`, `mbarrier_arrive_cluster`, `setmaxnreg_inc`,
+`cluster_wait`, `fence_mbarrier_init`, `mbarrier_arrive_cluster`, `cluster_load`,
+`cluster_store`, `setmaxnreg_inc`,
 `setmaxnreg_dec`; `attrs.cluster_dim`.
 
 Kernel IR prints as this language (minicomp.ir.printer.function_str), and
@@ -109,7 +110,9 @@ import types as _types
 from minicomp.script.cluster import (
     cluster_arrive,
     cluster_ctarank,
+    cluster_load,
     cluster_nctarank,
+    cluster_store,
     cluster_sync,
     cluster_wait,
     fence_mbarrier_init,
@@ -300,6 +303,8 @@ __all__ = [
     "cluster_wait",
     "fence_mbarrier_init",
     "mbarrier_arrive_cluster",
+    "cluster_load",
+    "cluster_store",
     "setmaxnreg_inc",
     "setmaxnreg_dec",
     "max",

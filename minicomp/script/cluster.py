@@ -19,6 +19,9 @@ them):
   they may signal those barriers.
 - `mbarrier_arrive_cluster(bar, cta)`: one arrival on the barrier at `bar`'s place in CTA
   `cta` of the cluster (a runtime i32: `mapa`, then `mbarrier.arrive.release.cluster`).
+- `cluster_load(t[i], cta)` / `cluster_store(t[i], cta, value)`: read / write element `t[i]`
+  of shared tensor `t` in CTA `cta` of the cluster (`mapa`, then `ld/st.shared::cluster`); a
+  4- or 8-byte element type. The other CTA's writes are seen after a cluster_sync.
 - `setmaxnreg_inc(n)` / `setmaxnreg_dec(n)`: the registers a thread of this warpgroup may use
   become `n` (a compile-time int, a multiple of 8 from 24 to 256): raised by `_inc` (waiting
   until the SM has them free), lowered by `_dec` (giving them back), so that a producer
@@ -33,9 +36,10 @@ from __future__ import annotations
 from minicomp.ir import expr as E
 from minicomp.ir import types as T
 from minicomp.ir.func import MAX_CLUSTER
+from minicomp.script import conversions as C
 from minicomp.script.hopper import _barrier, _int
 from minicomp.script.lang import Primitive
-from minicomp.script.mma import _args, _effect
+from minicomp.script.mma import _args, _check, _effect, operand
 
 cluster_ctarank = Primitive("cluster_ctarank")
 cluster_nctarank = Primitive("cluster_nctarank")
@@ -44,6 +48,8 @@ cluster_arrive = Primitive("cluster_arrive")
 cluster_wait = Primitive("cluster_wait")
 fence_mbarrier_init = Primitive("fence_mbarrier_init")
 mbarrier_arrive_cluster = Primitive("mbarrier_arrive_cluster")
+cluster_load = Primitive("cluster_load")
+cluster_store = Primitive("cluster_store")
 setmaxnreg_inc = Primitive("setmaxnreg_inc")
 setmaxnreg_dec = Primitive("setmaxnreg_dec")
 
@@ -55,6 +61,8 @@ PRIMITIVES = (
     cluster_wait,
     fence_mbarrier_init,
     mbarrier_arrive_cluster,
+    cluster_load,
+    cluster_store,
     setmaxnreg_inc,
     setmaxnreg_dec,
 )
@@ -94,7 +102,45 @@ def _arrive_cluster(p, name, args, kwargs):
     return _effect(name, bar.var, bar.index, cta)
 
 
+REMOTE_BYTES = (4, 8)  # the element sizes of ld/st.shared::cluster.b32 and .b64
+
+
+def _cta(p, node, name: str) -> E.Expr:
+    cta = _int(p, node, name, "the CTA rank")
+    if isinstance(cta, E.Const) and not 0 <= cta.value < MAX_CLUSTER:
+        raise p.src.error(node, f"the CTA rank of {name}() is 0 to {MAX_CLUSTER - 1}")
+    return cta
+
+
+def _remote(p, name, node):
+    """The shared element `t[i]` another CTA's copy of which `name` reads or writes."""
+    op = operand(p, node, f"the element of {name}()")
+    _check(p, node, op, f"the element of {name}()", "shared", 1)
+    if op.dtype.nbytes not in REMOTE_BYTES or op.dtype.is_bool:
+        raise p.src.error(
+            node,
+            f"{name}() moves 4- or 8-byte elements (f32, i32, u32, f64, i64, u64); "
+            f"{op.name} holds {op.dtype}",
+        )
+    return op
+
+
+def _cluster_load(p, name, args, kwargs):
+    t_node, cta_node = _args(name, args, kwargs, ("t", "cta"), 2)
+    op = _remote(p, name, t_node)
+    return E.Call(name, (op.var, op.index, _cta(p, cta_node, name)), op.dtype)
+
+
+def _cluster_store(p, name, args, kwargs):
+    t_node, cta_node, value_node = _args(name, args, kwargs, ("t", "cta", "value"), 3)
+    op = _remote(p, name, t_node)
+    value = C.implicit(p.value(value_node), op.dtype, f"the value of {name}()")
+    return _effect(name, op.var, op.index, _cta(p, cta_node, name), value)
+
+
 HANDLERS = {
+    "cluster_load": _cluster_load,
+    "cluster_store": _cluster_store,
     "cluster_ctarank": _rank,
     "cluster_nctarank": _rank,
     "cluster_sync": _no_args,

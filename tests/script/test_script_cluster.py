@@ -1,4 +1,5 @@
-"""Thread-block clusters (minicomp.script.cluster): a ring of stages that rank 0 of each cluster
+"""Thread-block clusters (minicomp.script.cluster): CTAs exchanging values through each other's
+shared memory, a ring of stages that rank 0 of each cluster
 of two fills by TMA multicast for both CTAs, each slot released by both CTAs' consumers on rank
 0's barrier, against a float64 sum on fresh inputs; the bugs the emulator must catch (a read
 before the barrier, a mask missing a CTA, a slot released on the wrong CTA, no cluster_sync
@@ -17,7 +18,9 @@ from minicomp.script import (
     attrs,
     blockIdx,
     cluster_ctarank,
+    cluster_load,
     cluster_nctarank,
+    cluster_store,
     cluster_sync,
     dim,
     f32,
@@ -31,6 +34,7 @@ from minicomp.script import (
     tensor_map,
     threadIdx,
     tma_load,
+    u16,
     u64,
 )
 from minicomp.script.text import parse_function
@@ -202,11 +206,73 @@ def test_a_cta_skipping_the_cluster_barrier_is_a_reported_deadlock():
         ranks(2, skip=True).with_target("cuda-emu")(out, 4)
 
 
+def exchange(bug: str = ""):
+    """Each CTA of a pair keeps its row of x in shared memory and writes twice its row into
+    the other CTA's; after a cluster_sync, out[b] = the other's row (read remotely) + twice
+    the other's row (written here by it). `bug`: "no_sync" (no cluster_sync between the
+    writes and the reads)."""
+
+    @minicomp.script
+    def exchange_kernel(x: f32[dim.n, 64], out: f32[dim.n, 64], n: i32):
+        attrs.grid_dim = n
+        attrs.block_dim = 64
+        attrs.cluster_dim = 2
+        t = threadIdx.x
+        other = cluster_ctarank() ^ 1
+        mine = shared_tensor(f32, (64,))
+        given = shared_tensor(f32, (64,))
+        mine[t] = x[blockIdx.x, t]
+        cluster_store(given[t], other, 2.0 * x[blockIdx.x, t])
+        if bug != "no_sync":
+            cluster_sync()
+        out[blockIdx.x, t] = cluster_load(mine[t], other) + given[t]
+        cluster_sync()  # the other CTA may still read this one's shared memory
+
+    return exchange_kernel
+
+
+EXCHANGE = exchange()
+
+
+def test_ctas_exchange_values_through_each_others_shared_memory():
+    x = torch.randn(6, 64)
+    out = torch.full((6, 64), float("nan"))
+    EXCHANGE.with_target("cuda-emu")(x, out, 6)
+    swapped = x.view(3, 2, 64).flip(1).reshape(6, 64)
+    torch.testing.assert_close(out, 3 * swapped)
+
+
+def test_reading_another_cta_before_the_cluster_sync_misses_its_writes():
+    x = torch.randn(2, 64)
+    out = torch.full((2, 64), float("nan"))
+    exchange("no_sync").with_target("cuda-emu")(x, out, 2)
+    swapped = x.flip(0)
+    assert not torch.allclose(out, 3 * swapped), "CTA 0 read CTA 1's memory before it wrote it"
+
+
+def test_a_remote_element_of_two_bytes_is_refused():
+    def kernel(out: f32[64]):
+        attrs.grid_dim = 2
+        attrs.block_dim = 64
+        attrs.cluster_dim = 2
+        h = shared_tensor(u16, (64,))
+        out[threadIdx.x] = f32(cluster_load(h[threadIdx.x], 1))
+
+    with pytest.raises(ScriptError, match=r"cluster_load\(\) moves 4- or 8-byte elements"):
+        minicomp.script(kernel).ir  # noqa: B018
+
+
 def test_the_kernel_prints_and_parses_back():
     text = function_str(RING.ir)
     assert "attrs.cluster_dim = (2, 1, 1)" in text and "multicast=3" in text, text
     assert "mbarrier_arrive_cluster(" in text
     assert parse_function(text) == RING.ir
+    text = function_str(EXCHANGE.ir)
+    assert (
+        "cluster_store(given[i64(t)], other, " in text
+        and "cluster_load(mine[i64(t)], other)" in text
+    )
+    assert parse_function(text) == EXCHANGE.ir
 
 
 def test_a_cluster_of_more_than_8_ctas_is_refused():
@@ -241,5 +307,10 @@ def test_it_compiles_for_sm_90_to_cluster_barriers_and_a_multicast_load(tmp_path
     ops = sass.full_opcode_counts(text)
     for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "UTMALDG.2D.MULTICAST"):
         assert ops[op] > 0, (op, sorted(ops))
+    # The remote loads and stores: generic-address ld/st of the mapped address.
+    name = EXCHANGE.ir.name
+    binary = nvrtc.compile_cuda(EXCHANGE.source, arch="sm_90", name=name, cache_dir=str(tmp_path))
+    ops = sass.full_opcode_counts(sass.disassemble(binary.cubin)[name])
+    assert any(op.startswith("LD.") for op in ops) and any(op.startswith("ST.") for op in ops), ops
     with pytest.raises(CompileError, match=r"cluster_ctarank\(\) needs sm_90"):
         nvrtc.compile_cuda(RING.source, arch="sm_80", name=name, cache_dir=str(tmp_path))

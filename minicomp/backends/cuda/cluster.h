@@ -50,6 +50,48 @@ MC_DEVICE void mc_mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
         : "memory");
 }
 
+/* Element `p` of this CTA's shared memory, read / written in CTA `cta` of the cluster. */
+template <class T>
+MC_DEVICE T mc_cluster_load(const T* p, uint32_t cta) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cluster_load() moves 4 or 8 bytes");
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(remote)
+                 : "r"(mc_shared_address(p)), "r"(cta));
+    union {
+        T value;
+        uint32_t b32;
+        unsigned long long b64;
+    } out;
+    if (sizeof(T) == 4) {
+        asm volatile("ld.shared::cluster.b32 %0, [%1];\n" : "=r"(out.b32) : "r"(remote) : "memory");
+    } else {
+        asm volatile("ld.shared::cluster.b64 %0, [%1];\n" : "=l"(out.b64) : "r"(remote) : "memory");
+    }
+    return out.value;
+}
+
+template <class T>
+MC_DEVICE void mc_cluster_store(T* p, uint32_t cta, T value) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cluster_store() moves 4 or 8 bytes");
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(remote)
+                 : "r"(mc_shared_address(p)), "r"(cta));
+    union {
+        T value;
+        uint32_t b32;
+        unsigned long long b64;
+    } in;
+    in.b64 = 0;
+    in.value = value;
+    if (sizeof(T) == 4) {
+        asm volatile("st.shared::cluster.b32 [%0], %1;\n" ::"r"(remote), "r"(in.b32) : "memory");
+    } else {
+        asm volatile("st.shared::cluster.b64 [%0], %1;\n" ::"r"(remote), "l"(in.b64) : "memory");
+    }
+}
+
 /* tma.h's loads, the box and its bytes landing at the same shared offsets in every CTA of
    `mask` (bit r: rank r of the cluster). */
 #define MC_TMA_MULTICAST(N, PARAMS, OPERANDS, ARGS)                                             \
@@ -94,6 +136,17 @@ MC_CLUSTER_NEEDS_SM90(cluster_wait, void, ())
 MC_CLUSTER_NEEDS_SM90(cluster_sync, void, ())
 MC_CLUSTER_NEEDS_SM90(fence_mbarrier_init, void, ())
 MC_CLUSTER_NEEDS_SM90(mbarrier_arrive_cluster, void, (uint64_t*, uint32_t))
+template <class T>
+MC_DEVICE T mc_cluster_load(const T*, uint32_t) {
+    static_assert(sizeof(T) == 0, "cluster_load() needs sm_90 or newer; this kernel is compiled "
+                                  "for an older architecture");
+    return T();
+}
+template <class T>
+MC_DEVICE void mc_cluster_store(T*, uint32_t, T) {
+    static_assert(sizeof(T) == 0, "cluster_store() needs sm_90 or newer; this kernel is compiled "
+                                  "for an older architecture");
+}
 #define MC_TMA_MULTICAST_NEEDS_SM90(N)                                                     \
     template <class... Coords>                                                             \
     MC_DEVICE void mc_tma_load_multicast_##N##d(void*, const mc_tensor_map*, uint64_t*,    \

@@ -103,6 +103,24 @@ static void mbar_arrive_cluster(uint64_t* addr, uint32_t cta, const char* name, 
     mbar_arrive_on(owner, b, (uint64_t*)map_shared(b, addr, cta), 0, name, line);
 }
 
+// Element `p` of CTA `cta`'s shared memory (ld/st.shared::cluster).
+template <class T>
+static T cluster_load(const T* p, uint32_t cta, int line) {
+    Block* b = async_block();
+    cluster_cta(b, cta, "cluster_load", line);
+    T v;
+    memcpy(&v, map_shared(b, p, cta), sizeof v);
+    return v;
+}
+
+template <class T>
+static void cluster_store(T* p, uint32_t cta, T value, int line) {
+    Block* b = async_block();
+    cluster_cta(b, cta, "cluster_store", line);
+    memcpy(map_shared(b, p, cta), &value, sizeof value);
+    cluster_event(b);
+}
+
 // ---- the cluster barrier ----
 
 static ClusterBarrier& cluster_barrier(Block* b) {
@@ -227,6 +245,8 @@ static std::string describe_cluster_waits(Block* b) {
         ::mc_emu::cluster_wait(__LINE__);    \
     } while (0)
 #define mc_fence_mbarrier_init() ((void)0)
+#define mc_cluster_load(p, cta) ::mc_emu::cluster_load(p, cta, __LINE__)
+#define mc_cluster_store(p, cta, value) ::mc_emu::cluster_store(p, cta, value, __LINE__)
 #define mc_mbarrier_arrive_cluster(bar, cta) \
     ::mc_emu::mbar_arrive_cluster(bar, cta, #bar, __LINE__)
 #define MC_EMU_TMA_LOAD_MULTICAST(dst, map, bar, mask, ...) \

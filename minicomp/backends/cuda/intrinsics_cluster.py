@@ -10,6 +10,8 @@ emulator, of emu_cluster.h (emu.h includes it):
 - `fence_mbarrier_init()`: `fence.mbarrier_init.release.cluster`.
 - `mbarrier_arrive_cluster(bar, bi, cta)`: `mapa.shared::cluster` of `&bar[bi]` to CTA `cta`,
   then `mbarrier.arrive.release.cluster.shared::cluster.b64`.
+- `cluster_load(t, ti, cta)` (t's element type) / `cluster_store(t, ti, cta, value)`: `mapa`
+  of `&t[ti]` to CTA `cta`, then `ld.shared::cluster.b32/.b64` / `st.shared::cluster`.
 - `tma_load_multicast(dst, di, map, c..., bar, bi, mask)` (rendered by TmaIntrinsics):
   tma_load's `cp.async.bulk.tensor` with `.multicast::cluster` and a 16-bit CTA mask.
 - `setmaxnreg_inc(n)` / `setmaxnreg_dec(n)`: `setmaxnreg.{inc,dec}.sync.aligned.u32 n` (sm_90a),
@@ -41,6 +43,8 @@ CLUSTER_INTRINSICS = frozenset(
         "cluster_sync",
         "fence_mbarrier_init",
         "mbarrier_arrive_cluster",
+        "cluster_load",
+        "cluster_store",
         "tma_load_multicast",
         "setmaxnreg_inc",
         "setmaxnreg_dec",
@@ -90,6 +94,20 @@ class ClusterIntrinsics:
         if len(e.args) != 3:
             raise ValueError(f"mbarrier_arrive_cluster takes (bar, bi, cta): {e}")
         return f"mc_mbarrier_arrive_cluster({self._bar(e)}, {self._count(e.args[2])})"
+
+    def _remote_element(self, e: E.Call, n: int) -> str:
+        if len(e.args) != n:
+            raise ValueError(f"{e.name} takes {n} arguments: {e}")
+        return self._at(e.args[0], e.args[1], f"the element of {e.name}", "shared")
+
+    def intrinsic_cluster_load(self, e: E.Call) -> str:
+        at = self._remote_element(e, 3)
+        return f"mc_cluster_load({at}, {self._count(e.args[2])})"
+
+    def intrinsic_cluster_store(self, e: E.Call) -> str:
+        at = self._remote_element(e, 4)
+        t = self.type_name(e.args[0].type.elem)
+        return f"mc_cluster_store({at}, {self._count(e.args[2])}, ({t})({self.expr(e.args[3])}))"
 
     def intrinsic_setmaxnreg_inc(self, e: E.Call) -> str:
         return f"mc_setmaxnreg_inc({self._registers(e)})"
