@@ -314,3 +314,14 @@ def test_it_compiles_for_sm_90_to_cluster_barriers_and_a_multicast_load(tmp_path
     assert any(op.startswith("LD.") for op in ops) and any(op.startswith("ST.") for op in ops), ops
     with pytest.raises(CompileError, match=r"cluster_ctarank\(\) needs sm_90"):
         nvrtc.compile_cuda(RING.source, arch="sm_80", name=name, cache_dir=str(tmp_path))
+    # A cluster alone, without any cluster primitive, needs sm_90 as well.
+
+    @minicomp.script
+    def plain(out: f32[4]):
+        attrs.grid_dim = 4
+        attrs.block_dim = 32
+        attrs.cluster_dim = 2
+        out[blockIdx.x] = 1.0
+
+    with pytest.raises(CompileError, match=r"__cluster_dims__ is not supported"):
+        nvrtc.compile_cuda(plain.source, arch="sm_80", name="plain", cache_dir=str(tmp_path))
