@@ -10,6 +10,10 @@ from minicomp.ir.types import DataType, PointerType
 FUNC_KINDS = ("kernel", "device", "host")
 
 
+MAX_CLUSTER = 8
+"""The most CTAs a cluster may have (CUDA's portable cluster size)."""
+
+
 @node
 class LaunchAttrs(Node):
     """How a kernel is launched and compiled on the CUDA targets: the script DSL's `attrs.<field>`.
@@ -48,6 +52,9 @@ class LaunchAttrs(Node):
       sizes: a symbolic M is the tensor's at each launch). Those
       parameters come first, in this order, before the buffers
       (backends/cuda/tensor_map.py, TensorMapArgument).
+    - cluster_dim: the thread-block cluster, CTAs along (x, y, z), three constant ints whose
+      product is 1 to 8 (sm_90); None: no cluster. Rendered `__cluster_dims__`; the grid must
+      be a multiple of it along every axis (checked at each launch, symbols.launch_dims).
     """
 
     grid_dim: tuple[Dim, Dim, Dim] | None = None
@@ -59,6 +66,7 @@ class LaunchAttrs(Node):
     scratch: tuple[tuple[str, int, bool], ...] = ()
     block_group: int = 1
     tensor_maps: tuple[tuple[str, str, int, tuple[Dim, ...], tuple[Dim, ...]], ...] = ()
+    cluster_dim: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         for name in ("grid_dim", "block_dim"):
@@ -85,6 +93,18 @@ class LaunchAttrs(Node):
             raise TypeError(
                 "tensor_maps is a tuple of (map parameter, pointer parameter, base, shape, "
                 f"strides), not {self.tensor_maps!r}"
+            )
+
+        c = self.cluster_dim
+        if c is not None and not (
+            isinstance(c, tuple)
+            and len(c) == 3
+            and all(type(d) is int and d >= 1 for d in c)
+            and c[0] * c[1] * c[2] <= MAX_CLUSTER
+        ):
+            raise TypeError(
+                f"cluster_dim is three positive ints (x, y, z) of at most {MAX_CLUSTER} CTAs, "
+                f"not {c!r}"
             )
 
     def __repr__(self) -> str:

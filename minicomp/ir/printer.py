@@ -172,6 +172,10 @@ _OPERANDS = {
     "mbarrier_try_wait_parity": "me",
     "mbarrier_wait": "me",
     "bulk_copy_g2s": "mmem",
+    # minicomp.script.cluster
+    "mbarrier_arrive_cluster": "me",
+    "cluster_load": "me",
+    "cluster_store": "mee",
     # minicomp.script.tma (tma_load and tma_store: _tma_call)
     "bulk_wait_group": "i",
     "bulk_wait_group_read": "i",
@@ -286,7 +290,7 @@ class ScriptExprPrinter(ExprPrinter):
         args = e.args
         if e.name in _OPERANDS and len(args) >= len(_OPERANDS[e.name]):
             return self._operand_call(e)
-        if e.name in ("tma_load", "tma_store"):
+        if e.name in ("tma_load", "tma_store", "tma_load_multicast"):
             return self._tma_call(e)
         if e.name in ("shfl_down_sync", "shfl_xor_sync", "shfl_sync") and len(args) == 2:
             texts = [self.visit(args[0]), self.literal(args[1], i32)]
@@ -299,15 +303,20 @@ class ScriptExprPrinter(ExprPrinter):
         return f"{e.name}({', '.join(texts)})"
 
     def _tma_call(self, e: E.Call) -> str:
-        """tma_load(dst[i], map, coordinates..., bar[j]), tma_store(map, coordinates..., src[i])."""
+        """tma_load(dst[i], map, coordinates..., bar[j]), tma_store(map, coordinates..., src[i]);
+        tma_load_multicast as tma_load(..., multicast=mask)."""
         args = list(e.args)
         texts = []
-        if e.name == "tma_load":
+        mask = args.pop(-1) if e.name == "tma_load_multicast" else None
+        if e.name != "tma_store":
             buf, index = args.pop(0), args.pop(0)
             texts.append(f"{buf.name}[{self.index(index)}]")
         buf, index = args.pop(-2), args.pop(-1)
         texts += [self.visit(a) for a in args]
         texts.append(f"{buf.name}[{self.index(index)}]")
+        if mask is not None:
+            texts.append(f"multicast={self.visit(mask)}")
+            return f"tma_load({', '.join(texts)})"
         return f"{e.name}({', '.join(texts)})"
 
     def _operand_call(self, e: E.Call) -> str:

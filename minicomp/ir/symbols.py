@@ -109,17 +109,37 @@ Dims = tuple[tuple[int, int, int], tuple[int, int, int]]
 
 
 def launch_dims(kernel: Function) -> Callable[[Sequence[Any]], Dims]:
-    """(grid, block) of `kernel` as a function of its arguments (sizes are the trailing ones)."""
+    """(grid, block) of `kernel` as a function of its arguments (sizes are the trailing ones).
+    A grid that is not a multiple of the kernel's cluster (attrs.cluster_dim) is a ValueError
+    naming both."""
     grid, block = kernel.attrs.grid_dim, kernel.attrs.block_dim
     if all(isinstance(d, int) for d in (*grid, *block)):
         fixed = (tuple(grid), tuple(block))
+        check_cluster(kernel, fixed[0])
         return lambda args: fixed
     symbols = [p.name for p in kernel.params if isinstance(p.type, T.DataType)]
     first = len(kernel.params) - len(symbols)
     grid_fn, block_fn = compile_dims(list(grid)), compile_dims(list(block))
+    cluster = kernel.attrs.cluster_dim
 
     def dims(args: Sequence[Any]) -> Dims:
         env = dict(zip(symbols, args[first:]))
-        return grid_fn(env), block_fn(env)
+        g = grid_fn(env)
+        if cluster is not None:
+            check_cluster(kernel, g)
+        return g, block_fn(env)
 
     return dims
+
+
+def check_cluster(kernel: Function, grid: Sequence[int]) -> None:
+    """Refuse a launch `grid` of `kernel` that is not a whole number of its clusters (an
+    empty grid launches nothing and passes)."""
+    cluster = kernel.attrs.cluster_dim
+    if cluster is None or 0 in grid:
+        return
+    if any(g % c for g, c in zip(grid, cluster)):
+        raise ValueError(
+            f"kernel {kernel.name}: the grid {tuple(grid)} is not a multiple of its cluster "
+            f"{tuple(cluster)} (attrs.cluster_dim) along every axis"
+        )

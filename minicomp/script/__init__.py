@@ -84,7 +84,11 @@ Hopper barriers and bulk copies (minicomp.script.hopper has their meaning): `mba
 `tensor_map(f16[dim.m, dim.k], box=(64, 64), swizzle=128)`, `tma_load`, `tma_store`,
 `bulk_commit_group`, `bulk_wait_group`, `bulk_wait_group_read`. Hopper warpgroup MMA
 (minicomp.script.wgmma, sm_90a): `wgmma_fence`, `wgmma_mma_async`, `wgmma_commit_group`,
-`wgmma_wait_group`.
+`wgmma_wait_group`. Clusters and register reallocation (minicomp.script.cluster; sm_90, setmaxnreg
+sm_90a): `cluster_ctarank`, `cluster_nctarank`, `cluster_sync`, `cluster_arrive`,
+`cluster_wait`, `fence_mbarrier_init`, `mbarrier_arrive_cluster`, `cluster_load`,
+`cluster_store`, `setmaxnreg_inc`,
+`setmaxnreg_dec`; `attrs.cluster_dim`.
 
 Kernel IR prints as this language (minicomp.ir.printer.function_str), and
 minicomp.script.text.parse_function reads such text back into the same IR.
@@ -103,6 +107,19 @@ stores (minicomp.schedule.templates). docs/script.md is the full language refere
 import sys
 import types as _types
 
+from minicomp.script.cluster import (
+    cluster_arrive,
+    cluster_ctarank,
+    cluster_load,
+    cluster_nctarank,
+    cluster_store,
+    cluster_sync,
+    cluster_wait,
+    fence_mbarrier_init,
+    mbarrier_arrive_cluster,
+    setmaxnreg_dec,
+    setmaxnreg_inc,
+)
 from minicomp.script.custom_op import custom_op
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction, script
@@ -279,6 +296,17 @@ __all__ = [
     "wgmma_mma_async",
     "wgmma_commit_group",
     "wgmma_wait_group",
+    "cluster_ctarank",
+    "cluster_nctarank",
+    "cluster_sync",
+    "cluster_arrive",
+    "cluster_wait",
+    "fence_mbarrier_init",
+    "mbarrier_arrive_cluster",
+    "cluster_load",
+    "cluster_store",
+    "setmaxnreg_inc",
+    "setmaxnreg_dec",
     "max",
     "min",
     "abs",

@@ -11,6 +11,7 @@ from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir import types as T
 from minicomp.ir.expr import MATH_FUNCTIONS, Expr, StringLiteral
+from minicomp.script import cluster as _cluster
 from minicomp.script import conversions as C
 from minicomp.script import hopper as _hopper
 from minicomp.script import lang, mapping
@@ -385,6 +386,7 @@ HANDLERS = {
     "pow": _pow,
     **_mma.HANDLERS,
     **_hopper.HANDLERS,
+    **_cluster.HANDLERS,
     **_tma.HANDLERS,
     **_wgmma.HANDLERS,
 }

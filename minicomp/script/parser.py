@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from minicomp.ir import expr as E
 from minicomp.ir import stmt as S
 from minicomp.ir.expr import Expr, Var
-from minicomp.ir.func import Function, LaunchAttrs
+from minicomp.ir.func import MAX_CLUSTER, Function, LaunchAttrs
 from minicomp.ir.functor import Mutator, collect, substitute
 from minicomp.ir.symbols import python_source
 from minicomp.ir.types import DataType, PointerType, TensorMapType, i64
@@ -112,6 +112,7 @@ class FunctionParser(ExprParser):
         self.callees: dict[object, object] = {}
         self.dynamic_bytes = 0
         self.dynamic_vars: set[Var] = set()  # the dynamic shared tensors' variables
+        self.setmaxnreg: ast.AST | None = None  # the first setmaxnreg call (it needs min_blocks)
         self.pending_name: str | None = None
         self.once = _assigned_once(self.src.tree)
         self.inits: dict[Var, Expr] = {}  # the value of each variable assigned only once
@@ -383,6 +384,9 @@ class FunctionParser(ExprParser):
         if name == "tensor_maps":
             self.attrs[name] = self.tensor_maps(node, value)
             return
+        if name == "cluster_dim":
+            self.attrs[name] = self.cluster_dim(node, value)
+            return
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise self.src.error(node, f"attrs.{name} is a compile-time int, not {value!r}")
         if name == "launch_bounds" and not 1 <= value <= _MAX_THREADS:
@@ -455,6 +459,21 @@ class FunctionParser(ExprParser):
             out.append((param, buffer, base, shape, strides))
         return tuple(out)
 
+    def cluster_dim(self, node: ast.AST, value) -> tuple[int, int, int]:
+        """attrs.cluster_dim: 1 to 3 compile-time ints, at most MAX_CLUSTER CTAs in all."""
+        items = _ints(value if isinstance(value, tuple) else (value,))
+        if not 1 <= len(items) <= 3 or not all(type(d) is int and d >= 1 for d in items):
+            raise self.src.error(
+                node, f"attrs.cluster_dim is 1 to 3 positive compile-time ints, not {value!r}"
+            )
+        if math.prod(items) > MAX_CLUSTER:
+            raise self.src.error(
+                node,
+                f"attrs.cluster_dim {items} has {math.prod(items)} CTAs; a cluster has at most "
+                f"{MAX_CLUSTER}",
+            )
+        return tuple(items) + (1,) * (3 - len(items))
+
     def launch_dims(self, name: str, value) -> tuple:
         items = value if isinstance(value, tuple) else (value,)
         if not 1 <= len(items) <= 3:
@@ -506,6 +525,23 @@ class FunctionParser(ExprParser):
         if "min_blocks" in attrs and bound is None and not constant_block:
             raise self.src.error(
                 None, "attrs.min_blocks needs a constant attrs.block_dim or attrs.launch_bounds"
+            )
+        cluster = attrs.get("cluster_dim")
+        if cluster is not None:
+            for axis, g, c in zip("xyz", attrs["grid_dim"], cluster):
+                if isinstance(g, int) and g % c:
+                    raise self.src.error(
+                        None,
+                        f"attrs.grid_dim {tuple(attrs['grid_dim'])} is not a multiple of "
+                        f"attrs.cluster_dim {cluster} along {axis}",
+                    )
+        if self.setmaxnreg is not None and "min_blocks" not in attrs:
+            # ptxas ignores setmaxnreg ("unable to determine register count at entry") in a
+            # kernel whose launch bounds name no blocks per SM.
+            raise self.src.error(
+                self.setmaxnreg,
+                "setmaxnreg needs attrs.min_blocks (such as 1): without it ptxas cannot tell "
+                "the registers a thread has at entry and ignores it",
             )
         if bound is not None and constant_block:
             if math.prod(block) > bound:

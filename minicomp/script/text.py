@@ -4,7 +4,7 @@
 several (device functions before their callers), exactly as written: the IR a name gets is
 the name written (device functions are not renamed apart), and the parse skips the index
 simplification that `@script` functions get. The text sees the language's names (the
-primitives of minicomp.script.lang, .hopper and .wgmma, the types of
+primitives of minicomp.script.lang, .hopper, .cluster and .wgmma, the types of
 minicomp.script.types) and the module `math` (the printer writes infinities as `math.inf`);
 errors are ScriptErrors at its lines, under a file name such as `<script text 3>`.
 """
@@ -19,7 +19,7 @@ import math
 import types
 
 from minicomp.ir.func import Function, Module
-from minicomp.script import hopper, lang, tma, wgmma
+from minicomp.script import cluster, hopper, lang, tma, wgmma
 from minicomp.script import types as script_types
 from minicomp.script.errors import ScriptError
 from minicomp.script.function import ScriptFunction
@@ -73,6 +73,7 @@ def _namespace() -> dict:
     scope = {k: v for k, v in vars(lang).items() if isinstance(v, primitive)}
     scope.update(lang.MATH)
     scope.update({p.name: p for p in hopper.PRIMITIVES})
+    scope.update({p.name: p for p in cluster.PRIMITIVES})
     scope.update({p.name: p for p in tma.PRIMITIVES}, tensor_map=script_types.tensor_map)
     scope.update({p.name: p for p in wgmma.PRIMITIVES})
     scope.update({repr(t): t for t in script_types.SCALAR_TYPES})

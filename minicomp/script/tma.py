@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from minicomp.ir import expr as E
 from minicomp.ir import types as T
 from minicomp.ir.expr import Dim
+from minicomp.ir.func import MAX_CLUSTER
 from minicomp.script import conversions as C
 from minicomp.script.errors import Issue
 from minicomp.script.hopper import _barrier, _int
@@ -129,13 +130,26 @@ def _dynamic_aligned(p, node, op, m: TensorMapRef, full: str) -> None:
 
 
 def _tma_load(p, name, args, kwargs):
+    mask_node = kwargs.pop("multicast", None)
     if kwargs or len(args) < 3:
-        raise Issue(f"{name}() takes (dst, map, coordinates..., bar)")
+        raise Issue(f"{name}() takes (dst, map, coordinates..., bar[, multicast=mask])")
     m = _map(p, args[1], name)
     coords = _coords(p, args[2:-1], m, name)
     dst = _shared_box(p, args[0], m, name, "destination")
     bar = _barrier(p, args[-1], name)
-    return _effect(name, dst.var, dst.index, m.var, *coords, bar.var, bar.index)
+    if mask_node is None or p.value(mask_node) is None:  # multicast=None: to this CTA only
+        return _effect(name, dst.var, dst.index, m.var, *coords, bar.var, bar.index)
+    # One copy into the same shared offset of every CTA of the mask, each CTA's barrier at
+    # bar's offset completing its bytes (cluster.py).
+    mask = _int(p, mask_node, name, "the multicast mask")
+    if isinstance(mask, E.Const) and not 0 < mask.value < 1 << MAX_CLUSTER:
+        raise p.src.error(
+            mask_node,
+            f"the multicast mask of {name}() names CTAs 0 to {MAX_CLUSTER - 1} of the cluster, "
+            f"one bit each, and at least one: not {mask.value}",
+        )
+    args = (dst.var, dst.index, m.var, *coords, bar.var, bar.index, mask)
+    return _effect("tma_load_multicast", *args)
 
 
 def _tma_store(p, name, args, kwargs):

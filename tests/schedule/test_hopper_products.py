@@ -207,12 +207,15 @@ def test_the_symbolic_kernel_builds_for_sm_90a_without_spills(tmp_path):
 
 
 def test_mn_major_kernels_build_for_sm_90a_without_spills(tmp_path):
-    # Both operands MN-major, in the largest tile and a one-warpgroup one.
+    # Both operands MN-major, in the largest tile and a one-warpgroup one, and that one in
+    # pairs along N sharing A's boxes by multicast.
     at, b = torch.randn(K, 72).half(), torch.randn(K, 136).half()
     problem = matmul_problem_of(lambda at, b: at.t() @ b, at, b)
     problem.arch = "sm_90a"
     assert (problem.plain_a.contiguous, problem.plain_b.contiguous) == ("mn", "mn")
-    for config in (matmul_hopper.CONFIGS[0], matmul_hopper.CONFIGS[2]):
+    one = matmul_hopper.CONFIGS[2]
+    pairs = matmul_hopper.HopperConfig(one.bn, one.consumers, one.stages, cluster=2, share="a")
+    for config in (matmul_hopper.CONFIGS[0], one, pairs):
         _build_without_spills(matmul_hopper.instantiate(problem, config), tmp_path)
 
 

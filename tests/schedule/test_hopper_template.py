@@ -70,6 +70,26 @@ def test_a_linear_with_bias_and_gelu_runs_the_hopper_template(compiled_linear):
         torch.testing.assert_close(out.double(), expected(model, x), rtol=tol, atol=tol)
 
 
+def test_a_symbolic_m_runs_clusters_sharing_b_with_the_fused_epilogue():
+    # A symbolic M (the heuristic assumes it large) takes pairs of 64 x 64 tiles along M that
+    # share B's tile by multicast; at M = 130 (three row tiles) the second pair's second CTA
+    # is past C's edge, at M = 67 the first pair's: both must still take part in its copies
+    # and barriers, store nothing, and leave the epilogue's bias and gelu right.
+    model = LinearGelu().half()
+    records: list = []
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="minicomp", options=HOPPER)
+    for m in (130, 67):
+        x = torch.randn(m, K, dtype=torch.float16)
+        torch._dynamo.mark_dynamic(x, 0)
+        with torch.no_grad(), recording(records):
+            out = fn(x)
+        torch.testing.assert_close(out.double(), expected(model, x), rtol=1e-2, atol=1e-2)
+    ((kernel,),) = [r.kernels for r in records]
+    assert kernel.attrs.template == "matmul_hopper[64x64x64_s8_c2b]"
+    assert kernel.attrs.cluster_dim == (2, 1, 1)
+
+
 def test_explain_names_the_hopper_template_and_why():
     model = LinearGelu().half()
     with torch.no_grad():

@@ -5,7 +5,10 @@ looping over several tiles, K not a multiple of the stage), two stages and three
 same bits, the bugs the ring must not have (a wrong phase parity deadlocks with the
 emulator's report; a stage freed before its mma's retire gives a wrong result), the launch's
 errors, the config choice, the lens's counts of its copies and mma's, and NVRTC for sm_90a:
-every offered config without spills, with HGMMA (QGMMA), UTMALDG and SYNCS in its SASS."""
+every offered config without spills, with HGMMA (QGMMA), UTMALDG and SYNCS in its SASS.
+Clusters of two CTAs sharing B's (or A's) tile by TMA multicast: against float64 with a
+cluster's second tile past C's edge, the lens counting the shared tile's bytes once, and a
+stage refilled before the other CTA freed it caught."""
 
 import pytest
 import torch
@@ -26,6 +29,8 @@ from minicomp.script import ScriptError
 M, N, K = 67, 130, 200  # odd edges; K is 4 stages of 64, the last one partial
 TWO_GROUPS = HopperConfig(bn=64, consumers=2, stages=3)  # 128 x 64 tiles: 3 of them
 ONE_GROUP = HopperConfig(bn=128, consumers=1, stages=2)  # 64 x 128 tiles: 4 of them
+SHARE_B = HopperConfig(bn=64, consumers=1, stages=3, cluster=2, share="b")  # pairs along M
+SHARE_A = HopperConfig(bn=64, consumers=1, stages=2, cluster=2, share="a")  # pairs along N
 
 
 def inputs(dtype, m=M, n=N, k=K):
@@ -53,6 +58,24 @@ def test_the_product_matches_float64(config, dtype, out_dtype):
     # f32 C: the f32 sums of exact products; bf16 C: one rounding of the result.
     tol = 1e-4 if out_dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.double(), expected(a, b), rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize(("config", "m", "n"), [(SHARE_B, 130, 67), (SHARE_A, 67, 130)])
+def test_a_cluster_sharing_a_tile_by_multicast_matches_float64(config, m, n):
+    # Three tiles along the shared side: the second cluster's second CTA computes a tile past
+    # C's edge, and must still load, wait and release with the first. One cluster (grid 2)
+    # loops over every pair, so the ring runs on across them.
+    a, b = inputs(torch.float16, m=m, n=n)
+    with minicomp.config.patch(emu_checks=True):
+        out = matmul_hopper(a, b, poisoned(m, n, torch.float32), config=config, grid=2)
+    torch.testing.assert_close(out.double(), expected(a, b), rtol=1e-4, atol=1e-3)
+
+
+def test_a_cluster_stage_refilled_before_the_other_cta_freed_it_is_caught():
+    a, b = inputs(torch.float16, m=130, n=67, k=448)
+    bad = kernel(SHARE_B, T.f16, T.f32, bug="own_release")
+    with pytest.raises(EmulatorError, match=r"CTA 1 of its cluster.*bytes more than"):
+        bad(a, b, poisoned(130, 67, torch.float32), grid=2)
 
 
 def test_a_float8_product_matches_float64():
@@ -100,18 +123,26 @@ def test_operands_need_rows_of_whole_16_bytes():
 
 def test_the_config_weighs_the_tiles_work_against_their_memory_traffic():
     largest = HopperConfig(bn=256, consumers=2, stages=4)
-    square = HopperConfig(bn=128, consumers=2, stages=5)
     smallest = HopperConfig(bn=64, consumers=1, stages=8)
-    # Large products: the fewest operand re-reads through L2.
-    assert pick_config(4096, 4096, k=4096) == largest
+    pairs = HopperConfig(bn=128, consumers=1, stages=6, cluster=2, share="b")
+    # Large products: the fewest operand re-reads through L2; at 4096^3 pairs of CTAs sharing
+    # B's tile read a third less (128 x 256 alone is L2-bound in the model), at 4096 x 11008
+    # it is a tie (the larger grid's padding is the same), and the plain tile comes first.
+    assert pick_config(4096, 4096, k=4096) == HopperConfig(
+        bn=256, consumers=2, stages=4, cluster=2, share="b"
+    )
     assert pick_config(4096, 11008, k=4096) == largest
-    # Decode rows: the most blocks, to pull the weight from DRAM with every SM.
+    # Decode rows: the most blocks, to pull the weight from DRAM with every SM; a pair's
+    # second tile would be all padding.
     assert pick_config(16, 4096, k=4096) == smallest
     assert pick_config(16, 4096, k=11008) == smallest
-    # 64 tiles of 128 x 128 keep half the SMs busy, but 128 of 64 x 128 or 256 of 64 x 64
-    # re-read more through L2 than that costs (the lens: 4.5 us against 5.9 and 7.3 at 1024^3).
-    assert pick_config(1024, 1024, k=1024) == square
-    assert pick_config(256, 4096, k=4096) == square
+    # 64 tiles of 128 x 128 keep half the SMs busy; 128 of 64 x 128 re-read more through L2
+    # than that costs alone, but in pairs sharing B's tile they read less (1024^3: the model's
+    # 25 against 34 for 128 x 128).
+    assert pick_config(1024, 1024, k=1024) == pairs
+    assert pick_config(256, 4096, k=4096) == pairs
+    # One SM cannot hold a cluster of two.
+    assert pick_config(1024, 1024, 1, k=1024).cluster == 1
 
 
 def test_the_launch_refuses_other_types_and_shapes():
@@ -140,9 +171,8 @@ def test_every_offered_config_compiles_for_sm_90a_without_spills(tmp_path):
     _nvrtc()
     from minicomp.backends.cuda import sass
 
-    for config, in_type, out_type in zip(
-        CONFIGS, (T.f16, T.bf16, T.f8e4m3fn, T.bf16), (T.f16, T.f32, T.bf16, T.f16)
-    ):
+    types = ((T.f16, T.f16), (T.bf16, T.f32), (T.f8e4m3fn, T.bf16), (T.bf16, T.f16))
+    for config, (in_type, out_type) in zip(CONFIGS, types * 2):
         k = kernel(config, in_type, out_type)
         name = k.ir.name
         binary = nvrtc.compile_cuda(k.source, arch="sm_90a", name=name, cache_dir=str(tmp_path))
@@ -159,6 +189,9 @@ def test_every_offered_config_compiles_for_sm_90a_without_spills(tmp_path):
         mma = "QGMMA" if in_type.nbytes == 1 else "HGMMA"  # float8: QGMMA
         for prefix in (mma, "UTMALDG", "SYNCS"):
             assert any(op.startswith(prefix) for op in ops), (config, prefix, sorted(ops))
+        if config.cluster > 1:  # the shared tile by multicast, the cluster barrier
+            for op in ("UTMALDG.2D.MULTICAST", "UCGABAR_ARV", "UCGABAR_WAIT"):
+                assert ops[op] > 0, (config, op, sorted(ops))
         (report,) = sass.check_kernels(k.source, binary.cubin)
         assert report.ok, report
 
@@ -193,3 +226,23 @@ def test_the_lens_counts_the_tma_traffic_and_the_wgmma_work():
     # The profile builds it for sm_90a, as the cuda target would: ptxas's registers.
     (k,) = profile_session(session, H100).graph.kernels
     assert k.resources is not None and k.resources.registers > 0, k
+
+
+def test_the_lens_counts_a_multicast_tile_once():
+    from minicomp.lens.counts import KernelCounts
+    from minicomp.lens.session import recording
+
+    # 130 x 192: three column tiles of 64, two row tiles of 64 (one pair along M).
+    a, b = inputs(torch.float16, m=128, n=130, k=192)
+    counts = {}
+    for config in (HopperConfig(bn=64, consumers=1, stages=3), SHARE_B):
+        out = poisoned(128, 130, torch.float32)
+        with minicomp.config.patch(lens=True), recording() as session:
+            matmul_hopper(a, b, out, config=config)
+        torch.testing.assert_close(out.double(), expected(a, b), rtol=1e-4, atol=1e-3)
+        (launch,) = session.launches
+        counts[config.cluster] = KernelCounts.from_sample(launch.sample)
+    # Alone, each of the two row tiles reads B's column tile; in pairs, B's tile comes once.
+    assert counts[1].global_load_bytes == 3 * a.nbytes + 2 * b.nbytes
+    assert counts[2].global_load_bytes == 3 * a.nbytes + b.nbytes
+    assert counts[2].wgmma == counts[1].wgmma

@@ -36,6 +36,8 @@ import os
 from minicomp.backends.c_like import PREC_UNARY, CLikeRenderer, is_half
 from minicomp.backends.cuda.intrinsics_async import HEADER_PATH as ASYNC_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_async import AsyncIntrinsics
+from minicomp.backends.cuda.intrinsics_cluster import HEADER_PATH as CLUSTER_HEADER_PATH
+from minicomp.backends.cuda.intrinsics_cluster import ClusterIntrinsics
 from minicomp.backends.cuda.intrinsics_mma import HEADER_PATH as MMA_HEADER_PATH
 from minicomp.backends.cuda.intrinsics_mma import MmaIntrinsics
 from minicomp.backends.cuda.intrinsics_tma import HEADER_PATH as TMA_HEADER_PATH
@@ -131,9 +133,16 @@ _SHUFFLE_NATIVE = ("f32", "f64", "i32", "u32", "i64", "u64")
 
 @functools.lru_cache(maxsize=1)
 def device_header() -> str:
-    """The text of device.h (common.h inlined), mma.h, async.h, tma.h then wgmma.h, which every
-    generated CUDA source carries inline."""
-    paths = (HEADER_PATH, MMA_HEADER_PATH, ASYNC_HEADER_PATH, TMA_HEADER_PATH, WGMMA_HEADER_PATH)
+    """The text of device.h (common.h inlined), mma.h, async.h, tma.h, wgmma.h then cluster.h,
+    which every generated CUDA source carries inline."""
+    paths = (
+        HEADER_PATH,
+        MMA_HEADER_PATH,
+        ASYNC_HEADER_PATH,
+        TMA_HEADER_PATH,
+        WGMMA_HEADER_PATH,
+        CLUSTER_HEADER_PATH,
+    )
     return "\n".join(inline_includes(path) for path in paths)
 
 
@@ -167,7 +176,14 @@ def c_string_literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-class CudaRenderer(MmaIntrinsics, TmaIntrinsics, AsyncIntrinsics, WgmmaIntrinsics, CLikeRenderer):
+class CudaRenderer(
+    MmaIntrinsics,
+    TmaIntrinsics,
+    AsyncIntrinsics,
+    WgmmaIntrinsics,
+    ClusterIntrinsics,
+    CLikeRenderer,
+):
     """Renders kernel IR as CUDA C++ for NVRTC (and for the host emulator, unchanged)."""
 
     reserved_names = CUDA_RESERVED
@@ -200,13 +216,16 @@ class CudaRenderer(MmaIntrinsics, TmaIntrinsics, AsyncIntrinsics, WgmmaIntrinsic
                 )
             threads = bound
         min_blocks = f.attrs.min_blocks
+        prefix = 'extern "C" __global__'
+        if f.attrs.cluster_dim is not None:
+            prefix += " __cluster_dims__({}, {}, {})".format(*f.attrs.cluster_dim)
         if threads is None:
             if min_blocks is not None:
                 raise ValueError(f"kernel {f.name} has min_blocks but no constant thread count")
-            return 'extern "C" __global__'
+            return prefix
         if min_blocks is not None:
-            return f'extern "C" __global__ __launch_bounds__({threads}, {min_blocks})'
-        return f'extern "C" __global__ __launch_bounds__({threads})'
+            return f"{prefix} __launch_bounds__({threads}, {min_blocks})"
+        return f"{prefix} __launch_bounds__({threads})"
 
     def array_decl(self, s: S.DeclareArray) -> str:
         if s.scope == "dynamic":

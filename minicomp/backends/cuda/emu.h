@@ -9,6 +9,11 @@
 // thread, of the launch's size, reached through a thread-local pointer. Device printf is the
 // host's; a launch flushes stdout before it returns, as a CUDA synchronisation shows the output.
 //
+// A kernel with a cluster (`__cluster_dims__`) runs each cluster's CTAs together, each block on
+// an OS thread of its own (so each has its own `__shared__`), taking turns: one CTA runs until
+// none of its threads can go on, then hands the turn to the next (struct Cluster), so that a
+// CTA may touch another's shared memory and mbarriers (emu_cluster.h) as the owner would.
+//
 // The fiber switch is a small x86-64 routine (callee-saved registers and stack pointer); other architectures, and builds with MC_EMU_UCONTEXT defined, use
 // swapcontext, which costs a signal-mask system call per switch.
 #ifndef MC_EMU_H
@@ -21,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -73,6 +80,7 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __shared__ static thread_local
 #define __constant__ static
 
@@ -84,11 +92,13 @@ static const int warpSize = 32;
 
 namespace mc_emu {
 
-enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_MBAR, DONE };
+// WAIT_GROUP: at a warpgroup-wide instruction (setmaxnreg); WAIT_CLUSTER: at a cluster barrier.
+enum State : int { RUNNABLE, WAIT_BLOCK, WAIT_WARP, WAIT_MBAR, WAIT_GROUP, WAIT_CLUSTER, DONE };
 
 struct Block;
 struct AsyncState;  // emu_async.h
 struct WgmmaState;  // emu_wgmma.h
+struct ClusterBlock;  // emu_cluster.h
 
 struct Fiber {
     uint3 tid;
@@ -134,6 +144,9 @@ struct Block {
     std::string error;
     std::unique_ptr<AsyncState> async;  // its mbarriers and bulk copies, once it uses one
     WgmmaState* wgmma;  // its threads' wgmma queues, once one issues (freed by wgmma_finish)
+    std::unique_ptr<ClusterBlock> cluster;  // its warpgroup and cluster barriers, once used
+    struct Cluster* cl;  // its cluster, when the launch has one of more than one CTA
+    unsigned rank;       // its rank in that cluster
 #ifdef MC_EMU_UCONTEXT
     ucontext_t sched;
 #else
@@ -161,6 +174,43 @@ static const unsigned long long MAX_DYNAMIC_SHARED = 227ull * 1024;
 
 // Thrown only in plain mode, where the kernel runs on the worker's own stack.
 struct PlainModeBarrier {};
+
+static const unsigned MAX_CLUSTER = 8;  // CUDA's portable cluster size
+
+// A cluster barrier (barrier.cluster): its completed phases, the arrivals of the current one.
+struct ClusterBarrier {
+    unsigned long long phase;
+    unsigned arrived;
+    unsigned expected;
+};
+
+// The CTAs of one cluster, each on its OS thread. Only the CTA holding the turn runs, so it
+// may change another's barriers and wake its fibers; the mutex hands the turn over. `epoch`
+// counts what one CTA does to the others (arrivals, copies, the cluster barrier): when every
+// CTA that has not finished found nothing to run since the same epoch, the cluster is
+// deadlocked, and `error` says how.
+struct Cluster {
+    unsigned size = 1;
+    std::mutex mutex;
+    std::condition_variable cv;
+    unsigned registered = 0;  // CTAs that have started (or failed before starting)
+    unsigned turn = 0;
+    Block* blocks[MAX_CLUSTER] = {};          // each running CTA's block
+    const char* tls[MAX_CLUSTER] = {};        // its library thread-local block: static shared
+    unsigned char* smem[MAX_CLUSTER] = {};    // its dynamic shared memory
+    size_t smem_bytes = 0;
+    bool entered[MAX_CLUSTER] = {};
+    bool finished[MAX_CLUSTER] = {};
+    bool stuck[MAX_CLUSTER] = {};
+    unsigned long long stuck_at[MAX_CLUSTER] = {};
+    unsigned long long epoch = 0;
+    bool failed = false;  // a CTA failed or the cluster deadlocked: every CTA stops
+    std::string error;    // the deadlock
+    ClusterBarrier barrier{};
+};
+
+// What a CTA reports when it stopped because another CTA of its cluster failed.
+static const char* const CLUSTER_STOPPED = "stopped: another CTA of its cluster failed";
 
 }  // namespace mc_emu
 
@@ -344,6 +394,93 @@ static void start_fiber(Block* b, Fiber* f) {
 }
 #endif  // MC_EMU_RUNTIME
 
+// ---- clusters: taking turns ----
+
+static std::string describe_deadlock(Block* b);
+
+// Gives the turn to the next CTA after `r` that has not finished (the mutex held).
+static void cluster_pass_turn(Cluster* c, unsigned r) {
+    for (unsigned k = 1; k <= c->size; k++) {
+        unsigned n = (r + k) % c->size;
+        if (!c->finished[n]) {
+            c->turn = n;
+            break;
+        }
+    }
+    c->cv.notify_all();
+}
+
+// The deadlock of a whole cluster: what each CTA still running waits for.
+static std::string describe_cluster_deadlock(Cluster* c) {
+    std::string s = format("deadlock of a cluster of %u CTAs:", c->size);
+    for (unsigned r = 0; r < c->size; r++) {
+        if (c->finished[r]) {
+            s += format(" CTA %u has exited;", r);
+        } else if (c->blocks[r]) {
+            s += format(" CTA %u: %s;", r, describe_deadlock(c->blocks[r]).c_str());
+        }
+    }
+    s.pop_back();
+    return s;
+}
+
+// Called by the CTA holding the turn when none of its threads can go on: hands the turn to the
+// next CTA and waits until it comes back. False when the cluster has stopped instead (every
+// CTA stuck since the same epoch: a deadlock, described in c->error; or a CTA failed): the
+// block must end.
+static bool cluster_yield(Block* b) {
+    Cluster* c = b->cl;
+    unsigned r = b->rank;
+    std::unique_lock<std::mutex> lock(c->mutex);
+    c->stuck[r] = true;
+    c->stuck_at[r] = c->epoch;
+    bool all = true;
+    for (unsigned i = 0; i < c->size; i++) {
+        if (!c->finished[i] && !(c->stuck[i] && c->stuck_at[i] == c->epoch)) all = false;
+    }
+    if (all && !c->failed) {
+        c->error = describe_cluster_deadlock(c);
+        c->failed = true;
+        c->cv.notify_all();
+    }
+    if (!c->failed) {
+        cluster_pass_turn(c, r);
+        c->cv.wait(lock, [&] { return c->turn == r || c->failed; });
+    }
+    c->stuck[r] = false;
+    return !c->failed;
+}
+
+// A CTA starts: it waits until every CTA of the cluster has started and the turn is its own.
+static bool cluster_enter(Block* b, const void* tls, unsigned char* smem, size_t bytes) {
+    Cluster* c = b->cl;
+    unsigned r = b->rank;
+    std::unique_lock<std::mutex> lock(c->mutex);
+    c->blocks[r] = b;
+    c->tls[r] = (const char*)tls;
+    c->smem[r] = smem;
+    c->smem_bytes = bytes;
+    c->entered[r] = true;
+    c->registered++;
+    c->cv.notify_all();
+    c->cv.wait(lock, [&] { return (c->registered == c->size && c->turn == r) || c->failed; });
+    return !c->failed;
+}
+
+// A CTA ends (`failed`: with an error, which stops the others), started or not.
+static void cluster_leave(Cluster* c, unsigned r, bool failed) {
+    std::lock_guard<std::mutex> lock(c->mutex);
+    if (!c->entered[r]) {
+        c->entered[r] = true;
+        c->registered++;
+    }
+    c->finished[r] = true;
+    c->blocks[r] = nullptr;
+    if (failed) c->failed = true;
+    if (c->turn == r) cluster_pass_turn(c, r);
+    c->cv.notify_all();
+}
+
 // ---- barriers ----
 
 static void syncthreads(int line) {
@@ -437,6 +574,8 @@ static inline void syncwarp() {
 // mbarriers and bulk copies (emu_async.h; emu.py puts its text here).
 #ifndef MC_EMU_NO_ASYNC
 #include "emu_async.h"
+// Clusters, distributed shared memory and setmaxnreg (emu_cluster.h; emu.py puts its text here).
+#include "emu_cluster.h"
 #endif
 
 namespace mc_emu {
@@ -463,6 +602,8 @@ static std::string describe_deadlock(Block* b) {
 #ifndef MC_EMU_NO_ASYNC
     std::string mbar = describe_async_waits(b);
     if (!mbar.empty()) s += (at_block || at_warp ? ", " : "") + mbar;
+    std::string group = describe_cluster_waits(b);
+    if (!group.empty()) s += (at_block || at_warp || !mbar.empty() ? ", " : "") + group;
 #endif
     if (exited) s += format(", %u exited without reaching it", exited);
     return s;
@@ -483,6 +624,14 @@ static void run_fibers(Block* b) {
         push_runnable(b, &b->fibers[i]);
     }
     run_queue(b);
+    // In a cluster, a block whose threads all wait lets the other CTAs run, then goes on.
+    while (b->cl && b->error.empty() && b->done < b->nthreads) {
+        if (!cluster_yield(b)) {
+            b->error = CLUSTER_STOPPED;
+            break;
+        }
+        run_queue(b);
+    }
     if (b->done < b->nthreads && b->error.empty()) b->error = describe_deadlock(b);
     for (unsigned i = 0; i < b->nthreads && b->error.empty(); i++) {
         if (*(uint64_t*)b->fibers[i].stack != STACK_CANARY) {
@@ -597,8 +746,10 @@ static std::string wgmma_finish(Block* b);  // emu_wgmma.h
 // Runs block `linear` of the grid; returns an error message, or "" on success.
 static std::string run_one_block(const char* kernel, Body body, void** args, bool fibers,
                                  uint3 grid, uint3 dim, size_t shared, unsigned linear,
-                                 Worker& w, const Config& config) {
+                                 Worker& w, const Config& config, Cluster* cl, unsigned rank) {
     Block b{};
+    b.cl = cl;
+    b.rank = rank;
     b.kernel = kernel;
     b.body = body;
     b.args = args;
@@ -646,6 +797,13 @@ static std::string run_one_block(const char* kernel, Body body, void** args, boo
     w.queue.resize(b.nthreads);
     b.queue = w.queue.data();
     tls_block = &b;
+    if (cl) {
+        const void* tls = config.library_tls ? config.library_tls() : nullptr;
+        if (!cluster_enter(&b, tls, tls_dynamic_smem, shared)) {
+            tls_block = nullptr;
+            return CLUSTER_STOPPED;
+        }
+    }
     bool ok = run_guarded(&b, run_fibers);
     tls_block = nullptr;
     std::string wgmma = wgmma_finish(&b);  // work left pending, an incomplete warpgroup
@@ -657,10 +815,11 @@ static std::string run_one_block(const char* kernel, Body body, void** args, boo
 // run_one_block, counted by `lens` when it is not null.
 static std::string run_block(const char* kernel, Body body, void** args, bool fibers, uint3 grid,
                              uint3 dim, size_t shared, unsigned linear, Worker& w,
-                             const Config& config, LensWorker* lens) {
+                             const Config& config, LensWorker* lens, Cluster* cl = nullptr,
+                             unsigned rank = 0) {
     if (lens) lens_begin_block(lens, dim.x * dim.y * dim.z, w.dynamic_smem(shared), shared);
-    std::string error =
-        run_one_block(kernel, body, args, fibers, grid, dim, shared, linear, w, config);
+    std::string error = run_one_block(kernel, body, args, fibers, grid, dim, shared, linear, w,
+                                      config, cl, rank);
     if (lens) lens_end_block(lens);
     return error;
 }
@@ -677,11 +836,12 @@ static void asan_callback(const char* report) {
 
 // Runs a kernel of a library with settings `config`; `checks`, when not null, describes its
 // tensor arguments for a checked launch (emu_checks.h) and receives its first bad access;
-// `lens`, when not null, which blocks to count (emu_lens.h), and receives the counts.
+// `lens`, when not null, which blocks to count (emu_lens.h), and receives the counts;
+// (cx, cy, cz) is the kernel's cluster, (1, 1, 1) without one.
 int launch(const char* kernel, bool fibers, Body body, const Config& config, unsigned gx,
            unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
            unsigned long long shared, void** args, Checks* checks, Lens* lens, char* err,
-           int errlen) {
+           int errlen, unsigned cx, unsigned cy, unsigned cz) {
     std::string error;
     unsigned long long threads = (unsigned long long)bx * by * bz;
     if (!gx || !gy || !gz || !bx || !by || !bz) {
@@ -693,6 +853,13 @@ int launch(const char* kernel, bool fibers, Body body, const Config& config, uns
     } else if (shared > MAX_DYNAMIC_SHARED) {
         error = format("%llu bytes of dynamic shared memory; a block may have %llu", shared,
                        MAX_DYNAMIC_SHARED);
+    } else if (!cx || !cy || !cz || (unsigned long long)cx * cy * cz > MAX_CLUSTER) {
+        error = format("a cluster of (%u,%u,%u) CTAs; a cluster has 1 to %u", cx, cy, cz,
+                       MAX_CLUSTER);
+    } else if (gx % cx || gy % cy || gz % cz) {
+        error = format("the grid (%u,%u,%u) is not a multiple of its cluster (%u,%u,%u) "
+                       "(__cluster_dims__) along every axis",
+                       gx, gy, gz, cx, cy, cz);
     }
 #ifdef MC_EMU_ASAN
     static std::once_flag once;
@@ -721,13 +888,21 @@ int launch(const char* kernel, bool fibers, Body body, const Config& config, uns
         checks->violation.found = 0;
         if (error.empty()) error = begin_checks(checks, args, &checked);
     }
-    auto work = [&] {
+    // Runs `run(w, counted)` with this OS thread set up to run blocks: its worker, checks, lens.
+    auto with_worker = [&](auto&& run) {
         Worker w;
         tls_worker = &w;
         tls_checks = checks ? &checked : nullptr;
         LensWorker counted;
         if (lens) lens_begin_launch(&counted, lens, config.library_tls());
         tls_lens = lens ? &counted : nullptr;
+        run(w, counted);
+        if (lens) lens_end_launch(&counted, lens, &sectors, mutex);
+        tls_lens = nullptr;
+        tls_checks = nullptr;
+        tls_worker = nullptr;
+    };
+    auto blocks = [&](Worker& w, LensWorker& counted) {
         for (;;) {
             unsigned long long claim = next.fetch_add(1);
             if (claim >= nclaims || claim > first_bad.load()) break;
@@ -743,14 +918,89 @@ int launch(const char* kernel, bool fibers, Body body, const Config& config, uns
                 if (checks) checks->violation = tls_violation.found ? tls_violation : Violation{};
             }
         }
-        if (lens) lens_end_launch(&counted, lens, &sectors, mutex);
-        tls_lens = nullptr;
-        tls_checks = nullptr;
-        tls_worker = nullptr;
+    };
+    // A launch with clusters (of a kernel on fibers: only those can reach each other) claims
+    // whole clusters: the claiming OS thread runs rank 0 and one more thread each other rank.
+    unsigned csize = cx * cy * cz;
+    bool clustered = fibers && csize > 1 && error.empty();
+    std::vector<unsigned long long> sampled_clusters;
+    auto cluster_of = [&](unsigned long long i) {
+        unsigned long long x = i % gx, y = i / gx % gy, z = i / gx / gy;
+        return x / cx + (unsigned long long)(gx / cx) * (y / cy + (unsigned long long)(gy / cy) * (z / cz));
+    };
+    auto block_in = [&](unsigned long long cluster, unsigned r) {
+        unsigned ncx = gx / cx, ncy = gy / cy;
+        unsigned long long x = cluster % ncx * cx + r % cx;
+        unsigned long long y = cluster / ncx % ncy * cy + r / cx % cy;
+        unsigned long long z = cluster / ncx / ncy * cz + r / cx / cy;
+        return x + (unsigned long long)gx * (y + (unsigned long long)gy * z);
+    };
+    if (clustered) {
+        if (lens && lens->sample_only) {
+            for (unsigned long long k = 0; k < lens->nsample; k++)
+                sampled_clusters.push_back(cluster_of(lens->sample[k]));
+            std::sort(sampled_clusters.begin(), sampled_clusters.end());
+            sampled_clusters.erase(std::unique(sampled_clusters.begin(), sampled_clusters.end()),
+                                   sampled_clusters.end());
+            nclaims = sampled_clusters.size();
+        } else {
+            nclaims = nblocks / csize;
+        }
+    }
+    auto clusters = [&](Worker& w, LensWorker& counted) {
+        for (;;) {
+            unsigned long long claim = next.fetch_add(1);
+            if (claim >= nclaims || claim > first_bad.load()) break;
+            unsigned long long index = sampled_clusters.empty() ? claim : sampled_clusters[claim];
+            Cluster c;
+            c.size = csize;
+            c.barrier.expected = csize * (unsigned)threads;
+            std::vector<std::string> errors(csize);
+            std::vector<Violation> violations(csize);
+            auto rank = [&](unsigned r, Worker& rw, LensWorker& rc) {
+                unsigned long long i = block_in(index, r);
+                LensWorker* counting = lens && lens_sampled(lens, i) ? &rc : nullptr;
+                errors[r] = run_block(kernel, body, args, fibers, grid, dim, (size_t)shared,
+                                      (unsigned)i, rw, config, counting, &c, r);
+                violations[r] = tls_violation.found ? tls_violation : Violation{};
+                cluster_leave(&c, r, !errors[r].empty());
+            };
+            std::vector<std::thread> others;
+            for (unsigned r = 1; r < csize; r++) {
+                others.emplace_back([&, r] { with_worker([&](Worker& rw, LensWorker& rc) { rank(r, rw, rc); }); });
+            }
+            rank(0, w, counted);
+            for (auto& t : others) t.join();
+            // The cluster's deadlock, else the first CTA's own failure (not its stopping).
+            std::string e = c.error;
+            Violation v{};
+            for (unsigned r = 0; r < csize && e.empty(); r++) {
+                if (!errors[r].empty() && errors[r] != CLUSTER_STOPPED) {
+                    e = format("CTA %u of its cluster: ", r) + errors[r];
+                    v = violations[r];
+                }
+            }
+            for (unsigned r = 0; r < csize && e.empty(); r++) e = errors[r];
+            if (e.empty()) continue;
+            std::lock_guard<std::mutex> lock(mutex);
+            if (claim < first_bad.load()) {
+                first_bad = claim;
+                error = e;
+                if (checks) checks->violation = v;
+            }
+        }
     };
     if (error.empty()) {
         unsigned hw = config.workers ? config.workers : std::thread::hardware_concurrency();
+        if (clustered) hw = hw / csize ? hw / csize : 1;  // each claim takes csize threads
         unsigned long long n = nclaims < hw ? nclaims : (hw ? hw : 1);
+        auto work = [&] {
+            if (clustered) {
+                with_worker(clusters);
+            } else {
+                with_worker(blocks);
+            }
+        };
         std::vector<std::thread> pool;
         for (unsigned long long t = 1; t < n; t++) pool.emplace_back(work);
         work();
@@ -777,7 +1027,7 @@ int launch(const char* kernel, bool fibers, Body body, const Config& config, uns
 int launch(const char* kernel, bool fibers, Body body, const Config& config, unsigned gx,
            unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
            unsigned long long shared, void** args, Checks* checks, Lens* lens, char* err,
-           int errlen);
+           int errlen, unsigned cx, unsigned cy, unsigned cz);
 #endif  // MC_EMU_RUNTIME
 
 }  // namespace mc_emu

@@ -49,6 +49,8 @@ from minicomp.backends.ctypes_params import TensorMapBytes
 from minicomp.backends.cuda.arch import LARGEST
 from minicomp.backends.cuda.intrinsics_async import BLOCKING_INTRINSICS
 from minicomp.backends.cuda.intrinsics_async import HELPER_TOKENS as ASYNC_TOKENS
+from minicomp.backends.cuda.intrinsics_cluster import BLOCKING_INTRINSICS as CLUSTER_BLOCKING
+from minicomp.backends.cuda.intrinsics_cluster import HELPER_TOKENS as CLUSTER_TOKENS
 from minicomp.backends.cuda.intrinsics_mma import EMU_HEADER_PATH, WARP_COLLECTIVE_INTRINSICS
 from minicomp.backends.cuda.intrinsics_tma import HELPER_TOKENS as TMA_TOKENS
 from minicomp.backends.cuda.intrinsics_tma import TENSOR_MAP_CTYPE, TMA_INTRINSICS
@@ -64,6 +66,7 @@ from minicomp.ir.types import PointerType, TensorMapType
 
 HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emu.h")
 CHECKS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_checks.h")
+CLUSTER_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_cluster.h")
 LENS_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_lens.h")
 ASYNC_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_async.h")
 TMA_HEADER_PATH = os.path.join(os.path.dirname(HEADER_PATH), "emu_tma.h")
@@ -130,16 +133,17 @@ _SYNC_INTRINSICS = (
     | BLOCKING_INTRINSICS
     | TMA_INTRINSICS
     | WGMMA_INTRINSICS
+    | CLUSTER_BLOCKING
 )
 _SYNC_TOKENS = re.compile(
     r"\b(__syncthreads|__syncwarp|__shfl\w*|mc_mma_\w+|mc_ldmatrix_\w+|"
-    rf"{ASYNC_TOKENS}|{TMA_TOKENS}|{WGMMA_TOKENS})\b"
+    rf"{ASYNC_TOKENS}|{TMA_TOKENS}|{WGMMA_TOKENS}|{CLUSTER_TOKENS})\b"
 )
 
 # The names emu_async.h, emu_mma.h and emu_wgmma.h define (the spellings of async.h's, tma.h's,
 # mma.h's and wgmma.h's helpers): a kernel library whose code calls none of a part's is built
 # without it, whose template instantiations were most of a small kernel's build.
-_ASYNC_TOKENS = re.compile(rf"\b({ASYNC_TOKENS}|{TMA_TOKENS})\b")
+_ASYNC_TOKENS = re.compile(rf"\b({ASYNC_TOKENS}|{TMA_TOKENS}|{CLUSTER_TOKENS})\b")
 _MMA_TOKENS = re.compile(r"\bmc_(mma|ldmatrix|cp_async)_\w+")
 _WGMMA_TOKENS = re.compile(rf"\b({WGMMA_TOKENS})\b")
 # The device headers a generated source carries (device.h, mma.h...), guards and all: their
@@ -206,13 +210,14 @@ class OutOfBoundsError(EmulatorError):
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """What the launcher needs of a kernel: its name, parameter C types, whether it syncs, and
-    its parameters' names (for messages)."""
+    """What the launcher needs of a kernel: its name, parameter C types, whether it syncs, its
+    parameters' names (for messages), and its cluster's CTAs along x, y, z."""
 
     name: str
     params: tuple[str, ...]
     sync: bool
     names: tuple[str, ...] = ()
+    cluster: tuple[int, int, int] = (1, 1, 1)
 
 
 class _SyncFinder(Visitor):
@@ -304,6 +309,15 @@ def _param_names(source: str, kernel: str, count: int) -> tuple[str, ...]:
     return tuple(f"argument {i}" for i in range(count))
 
 
+def _cluster_dims(source: str, kernel: str) -> tuple[int, int, int]:
+    """The `__cluster_dims__(x, y, z)` of `kernel`'s definition in `source`, else (1, 1, 1)."""
+    text = _strip_comments(source)
+    dims = r"__cluster_dims__\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)"
+    pattern = dims + rf"[^;{{}}]*?\b{re.escape(kernel)}\s*\("
+    match = re.search(pattern, text)
+    return tuple(int(g) for g in match.groups()) if match else (1, 1, 1)
+
+
 def _ir_type_name(t) -> str:
     if isinstance(t, TensorMapType):
         return TENSOR_MAP_CTYPE
@@ -322,14 +336,16 @@ def _specs(source: str, kernels: Sequence[Any]) -> list[KernelSpec]:
             finder.visit(k.body)
             params = tuple(_ir_type_name(p.type) for p in k.params)
             names = tuple(p.name for p in k.params)
-            specs.append(KernelSpec(k.name, params, finder.found or k.name in textual, names))
+            sync = finder.found or k.name in textual
+            cluster = k.attrs.cluster_dim or (1, 1, 1)
+            specs.append(KernelSpec(k.name, params, sync, names, cluster))
         else:
             name, params, *flag = k
             if isinstance(params, str):
                 params = [p for p in (x.strip() for x in params.split(",")) if p]
             sync = bool(flag[0]) if flag else name in textual
             names = _param_names(source, name, len(params))
-            specs.append(KernelSpec(name, tuple(params), sync, names))
+            specs.append(KernelSpec(name, tuple(params), sync, names, _cluster_dims(source, name)))
     return specs
 
 
@@ -344,6 +360,7 @@ def _unpack(ctype: str, i: int) -> str:
 
 
 def _wrapper(spec: KernelSpec) -> str:
+    cx, cy, cz = spec.cluster
     unpack = ", ".join(_unpack(t, i) for i, t in enumerate(spec.params))
     return (
         f"static void mc_emu_body_{spec.name}(void** a) {{ {spec.name}({unpack}); }}\n"
@@ -353,7 +370,7 @@ def _wrapper(spec: KernelSpec) -> str:
         f'  return mc_emu::launch("{spec.name}", {str(spec.sync).lower()}, '
         f"mc_emu_body_{spec.name}, mc_emu_config,\n"
         "                        gx, gy, gz, bx, by, bz, shared, args, checks, lens, err, "
-        "errlen);\n"
+        f"errlen, {cx}, {cy}, {cz});\n"
         "}\n"
     )
 
@@ -372,6 +389,7 @@ def emulator_prelude(
         CHECKS_HEADER_PATH,
         LENS_HEADER_PATH,
         ASYNC_HEADER_PATH,
+        CLUSTER_HEADER_PATH,
         TMA_HEADER_PATH,
         SWIZZLE_HEADER_PATH,
     ):

@@ -111,13 +111,28 @@ static inline const char* bar_name(const char* spelled) {
     abort();
 }
 
-static Mbar& bar_of(Block* b, uint64_t* addr, const char* name, int line, const char* what) {
-    for (Mbar& m : async_state(b).bars)
+// The barrier at `addr` of block `owner` (another CTA of the cluster when not `b`, whose
+// thread fails when there is none).
+static Mbar& bar_of(Block* owner, Block* b, uint64_t* addr, const char* name, int line,
+                    const char* what) {
+    for (Mbar& m : async_state(owner).bars)
         if (m.addr == addr) return m;
+    if (owner != b) {
+        async_fail(b, format("%s on mbarrier %s (line %d) of CTA %u of the cluster, which that "
+                             "CTA has not initialised with mbarrier_init (fence_mbarrier_init "
+                             "and cluster_sync after the init, before other CTAs use it)",
+                             what, bar_name(name), line, owner->rank));
+    }
     async_fail(b, format("%s on mbarrier %s (line %d), which this block has not initialised "
                          "with mbarrier_init",
                          what, bar_name(name), line));
 }
+
+static Mbar& bar_of(Block* b, uint64_t* addr, const char* name, int line, const char* what) {
+    return bar_of(b, b, addr, name, line, what);
+}
+
+static void cluster_event(Block* b);  // emu_cluster.h: another CTA may now go on
 
 static void complete_phase(Block* b, Mbar& m) {
     AsyncState& s = async_state(b);
@@ -133,8 +148,9 @@ static void complete_phase(Block* b, Mbar& m) {
 }
 
 // Lands the queued copies of a phase that has all its arrivals, completing it when its
-// transaction count reaches zero.
-MC_LENS_UNINSTRUMENTED static void settle(Block* b, Mbar& m, const char* name, int line) {
+// transaction count reaches zero (`owner`'s barrier; `b` the block of the thread landing them).
+MC_LENS_UNINSTRUMENTED static void settle(Block* owner, Block* b, Mbar& m, const char* name,
+                                          int line) {
     if (m.pending || m.copies.empty()) return;
     long long landed = 0;
     for (const BulkCopy& c : m.copies) {
@@ -152,7 +168,11 @@ MC_LENS_UNINSTRUMENTED static void settle(Block* b, Mbar& m, const char* name, i
                              "would complete before all its data landed)",
                              bar_name(name), line, -m.tx, m.phases));
     }
-    if (m.tx == 0) complete_phase(b, m);
+    if (m.tx == 0) complete_phase(owner, m);
+}
+
+MC_LENS_UNINSTRUMENTED static void settle(Block* b, Mbar& m, const char* name, int line) {
+    settle(b, b, m, name, line);
 }
 
 static void mbar_init(uint64_t* addr, uint32_t count, const char* name, int line) {
@@ -183,25 +203,34 @@ static void mbar_init(uint64_t* addr, uint32_t count, const char* name, int line
     s.epoch++;
 }
 
-static void mbar_arrive(uint64_t* addr, long long tx, const char* name, int line) {
-    Block* b = async_block();
+// An arrival of a thread of block `b` on the barrier at `addr` of block `owner` (b itself, or
+// another CTA of its cluster).
+static void mbar_arrive_on(Block* owner, Block* b, uint64_t* addr, long long tx, const char* name,
+                           int line) {
     MC_LENS_COUNT(LENS_BARRIERS, 1);
-    Mbar& m = bar_of(b, addr, name, line, "an arrival");
-    if (m.pending == 0) settle(b, m, name, line);  // the previous phase's copies land first
+    Mbar& m = bar_of(owner, b, addr, name, line, "an arrival");
+    if (owner != b) cluster_event(b);
+    if (m.pending == 0) settle(owner, b, m, name, line);  // the previous phase's copies first
     if (m.pending == 0) {
-        async_fail(b, format("mbarrier %s (line %d): an arrival beyond its count of %u in phase "
-                             "%llu, which still waits for %lld transaction bytes",
-                             bar_name(name), line, m.expected, m.phases, m.tx));
+        std::string of = owner != b ? format(" of CTA %u of the cluster", owner->rank) : "";
+        async_fail(b, format("mbarrier %s (line %d)%s: an arrival beyond its count of %u in "
+                             "phase %llu, which still waits for %lld transaction bytes",
+                             bar_name(name), line, of.c_str(), m.expected, m.phases, m.tx));
     }
     m.tx += tx;
     m.pending--;
-    async_state(b).epoch++;
+    async_state(owner).epoch++;
     if (m.pending) return;
     if (m.tx == 0 && m.copies.empty()) {
-        complete_phase(b, m);
+        complete_phase(owner, m);
     } else if (m.waiters) {
-        settle(b, m, name, line);
+        settle(owner, b, m, name, line);
     }
+}
+
+static void mbar_arrive(uint64_t* addr, long long tx, const char* name, int line) {
+    Block* b = async_block();
+    mbar_arrive_on(b, b, addr, tx, name, line);
 }
 
 MC_LENS_UNINSTRUMENTED static void bulk_copy(void* dst, const void* src, uint32_t bytes,
@@ -250,16 +279,34 @@ static void tma_aligned(Block* b, const TmaDesc& d, const void* smem, const char
     }
 }
 
+// Queues copy `c` into `dst` of block `owner` (b's own, or another CTA's of the cluster), on its
+// barrier at `addr`; its destination holds 0xff bytes until it lands.
+static void tma_queue(Block* owner, Block* b, BulkCopy c, void* dst, uint64_t* addr,
+                      const char* name, int line) {
+    Mbar& m = bar_of(owner, b, addr, name, line, "a tensor copy completing");
+    c.dst = dst;
+    memset(dst, 0xff, c.bytes);
+    m.copies.push_back(c);
+    async_state(owner).epoch++;
+    if (owner != b) cluster_event(b);
+    if (m.pending == 0 && m.waiters) settle(owner, b, m, name, line);
+}
+
+static Block* cluster_cta(Block* b, unsigned r, const char* what, int line);  // emu_cluster.h
+static void* map_shared(Block* b, const void* p, unsigned r);                // emu_cluster.h
+
+// A tensor load; `multicast`: into every CTA of the cluster in `mask` (bit r: rank r), each at
+// dst's and bar's offsets, the bytes read (and counted by the lens) once.
 MC_LENS_UNINSTRUMENTED static void tma_load(void* dst, const void* map, uint64_t* addr,
                                             const char* name, int line,
-                                            std::initializer_list<int32_t> coords) {
+                                            std::initializer_list<int32_t> coords,
+                                            bool multicast = false, unsigned mask = 0) {
     Block* b = async_block();
     const TmaDesc& d = tma_desc(b, map, "tma_load", line);
     tma_aligned(b, d, dst, "tma_load", line);
     MC_LENS_COUNT(LENS_CP_ASYNC, 1);
-    Mbar& m = bar_of(b, addr, name, line, "a tensor copy completing");
+    if (!multicast) bar_of(b, addr, name, line, "a tensor copy completing");
     BulkCopy c{};
-    c.dst = dst;
     c.bytes = tma_box_bytes(d);
     c.tensor = true;
     c.desc = d;
@@ -270,10 +317,20 @@ MC_LENS_UNINSTRUMENTED static void tma_load(void* dst, const void* map, uint64_t
             if (g) visit((uintptr_t)g, d.elem_bytes);
         });
     });
-    memset(dst, 0xff, c.bytes);  // until it lands, as a bulk copy's destination
-    m.copies.push_back(c);
-    async_state(b).epoch++;
-    if (m.pending == 0 && m.waiters) settle(b, m, name, line);
+    if (!multicast) {
+        tma_queue(b, b, c, dst, addr, name, line);
+        return;
+    }
+    if (!(mask & 0xffff)) {
+        async_fail(b, format("tma_load (line %d) with the multicast mask %#x, which names no CTA",
+                             line, mask));
+    }
+    for (unsigned r = 0; r < 16; r++) {
+        if (!(mask >> r & 1)) continue;
+        Block* owner = cluster_cta(b, r, "tma_load's multicast", line);
+        tma_queue(owner, b, c, map_shared(b, dst, r), (uint64_t*)map_shared(b, addr, r), name,
+                  line);
+    }
 }
 
 MC_LENS_UNINSTRUMENTED static void tma_store(const void* map, const void* src, int line,
@@ -382,9 +439,17 @@ static bool mbar_try_wait(uint64_t* addr, uint32_t parity, const char* name, int
     if (w.epoch != s.epoch || w.bar != addr) w.spins = 0;
     w = FiberWait{addr, name, parity, line, w.spins + 1, s.epoch};
     if (w.spins >= 2 && all_stuck(b)) {
-        b->error = describe_deadlock(b);
-        switch_away(b, f, false);  // to the scheduler; never resumed
-        abort();
+        if (b->cl) {  // the other CTAs of the cluster may change something: their turn
+            if (!cluster_yield(b)) {
+                b->error = CLUSTER_STOPPED;
+                switch_away(b, f, false);  // to the scheduler; never resumed
+                abort();
+            }
+        } else {
+            b->error = describe_deadlock(b);
+            switch_away(b, f, false);  // to the scheduler; never resumed
+            abort();
+        }
     }
     push_runnable(b, f);
     switch_away(b, f, false);

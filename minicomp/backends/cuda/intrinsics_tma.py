@@ -55,8 +55,9 @@ class _TmaBuffers(Visitor):
         self.align: dict[E.Var, int] = {}
 
     def visit_Call(self, c: E.Call) -> None:
-        if c.name in ("tma_load", "tma_store"):
-            buf, m = (c.args[0], c.args[2]) if c.name == "tma_load" else (c.args[-2], c.args[0])
+        if c.name in ("tma_load", "tma_store", "tma_load_multicast"):
+            store = c.name == "tma_store"
+            buf, m = (c.args[-2], c.args[0]) if store else (c.args[0], c.args[2])
             if isinstance(buf, E.Var) and isinstance(m, E.Var):
                 need = declared_alignment(m.type.swizzle)
                 self.align[buf] = max(need, self.align.get(buf, 16))
@@ -94,16 +95,28 @@ class TmaIntrinsics:
         return ", ".join(self.expr(c) for c in reversed(coords))
 
     def intrinsic_tma_load(self, e: E.Call) -> str:
+        return self._tma_load(e, "")
+
+    def intrinsic_tma_load_multicast(self, e: E.Call) -> str:
+        return self._tma_load(e, "multicast")
+
+    def _tma_load(self, e: E.Call, multicast: str) -> str:
+        """tma_load, or with `multicast` its form taking a CTA mask after the barrier."""
         m = e.args[2] if len(e.args) > 2 else None
         rank = m.type.rank if isinstance(m, E.Var) and isinstance(m.type, TensorMapType) else 0
-        if not rank or len(e.args) != 5 + rank:
-            raise ValueError(f"tma_load takes (dst, di, map, coordinates..., bar, bi): {e}")
+        if not rank or len(e.args) != 5 + rank + bool(multicast):
+            more = ", mask" if multicast else ""
+            raise ValueError(f"{e.name} takes (dst, di, map, coordinates..., bar, bi{more}): {e}")
         ref, t = self._map(e, m)
-        dst = self._at(e.args[0], e.args[1], "the destination of tma_load", "shared")
+        dst = self._at(e.args[0], e.args[1], f"the destination of {e.name}", "shared")
         if e.args[0].type.elem != t.elem:
-            raise ValueError(f"tma_load of {t.elem} elements into {e.args[0].type.elem}: {e}")
+            raise ValueError(f"{e.name} of {t.elem} elements into {e.args[0].type.elem}: {e}")
         coords = self._coords(e.args[3 : 3 + rank])
-        return f"mc_tma_load_{rank}d({dst}, {ref}, {self._bar(e, 3 + rank)}, {coords})"
+        bar = self._bar(e, 3 + rank)
+        if multicast:
+            mask = f"(uint16_t)({self.expr(e.args[-1])})"
+            return f"mc_tma_load_multicast_{rank}d({dst}, {ref}, {bar}, {mask}, {coords})"
+        return f"mc_tma_load_{rank}d({dst}, {ref}, {bar}, {coords})"
 
     def intrinsic_tma_store(self, e: E.Call) -> str:
         m = e.args[0] if e.args else None

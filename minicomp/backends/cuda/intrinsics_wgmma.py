@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 
+from minicomp.backends.cuda.intrinsics_cluster import SM90A_INTRINSICS
 from minicomp.ir import expr as E
 from minicomp.ir.func import Module
 from minicomp.ir.functor import Visitor
@@ -66,12 +67,13 @@ class _WgmmaFinder(Visitor):
         self.found = False
 
     def visit_Call(self, c: E.Call) -> None:
-        self.found |= c.name in WGMMA_INTRINSICS
+        self.found |= c.name in WGMMA_INTRINSICS or c.name in SM90A_INTRINSICS
         self.visit(c.args)
 
 
 def uses_wgmma(module: Module) -> bool:
-    """Whether a function of `module` uses a wgmma intrinsic."""
+    """Whether a function of `module` uses a wgmma intrinsic (or another that only sm_90a has:
+    setmaxnreg)."""
     finder = _WgmmaFinder()
     for f in module.functions:
         finder.visit(f.body)

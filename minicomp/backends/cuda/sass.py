@@ -33,6 +33,7 @@ INTRINSIC_OPCODES = {
     "mc_tma_load_": "UTMALDG",
     "mc_tma_store_": "UTMASTG",
     "mc_wgmma_mma_async": "HGMMA|QGMMA",  # f16/bf16, float8
+    "mc_setmaxnreg_": "USETMAXREG",
 }
 # Opcodes that say something about a kernel's speed, reported even when the count is zero.
 NOTABLE = ("HMMA", "LDSM", "LDGSTS", "FFMA", "LDG", "STG", "LDS", "STS", "LDL", "STL", "BAR")
@@ -41,9 +42,9 @@ _FUNCTION = re.compile(r"^\s*Function : (?P<name>\S+)", re.MULTILINE)
 _INSTRUCTION = re.compile(
     r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?(?P<op>[A-Z][A-Z0-9_]*)(?P<mods>(?:\.[A-Z0-9_]+)*)"
 )
-# `__global__ [__launch_bounds__(...)] void name(`: the kernel's name is the word before the
-# first parenthesis that follows the return type.
-_KERNEL = re.compile(r"__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?\w+\s+(\w+)\s*\(")
+# `__global__ [__cluster_dims__(...)] [__launch_bounds__(...)] void name(`: the kernel's name is
+# the word before the first parenthesis that follows the return type.
+_KERNEL = re.compile(r"__global__\s+(?:__\w+__\([^)]*\)\s+)*\w+\s+(\w+)\s*\(")
 _WIDTH = re.compile(r"\.(?P<bits>64|128)\b")
 
 

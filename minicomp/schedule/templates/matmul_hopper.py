@@ -55,6 +55,12 @@ from minicomp.schedule.templates.base import Template, finish
 from minicomp.schedule.templates.fragments import Names
 from minicomp.schedule.templates.matmul_simt import assumed_sizes
 from minicomp.schedule.templates.problem import ceil_div, needs_check, unravel
+from minicomp.script.cluster import (
+    cluster_ctarank,
+    cluster_sync,
+    fence_mbarrier_init,
+    mbarrier_arrive_cluster,
+)
 from minicomp.script.function import script
 from minicomp.script.hopper import (
     mbarrier_arrive,
@@ -98,11 +104,15 @@ OUTPUT_TYPES = (T.f16, T.bf16, T.f32)
 @dataclass(frozen=True)
 class HopperConfig:
     """A block of `consumers` warpgroups (BM = 64 * consumers rows) and BN = `bn` columns, with
-    `stages` stages in the ring."""
+    `stages` stages in the ring; `cluster` = 2: clusters of two CTAs sharing `share`'s tile
+    ("b": the CTAs are neighbours along M and read one B tile; "a": along N, one A tile), which
+    rank 0 loads into both by TMA multicast."""
 
     bn: int = 128
     consumers: int = 2
     stages: int = 4
+    cluster: int = 1
+    share: str = "b"
 
     @property
     def bm(self) -> int:
@@ -122,13 +132,26 @@ class HopperConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{BK}_s{self.stages}"
+        shared = f"_c{self.cluster}{self.share}" if self.cluster > 1 else ""
+        return f"{self.bm}x{self.bn}x{BK}_s{self.stages}{shared}"
+
+    @property
+    def tiles_per_unit(self) -> tuple[int, int]:
+        """The tiles along M and N the CTAs of one cluster compute together."""
+        if self.cluster == 1:
+            return 1, 1
+        return (self.cluster, 1) if self.share == "b" else (1, self.cluster)
 
     def check(self) -> None:
         if self.bn not in (64, 128, 192, 256) or self.consumers not in (1, 2):
             raise ValueError(
                 f"matmul_hopper: no config with BN {self.bn}, {self.consumers} "
                 "consumer warpgroups (BN 64, 128, 192 or 256; 1 or 2 warpgroups)"
+            )
+        if self.cluster not in (1, 2) or self.share not in ("a", "b"):
+            raise ValueError(
+                f"matmul_hopper[{self.name}]: clusters of 1 or 2 CTAs sharing operand a or b, "
+                f"not {self.cluster} sharing {self.share!r}"
             )
         if self.stages < 2:
             # A stage is freed by the wait after the next step's mma's are issued, which
@@ -144,15 +167,24 @@ class HopperConfig:
             )
 
 
-CONFIGS = (
+_TILES = (
     HopperConfig(bn=256, consumers=2, stages=4),
     HopperConfig(bn=128, consumers=2, stages=5),
     HopperConfig(bn=128, consumers=1, stages=6),
     HopperConfig(bn=64, consumers=1, stages=8),
 )
+CONFIGS = _TILES + tuple(
+    HopperConfig(c.bn, c.consumers, c.stages, cluster=2, share="b") for c in _TILES
+)
 """The configs offered: 128x256 (the large-shape tile: 128 accumulators a consumer thread),
 128x128, 64x128 and 64x64 (more tiles for small products), each with as many stages as fit
-comfortably under the shared-memory limit."""
+comfortably under the shared-memory limit; and each in clusters of two CTAs along M that read
+B's tile from L2 once (multicast), which halves B's L2 traffic."""
+
+
+def offered_configs(sms: int) -> tuple[HopperConfig, ...]:
+    """The CONFIGS a GPU of `sms` SMs can run: a cluster needs as many SMs as it has CTAs."""
+    return tuple(c for c in CONFIGS if c.cluster <= sms)
 
 
 def pick_config(
@@ -171,12 +203,14 @@ def pick_config(
     11008 (fewest operand re-reads through L2), 128 x 128 for 1024 x 1024 (64 blocks, each
     busy, rather than 128 smaller ones re-reading more), 64 x 64 for a 16-row decode
     product (the most blocks pulling the weight from DRAM)."""
-    times = {c: tile_time(c, m, n, k, sms, batch, in_bytes, out_bytes) for c in CONFIGS}
+    offered = offered_configs(sms)
+    times = {c: tile_time(c, m, n, k, sms, batch, in_bytes, out_bytes) for c in offered}
     least = min(times.values())
-    fitting = [c for c in CONFIGS if times[c] <= least * (1 + PICK_SLACK)]
+    fitting = [c for c in offered if times[c] <= least * (1 + PICK_SLACK)]
 
-    def padded(c: HopperConfig) -> int:
-        return -(-m // c.bm) * c.bm * -(-n // c.bn) * c.bn
+    def padded(c: HopperConfig) -> int:  # a cluster's tiles past C's edge included
+        um, un = c.tiles_per_unit
+        return -(-m // (c.bm * um)) * c.bm * um * -(-n // (c.bn * un)) * c.bn * un
 
     return min(fitting, key=lambda c: (padded(c), -c.bm * c.bn))
 
@@ -202,13 +236,17 @@ def tile_time(
 ) -> float:
     """The level-0 model of `c`'s kernel, in wgmma flops of one SM (matmul_tc.product_work's
     unit at the wgmma rate), the longest of: the busiest SM's tiles (ceil(tiles / SMs) of BM x
-    BN x K, padding included); every tile's A and B panels through L2; each operand and C once
-    through DRAM. The busy SMs pull at most twice their even share of L2 and DRAM (as the
-    lens assumes), so a grid of few tiles also waits for memory."""
-    tiles = batch * -(-m // c.bm) * -(-n // c.bn)
+    BN x K, padding included; a cluster's units on SMs / cluster slots); every tile's A and B
+    panels through L2 (a cluster's shared panel once); each operand and C once through DRAM.
+    The busy SMs pull at most twice their even share of L2 and DRAM (as the lens assumes), so
+    a grid of few tiles also waits for memory."""
+    um, un = c.tiles_per_unit
+    units = batch * -(-m // (c.bm * um)) * -(-n // (c.bn * un))
+    tiles = units * c.cluster  # a cluster's second tile past C's edge is computed all the same
     reach = min(1.0, 2 * min(tiles, sms) / sms)
-    compute = -(-tiles // sms) * c.bm * c.bn * 2 * k
-    l2 = tiles * (c.bm + c.bn) * k * in_bytes * WGMMA_FLOPS_PER_L2_BYTE / sms
+    compute = -(-units // (sms // c.cluster)) * c.bm * c.bn * 2 * k
+    # A cluster reads its shared tile from L2 once, by multicast: bm * um + bn * un rows.
+    l2 = units * (c.bm * um + c.bn * un) * k * in_bytes * WGMMA_FLOPS_PER_L2_BYTE / sms
     dram_bytes = batch * ((m + n) * k * in_bytes + m * n * out_bytes)
     dram = dram_bytes * WGMMA_FLOPS_PER_DRAM_BYTE / sms
     return max(compute, l2 / reach, dram / reach)
@@ -237,7 +275,16 @@ def kernel(
 
     `bug` plants one, for the tests: "parity" (the producer waits for the wrong phase of a
     free stage), "early_release" (consumers free a stage as soon as they have issued its
-    mma's, before the wait that retires them)."""
+    mma's, before the wait that retires them), "own_release" (in a cluster, each CTA's
+    consumers free a stage on their own CTA only, so that rank 0 refills the shared tile
+    while rank 1 may still read it).
+
+    With `config.cluster` = 2 the grid is clusters of two CTAs (`grid` even) that compute a
+    unit of two neighbouring tiles sharing one operand's tile, which rank 0's producer loads
+    into both CTAs by multicast; each CTA loads its other operand itself. Rank 0's empty
+    barriers expect the consumers of both CTAs (rank 1's arrive remotely), so it refills a
+    stage only when both have retired its mma's; a unit's second tile past C's edge still
+    takes part in the copies and barriers, and stores nothing."""
     config.check()
     if in_type not in INPUT_TYPES or out_type not in OUTPUT_TYPES:
         raise ValueError(
@@ -254,6 +301,13 @@ def kernel(
     ACC = BN // 2
     NAME = f"matmul_hopper[{config.name}]"
 
+    CL = config.cluster
+    UM, UN = config.tiles_per_unit  # tiles along M and N of one cluster's unit of work
+    SHARE_B, SHARE_A = CL > 1 and config.share == "b", CL > 1 and config.share == "a"
+    # The slot's empty barrier of the CTA loading the shared tile into both (rank 0) collects
+    # the consumers of both CTAs; the other CTA's, its own.
+    EMPTY_COUNT = CONSUMERS * CL
+
     @script
     def matmul_hopper(
         a: tensor_map(dtype[dim.m, dim.k], box=(BM, KS), swizzle=SWIZZLE),
@@ -268,7 +322,11 @@ def kernel(
         attrs.block_dim = CONSUMERS + 32
         attrs.min_blocks = 1
         attrs.template = NAME
+        if CL > 1:
+            attrs.cluster_dim = CL
+            attrs.block_group = CL  # the lens samples whole clusters
         t = threadIdx.x
+        rank = cluster_ctarank() if CL > 1 else 0
         a_s = dynamic_shared_tensor(dtype, (STAGES, BM, KS), at=0)
         b_s = dynamic_shared_tensor(dtype, (STAGES, BN, KS), at=B_AT)
         full = shared_tensor(u64, (STAGES,))
@@ -276,17 +334,25 @@ def kernel(
         if t == 0:
             for s in range(STAGES):
                 mbarrier_init(full[s], 1)
-                mbarrier_init(empty[s], CONSUMERS)
-        syncthreads()
-        tiles_m = (m + BM - 1) // BM
-        tiles = tiles_m * ((n + BN - 1) // BN)
+                if CL > 1 and bug != "own_release":
+                    mbarrier_init(empty[s], EMPTY_COUNT if rank == 0 else CONSUMERS)
+                else:
+                    mbarrier_init(empty[s], CONSUMERS)
+            if CL > 1:
+                fence_mbarrier_init()
+        if CL > 1:
+            cluster_sync()  # the other CTA's barriers are initialised
+        else:
+            syncthreads()
+        units_m = ((m + BM - 1) // BM + UM - 1) // UM
+        units = units_m * (((n + BN - 1) // BN + UN - 1) // UN)
         steps = (k + KS - 1) // KS
         it = 0  # the block's K steps so far, over its tiles: the ring's position
-        tile = blockIdx.x
+        unit = blockIdx.x // CL
         if t == CONSUMERS:  # the producer: one thread issues every copy
-            while tile < tiles:
-                m0 = tile % tiles_m * BM
-                n0 = tile // tiles_m * BN
+            while unit < units:
+                m0 = (unit % units_m * UM + (rank if SHARE_B else 0)) * BM
+                n0 = (unit // units_m * UN + (rank if SHARE_A else 0)) * BN
                 for kt in range(steps):
                     s = it % STAGES
                     if bug == "parity":
@@ -294,18 +360,26 @@ def kernel(
                     else:
                         mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
                     mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
-                    tma_load(a_s[s], a, m0, kt * KS, full[s])
-                    tma_load(b_s[s], b, n0, kt * KS, full[s])
+                    if SHARE_A:
+                        if rank == 0:
+                            tma_load(a_s[s], a, m0, kt * KS, full[s], multicast=3)
+                    else:
+                        tma_load(a_s[s], a, m0, kt * KS, full[s])
+                    if SHARE_B:
+                        if rank == 0:
+                            tma_load(b_s[s], b, n0, kt * KS, full[s], multicast=3)
+                    else:
+                        tma_load(b_s[s], b, n0, kt * KS, full[s])
                     it += 1
-                tile += grid
+                unit += grid // CL
         elif t < CONSUMERS:
             wg = t // WARPGROUP
             w = t % WARPGROUP // 32
             lane = t % 32
             acc = register_tensor(f32, (ACC,))
-            while tile < tiles:
-                m0 = tile % tiles_m * BM
-                n0 = tile // tiles_m * BN
+            while unit < units:
+                m0 = (unit % units_m * UM + (rank if SHARE_B else 0)) * BM
+                n0 = (unit // units_m * UN + (rank if SHARE_A else 0)) * BN
                 for i in unroll(range(ACC)):
                     acc[i] = 0.0
                 for kt in range(steps):
@@ -321,11 +395,19 @@ def kernel(
                         mbarrier_arrive(empty[s])
                     wgmma_wait_group(1)  # the step before has retired: free its stage
                     if kt > 0 and bug != "early_release":
-                        mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                        done = (it + STAGES - 1) % STAGES
+                        mbarrier_arrive(empty[done])
+                        if CL > 1 and bug != "own_release":
+                            if rank != 0:  # rank 0's producer refills both CTAs' stage
+                                mbarrier_arrive_cluster(empty[done], 0)
                     it += 1
                 wgmma_wait_group(0, acc)
                 if steps > 0 and bug != "early_release":
-                    mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                    done = (it + STAGES - 1) % STAGES
+                    mbarrier_arrive(empty[done])
+                    if CL > 1 and bug != "own_release":
+                        if rank != 0:
+                            mbarrier_arrive_cluster(empty[done], 0)
                 row = m0 + 64 * wg + 16 * w + lane // 4
                 col = n0 + 2 * (lane % 4)
                 for i in unroll(range(ACC)):
@@ -333,7 +415,9 @@ def kernel(
                     cc = col + 8 * (i // 4) + i % 2
                     if r < m and cc < n:
                         c[r, cc] = out_dtype(acc[i])
-                tile += grid
+                unit += grid // CL
+        if CL > 1:
+            cluster_sync()  # no CTA leaves while the other may still signal its barriers
 
     return matmul_hopper
 
@@ -344,7 +428,8 @@ def matmul_hopper(
     """out = a @ b.T by the Hopper kernel of `config` (default: `pick_config` for `sms` SMs),
     for torch tensors: a [M, K] and b [N, K] f16, bf16 or float8 (the same), out [M, N]
     contiguous in f16, bf16 or f32 (default: a new one of a's type, f16 for float8). `grid`
-    is the number of persistent blocks (default: one a tile, at most `sms`)."""
+    is the number of persistent blocks (default: one a tile, at most `sms`; a multiple of
+    the config's cluster)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
             f"matmul_hopper: a [M, K] and b [N, K] with the same K, not {list(a.shape)} and "
@@ -369,10 +454,16 @@ def matmul_hopper(
         return out.zero_()
     size = in_type.nbytes, out_type.nbytes
     config = config or pick_config(m, n, sms, k=k, in_bytes=size[0], out_bytes=size[1])
-    tiles = -(-m // config.bm) * -(-n // config.bn)
+    um, un = config.tiles_per_unit
+    units = -(-m // (config.bm * um)) * -(-n // (config.bn * un))
+    cl = config.cluster
     if grid is None:
-        grid = min(tiles, sms)
-    kernel(config, in_type, out_type)(a, b, out, grid=max(grid, 1))
+        grid = cl * min(units, sms // cl)
+    if grid % cl:
+        raise ValueError(
+            f"matmul_hopper[{config.name}]: a grid of whole clusters of {cl}, not {grid}"
+        )
+    kernel(config, in_type, out_type)(a, b, out, grid=max(grid, cl))
     return out
 
 
@@ -467,7 +558,7 @@ def space(problem, level: int) -> list[HopperConfig]:
     """The heuristic's config at level 0; every config of CONFIGS above."""
     if level <= 0:
         return [heuristic(problem)]
-    return list(dict.fromkeys((heuristic(problem), *CONFIGS)))
+    return list(dict.fromkeys((heuristic(problem), *offered_configs(problem.sms))))
 
 
 def instantiate(problem, config: HopperConfig) -> Function:
@@ -489,17 +580,22 @@ def instantiate(problem, config: HopperConfig) -> Function:
     KS = SPAN // problem.a_dtype.nbytes
     STEP = 32 // problem.a_dtype.nbytes
     ACC = BN // 2
+    CL = config.cluster
+    UM, UN = config.tiles_per_unit  # the tiles along M and N of one cluster's unit of work
+    SHARE_A, SHARE_B = CL > 1 and config.share == "a", CL > 1 and config.share == "b"
     # A symbolic size (the launch's M) is read at run time: the grid, the tile loop's bounds.
-    TILES = prod((BATCH, ceil_div(M, BM), ceil_div(N, BN)))
-    if isinstance(TILES, int):
-        GRID = min(max(TILES, 1), problem.sms)
+    UNITS = prod((BATCH, ceil_div(ceil_div(M, BM), UM), ceil_div(ceil_div(N, BN), UN)))
+    SLOTS = problem.sms // CL  # clusters that fit at once
+    if isinstance(UNITS, int):
+        GRID = CL * min(max(UNITS, 1), SLOTS)
     else:
-        GRID = minimum(maximum(TILES, 1), problem.sms)
-    store_c = problem.store_c(check_m=needs_check(M, BM), check_n=needs_check(N, BN))
+        GRID = CL * minimum(maximum(UNITS, 1), SLOTS)
+    # A unit's second tile may lie past C's edge even where BM (BN) divides M (N).
+    store_c = problem.store_c(check_m=needs_check(M, BM * UM), check_n=needs_check(N, BN * UN))
     names = Names()
     a, b = problem.plain_a, problem.plain_b
-    load_a, A_BOX, A_STAGE = _operand_copy(names, "a", a, BM, KS)
-    load_b, B_BOX, B_STAGE = _operand_copy(names, "b", b, BN, KS)
+    load_a, A_BOX, A_STAGE = _operand_copy(names, "a", a, BM, KS, multicast=SHARE_A)
+    load_b, B_BOX, B_STAGE = _operand_copy(names, "b", b, BN, KS, multicast=SHARE_B)
     A_STAGES, B_STAGES = (STAGES, *A_STAGE), (STAGES, *B_STAGE)
     A_MN, B_MN = a.contiguous == "mn", b.contiguous == "mn"
     # One product: tile t's column of tiles is t // tiles_m, never a constant. (Where C is one
@@ -514,7 +610,11 @@ def instantiate(problem, config: HopperConfig) -> Function:
     ):
         attrs.grid_dim = GRID
         attrs.block_dim = CONSUMERS + 32
+        if CL > 1:
+            attrs.cluster_dim = CL
+            attrs.block_group = CL  # the lens samples whole clusters
         t = threadIdx.x
+        rank = cluster_ctarank() if CL > 1 else 0
         a_s = dynamic_shared_tensor(dtype, A_STAGES, at=0)
         b_s = dynamic_shared_tensor(dtype, B_STAGES, at=B_AT)
         full = shared_tensor(u64, (STAGES,))
@@ -522,38 +622,46 @@ def instantiate(problem, config: HopperConfig) -> Function:
         if t == 0:
             for s in range(STAGES):
                 mbarrier_init(full[s], 1)
-                mbarrier_init(empty[s], CONSUMERS)
-        syncthreads()
-        tiles_m = (M + BM - 1) // BM
-        tiles_c = tiles_m * ((N + BN - 1) // BN)
-        tiles = BATCH * tiles_c
+                # Rank 0's producer refills both CTAs' stage: both CTAs' consumers free it.
+                mbarrier_init(empty[s], CONSUMERS * CL if rank == 0 else CONSUMERS)
+            if CL > 1:
+                fence_mbarrier_init()
+        if CL > 1:
+            cluster_sync()  # the other CTA's barriers are initialised
+        else:
+            syncthreads()
+        units_m = ((M + BM - 1) // BM + UM - 1) // UM
+        units_c = units_m * (((N + BN - 1) // BN + UN - 1) // UN)
+        units = BATCH * units_c
         steps = (K + KS - 1) // KS
         it = 0  # the block's K steps so far, over its tiles: the ring's position
-        tile = blockIdx.x
+        unit = blockIdx.x // CL
         if t == CONSUMERS:  # the producer (see kernel())
-            while tile < tiles:
-                bz = tile // tiles_c
-                rest = tile % tiles_c if BATCHED else tile  # (see BATCHED)
-                m0 = rest % tiles_m * BM
-                n0 = rest // tiles_m * BN
+            while unit < units:
+                bz = unit // units_c
+                rest = unit % units_c if BATCHED else unit  # (see BATCHED)
+                m0 = (rest % units_m * UM + (rank if SHARE_B else 0)) * BM
+                n0 = (rest // units_m * UN + (rank if SHARE_A else 0)) * BN
                 for kt in range(steps):
                     s = it % STAGES
                     mbarrier_wait(empty[s], it // STAGES % 2 ^ 1)
                     mbarrier_arrive_expect_tx(full[s], STAGE_BYTES)
-                    load_a(a_s, tma_a, full, s, bz, m0, kt * KS)
-                    load_b(b_s, tma_b, full, s, bz, n0, kt * KS)
+                    if not SHARE_A or rank == 0:
+                        load_a(a_s, tma_a, full, s, bz, m0, kt * KS)
+                    if not SHARE_B or rank == 0:
+                        load_b(b_s, tma_b, full, s, bz, n0, kt * KS)
                     it += 1
-                tile += gridDim.x
+                unit += gridDim.x // CL
         elif t < CONSUMERS:
             wg = t // WARPGROUP
             w = t % WARPGROUP // 32
             lane = t % 32
             acc = register_tensor(f32, (ACC,))
-            while tile < tiles:
-                bz = tile // tiles_c
-                rest = tile % tiles_c if BATCHED else tile  # (see BATCHED)
-                m0 = rest % tiles_m * BM
-                n0 = rest // tiles_m * BN
+            while unit < units:
+                bz = unit // units_c
+                rest = unit % units_c if BATCHED else unit  # (see BATCHED)
+                m0 = (rest % units_m * UM + (rank if SHARE_B else 0)) * BM
+                n0 = (rest // units_m * UN + (rank if SHARE_A else 0)) * BN
                 for i in unroll(range(ACC)):
                     acc[i] = 0.0
                 for kt in range(steps):
@@ -590,15 +698,25 @@ def instantiate(problem, config: HopperConfig) -> Function:
                     wgmma_commit_group()
                     wgmma_wait_group(1)
                     if kt > 0:
-                        mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                        done = (it + STAGES - 1) % STAGES
+                        mbarrier_arrive(empty[done])
+                        if CL > 1:
+                            if rank != 0:
+                                mbarrier_arrive_cluster(empty[done], 0)
                     it += 1
                 wgmma_wait_group(0, acc)
-                mbarrier_arrive(empty[(it + STAGES - 1) % STAGES])
+                done = (it + STAGES - 1) % STAGES
+                mbarrier_arrive(empty[done])
+                if CL > 1:
+                    if rank != 0:
+                        mbarrier_arrive_cluster(empty[done], 0)
                 row = m0 + 64 * wg + 16 * w + lane // 4
                 col = n0 + 2 * (lane % 4)
                 for i in unroll(range(ACC)):
                     store_c(bz, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
-                tile += gridDim.x
+                unit += gridDim.x // CL
+        if CL > 1:
+            cluster_sync()  # no CTA leaves while the other may still signal its barriers
 
     maps = (_map_entry("tma_a", a, M, K), _map_entry("tma_b", b, N, K))
     return finish(
@@ -630,13 +748,14 @@ def _coordinates(plain, dims) -> list:
     return out
 
 
-def _operand_copy(names: Names, tag: str, plain, rows: int, ks: int):
+def _operand_copy(names: Names, tag: str, plain, rows: int, ks: int, multicast: bool = False):
     """(macro `load(ring, map, bars, s, bz, mn0, k0)`, the map's box, a stage's shape) of plain
     operand `plain` in tiles of `rows` rows (of M or N) by `ks` of K. A K-major operand is one
     box of rows x ks a stage, a stage (rows, ks); an MN-major one ([K, N] B, a transposed
     view's A) boxes of ks K rows of SPAN bytes of MN (the swizzle span), rows / 64 of them a
     stage, (rows / 64, ks, 64): wgmma's MN-major layout under a 128-byte swizzle. `load`
-    copies operand tile (batch bz, mn0, k0) into stage s of `ring`, completing on `bars[s]`."""
+    copies operand tile (batch bz, mn0, k0) into stage s of `ring`, completing on `bars[s]`;
+    with `multicast`, into both CTAs of a cluster of two, each completing on its own."""
     dims = batch_dims(plain)
     RANK = len(dims)
     C0, C1 = _coordinates(plain, dims)
@@ -644,6 +763,9 @@ def _operand_copy(names: Names, tag: str, plain, rows: int, ks: int):
     WIDE = SPAN // plain.dtype.nbytes
     SPANS = rows // WIDE
     ones = (1,) * RANK
+    MASK = 3 if multicast else None  # both CTAs of the cluster, or a plain load
+    if multicast:
+        tag += "_multicast"
     if MN:
         box, stage = (*ones, ks, WIDE), (SPANS, ks, WIDE)
     else:
@@ -655,17 +777,28 @@ def _operand_copy(names: Names, tag: str, plain, rows: int, ks: int):
             if MN:
                 for j in unroll(range(SPANS)):
                     if RANK == 0:
-                        tma_load(ring[s, j], tmap, k0, mn0 + WIDE * j, bars[s])
+                        tma_load(ring[s, j], tmap, k0, mn0 + WIDE * j, bars[s], multicast=MASK)
                     elif RANK == 1:
-                        tma_load(ring[s, j], tmap, C0(bz), k0, mn0 + WIDE * j, bars[s])
+                        tma_load(
+                            ring[s, j], tmap, C0(bz), k0, mn0 + WIDE * j, bars[s], multicast=MASK
+                        )
                     else:
-                        tma_load(ring[s, j], tmap, C0(bz), C1(bz), k0, mn0 + WIDE * j, bars[s])
+                        tma_load(
+                            ring[s, j],
+                            tmap,
+                            C0(bz),
+                            C1(bz),
+                            k0,
+                            mn0 + WIDE * j,
+                            bars[s],
+                            multicast=MASK,
+                        )
             elif RANK == 0:
-                tma_load(ring[s], tmap, mn0, k0, bars[s])
+                tma_load(ring[s], tmap, mn0, k0, bars[s], multicast=MASK)
             elif RANK == 1:
-                tma_load(ring[s], tmap, C0(bz), mn0, k0, bars[s])
+                tma_load(ring[s], tmap, C0(bz), mn0, k0, bars[s], multicast=MASK)
             else:
-                tma_load(ring[s], tmap, C0(bz), C1(bz), mn0, k0, bars[s])
+                tma_load(ring[s], tmap, C0(bz), C1(bz), mn0, k0, bars[s], multicast=MASK)
 
         return load_operand
 
