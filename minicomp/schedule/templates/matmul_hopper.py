@@ -199,10 +199,10 @@ def pick_config(
 ) -> HopperConfig:
     """The config of CONFIGS with the least `tile_time` for `batch` m x n x k products on `sms`
     SMs; of those within PICK_SLACK of it, the one computing the fewest padding rows and
-    columns, then the larger tile: 128 x 256 for 4096 x 4096 and 4096 x
-    11008 (fewest operand re-reads through L2), 128 x 128 for 1024 x 1024 (64 blocks, each
-    busy, rather than 128 smaller ones re-reading more), 64 x 64 for a 16-row decode
-    product (the most blocks pulling the weight from DRAM)."""
+    columns, then the larger tile: 128 x 256 for 4096 x 11008 (fewest operand re-reads
+    through L2), in pairs sharing B's tile for 4096 x 4096 (tensor-bound then), 64 x 128 in
+    pairs for 1024 x 1024 (128 blocks re-reading B's tile once a pair), 64 x 64 for a
+    16-row decode product (the most blocks pulling the weight from DRAM)."""
     offered = offered_configs(sms)
     times = {c: tile_time(c, m, n, k, sms, batch, in_bytes, out_bytes) for c in offered}
     least = min(times.values())
