@@ -1,0 +1,187 @@
+"""The Hopper attention backward (schedule/templates/attention_hopper_bwd.py, issue 21): its
+three kernels, run by cuda-emu as sm_90a code on fresh inputs with odd lengths (a partial
+query block, keys over two and a bit blocks, and the reverse), causal or not, grouped-query
+heads, head dims 64 and 128, f16 and bf16, every output and workspace poisoned with NaN,
+match float64 autograd of the math attention; every config of the space builds for sm_90a
+with NVRTC without spills or serialized mma's, with HGMMA, UTMALDG and UTMASTG in its SASS."""
+
+import pytest
+import torch
+
+from minicomp.backends.cuda.codegen import render_module
+from minicomp.backends.cuda.emu import build_emulated
+from minicomp.backends.cuda.module import dynamic_shared_bytes
+from minicomp.backends.cuda.tensor_map import encoded_maps, tensor_map_arguments
+from minicomp.ir.expr import Var
+from minicomp.ir.func import Module
+from minicomp.ir.symbols import launch_dims
+from minicomp.ir.types import PointerType, from_torch
+from minicomp.schedule.templates import attention_hopper_bwd as template
+from minicomp.schedule.templates.attention import Operand
+from minicomp.script.values import TensorRef
+
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+Config = template.HopperAttnBwdConfig
+
+# (dtype, head dim, Sq, Sk, causal, key heads of 2, config): a config of the space each.
+CASES = [
+    (torch.float16, 64, 67, 130, True, 2, Config(1, 64, 2)),
+    (torch.bfloat16, 64, 67, 130, False, 1, Config(2, 64, 2)),  # grouped-query heads
+    (torch.float16, 128, 130, 67, True, 1, Config(1, 64, 3)),  # more queries than keys
+    (torch.bfloat16, 64, 130, 67, True, 2, Config(1, 128, 2)),
+]
+IDS = ["f16-d64-causal", "bf16-d64-gqa", "f16-d128-causal-gqa", "bf16-d64-causal-bm128"]
+
+
+def operand(name: str, t: torch.Tensor) -> Operand:
+    """Tensor `t` as the template's operand `name`: a flat buffer and its strides."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    var = Var(name, PointerType(from_torch(t.dtype)))
+    strides = tuple(t.stride()) if t.dim() == 4 else (*t.stride(), 0)
+    return Operand(TensorRef(name, var, (extent,)), strides)
+
+
+def problem_of(name, q, k, v, causal, arch="sm_90a") -> template.BackwardProblem:
+    """The backward of attention over q, k, v (the other operands shaped like them)."""
+    (b, h, sq, d), (hk, sk) = q.shape, k.shape[1:3]
+    lse = torch.empty(b, h, sq)
+    roles = dict(q=q, k=k, v=v, o=q, do=q, lse=lse, dq=q, dk=k, dv=v)
+    return template.BackwardProblem(
+        name,
+        from_torch(q.dtype),
+        b,
+        h,
+        hk,
+        sq,
+        sk,
+        d,
+        **{r: operand(r, t) for r, t in roles.items()},
+        causal=causal,
+        scale=d**-0.5,
+        arch=arch,
+    )
+
+
+def inputs(i: int, dtype, d, sq, sk, causal, hk):
+    """Fresh q, k, v, dO, with O and the logsumexp of the float64 forward."""
+    q = torch.randn(1, 2, sq, d, dtype=dtype)
+    k, v = (torch.randn(1, hk, sk, d, dtype=dtype) for _ in range(2))
+    do = torch.randn(1, 2, sq, d, dtype=dtype)
+    o, lse, _ = reference(q, k, v, do, causal, backward=False)
+    return q, k, v, o.to(dtype), do, lse.float()
+
+
+def reference(q, k, v, do, causal, backward=True):
+    """(O, logsumexp, [dQ, dK, dV]) of the math attention in float64."""
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    keys, values = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    s = q @ keys.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.softmax(s, -1) @ values
+    grads = torch.autograd.grad(o, (q, k, v), do.double()) if backward else None
+    return o.detach(), s.logsumexp(-1).detach(), grads
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every case's three kernels, built for the emulator in one module."""
+    problems, kernels = [], []
+    for i, (dtype, d, sq, sk, causal, hk, config) in enumerate(CASES):
+        q, k, v = (torch.empty(1, n, s, d, dtype=dtype) for n, s in ((2, sq), (hk, sk), (hk, sk)))
+        problem = problem_of(f"bwd{i}", q, k, v, causal)
+        problems.append(problem)
+        kernels += template.kernels(problem, config)
+    emu = build_emulated(
+        render_module(Module("bwd", tuple(kernels))),
+        kernels,
+        cache_dir=str(tmp_path_factory.mktemp("emu")),
+    )
+    return emu, problems, kernels
+
+
+def run(emu, problem, kernels, q, k, v, o, do, lse):
+    """(dQ, dK, dV): the three launches, outputs and workspace poisoned with NaN."""
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    tensors = dict(q=q, k=k, v=v, o=o, do=do, lse=lse, dq=dq, dk=dk, dv=dv)
+    for name, shape in problem.workspace().items():
+        tensors[name] = torch.full(shape, float("nan"))
+    for role, kernel in zip(("pre", "main", "post"), kernels):
+        buffers = [tensors[r] for r in template.params(problem)[role]]
+        args = encoded_maps(tensor_map_arguments(kernel), buffers)
+        args += [t.data_ptr() for t in buffers]
+        grid, block = launch_dims(kernel)(args)
+        shared = dynamic_shared_bytes(kernel)
+        emu.launch(kernel.name, grid, block, args, shared(args) if callable(shared) else shared)
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
+def test_gradients_match_float64(built, case):
+    emu, problems, kernels = built
+    dtype, d, sq, sk, causal, hk, _ = CASES[case]
+    q, k, v, o, do, lse = inputs(case, dtype, d, sq, sk, causal, hk)
+    got = run(emu, problems[case], kernels[3 * case : 3 * case + 3], q, k, v, o, do, lse)
+    _, _, want = reference(q, k, v, do, causal)
+    tol = TOLERANCE[dtype]
+    for name, g, w in zip(("dQ", "dK", "dV"), got, want):
+        assert not g.isnan().any(), f"{name} is not written whole"
+        torch.testing.assert_close(
+            g.double(), w, rtol=tol, atol=tol, msg=lambda m, name=name: f"{name}: {m}"
+        )
+
+
+def test_what_the_template_refuses_and_why():
+    q, k = torch.empty(1, 2, 67, 64, dtype=torch.float16), torch.empty(1, 2, 130, 64).half()
+    assert template.refusal(problem_of("p", q, k, k, False)) is None
+    assert template.refusal(problem_of("p", q, k, k, False, arch="sm_90")) == (
+        "wgmma needs sm_90a, not sm_90"
+    )
+    q96, k96 = torch.empty(1, 2, 67, 96).half(), torch.empty(1, 2, 130, 96).half()
+    assert template.refusal(problem_of("p", q96, k96, k96, False)) == (
+        "head dim 96 (it takes 64 or 128)"
+    )
+    wide = torch.empty(1, 2, 130, 65, dtype=torch.float16)[..., :64]
+    assert "k's strides (16900, 8450, 65, 1) are not multiples of 16 bytes" in (
+        template.refusal(problem_of("p", q, wide, k, False))
+    )
+    with pytest.raises(ValueError, match="does not compute this attention backward: head dim"):
+        template.kernels(problem_of("p", q96, k96, k96, False), Config())
+
+
+# ---- NVRTC (sm_90a)
+
+
+@pytest.mark.parametrize(("d", "causal"), [(64, False), (128, True)], ids=["d64", "d128-causal"])
+def test_every_config_builds_for_sm_90a_without_spills(d, causal, tmp_path):
+    from minicomp.backends.cuda import nvrtc, sass
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NvrtcUnavailableError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC unavailable: {err}")
+    # An H100 shape: two warpgroups at head dim 64, one at 128.
+    q = torch.empty(4, 16, 1024, d, dtype=torch.bfloat16)
+    problem = problem_of("bwd", q, q, q, causal)
+    configs = template.space(problem, 1)
+    assert template.heuristic(problem).consumers == (2 if d == 64 else 1), configs
+    for config in configs:
+        kernel = template.instantiate(problem, config)
+        source = render_module(Module(kernel.name, (kernel,)))
+        binary = nvrtc.compile_cuda(
+            source, arch="sm_90a", name=kernel.name, cache_dir=str(tmp_path)
+        )
+        usage = binary.resources[kernel.name]
+        what = (d, str(config), usage)
+        assert usage.spill_stores == 0 and usage.spill_loads == 0 and usage.stack_bytes == 0, what
+        assert "serialized" not in binary.log, (what, binary.log)  # C7518/C7519
+        try:
+            text = sass.disassemble(binary.cubin)[kernel.name]
+        except sass.SassUnavailableError as err:  # pragma: no cover - depends on the machine
+            pytest.skip(str(err))
+        ops = sass.full_opcode_counts(text)
+        for op in ("HGMMA", "UTMALDG", "UTMASTG"):  # dK's and dV's boxes by TMA stores
+            assert any(o.startswith(op) for o in ops), (op, sorted(ops))
+        # dV and dK read A from registers and dO, Q transposed; dQ^T reads K^T transposed.
+        assert ".tnspB" in text and ".tnspA" in text, what
