@@ -185,3 +185,129 @@ def test_every_config_builds_for_sm_90a_without_spills(d, causal, tmp_path):
             assert any(o.startswith(op) for o in ops), (op, sorted(ops))
         # dV and dK read A from registers and dO, Q transposed; dQ^T reads K^T transposed.
         assert ".tnspB" in text and ".tnspA" in text, what
+
+
+# ---- torch.compile: the training graph's backward on sm_90a
+
+HOPPER = {"target": "cuda-emu", "arch": "sm_90a", "fallback": "error"}
+# (dtype, head dim, Sq, Sk, causal, key heads of 2), one attention each in a training step.
+STEP = [(torch.float16, 64, 67, 130, True, 2), (torch.bfloat16, 128, 130, 67, False, 1)]
+
+
+def two_attentions(*args):
+    return tuple(
+        torch.nn.functional.scaled_dot_product_attention(
+            *args[3 * i : 3 * i + 3], is_causal=causal, enable_gqa=hk != 2
+        )
+        for i, (_, _, _, _, causal, hk) in enumerate(STEP)
+    )
+
+
+def step_inputs() -> list:
+    return [
+        t.requires_grad_()
+        for dtype, d, sq, sk, _, hk in STEP
+        for t in (
+            torch.randn(1, 2, sq, d, dtype=dtype),
+            torch.randn(1, hk, sk, d, dtype=dtype),
+            torch.randn(1, hk, sk, d, dtype=dtype),
+        )
+    ]
+
+
+def training_step(fn, args) -> list:
+    """The gradients of the inputs `args` of `fn` for random output gradients, and those."""
+    outs = fn(*args)
+    grads = [torch.randn_like(o) for o in outs]
+    torch.autograd.backward(outs, grads)
+    return grads
+
+
+@pytest.fixture(scope="module")
+def compiled_step():
+    """two_attentions compiled once for sm_90a on cuda-emu, with the templates its backward
+    graph used."""
+    from minicomp.dynamo.backend import recording
+
+    torch._dynamo.reset()
+    fn = torch.compile(two_attentions, backend="minicomp", options=HOPPER)
+    records: list = []
+    with recording(records):
+        training_step(fn, step_inputs())
+    backward = [k.attrs.template for r in records if r.kind == "backward" for k in r.kernels]
+    return fn, [t for t in backward if t]
+
+
+def test_training_step_on_sm_90a_runs_the_backward_template(compiled_step):
+    fn, used = compiled_step
+    assert sorted(used) == sorted(
+        [f"{template.NAME}_pre", f"{template.NAME}[64x64_s2]", f"{template.NAME}_post"] * 2
+    ), used
+    args = step_inputs()  # fresh inputs at new addresses
+    grads = training_step(fn, args)
+    ref = [t.detach().double().requires_grad_() for t in args]
+    torch.autograd.backward(two_attentions(*ref), [g.double() for g in grads])
+    for i, (t, r) in enumerate(zip(args, ref)):
+        tol = TOLERANCE[t.dtype]
+        torch.testing.assert_close(t.grad.double(), r.grad, rtol=tol, atol=tol, msg=str(i))
+
+
+def _explain_backward(options, causal=True, d=64, grad=True):
+    """What explain says of a training step of one attention (the output gradient
+    `grad`: a tensor, else the broadcast one of out.sum())."""
+    import minicomp
+
+    q, k, v = (torch.randn(1, 2, 67, d, dtype=torch.float16).requires_grad_() for _ in range(3))
+
+    def step(q, k, v, g):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out.backward(g) if g is not None else out.sum().backward()
+
+    g = torch.randn(1, 2, 67, d, dtype=torch.float16) if grad else None
+    return minicomp.explain(step, q, k, v, g, options=options)
+
+
+def test_explain_names_the_backward_template():
+    report = _explain_backward(HOPPER)
+    assert f"[{template.NAME}_pre]" in str(report) and f"[{template.NAME}_post]" in str(report)
+    assert f"attrs.template = '{template.NAME}[64x64_s2]'" in report.ir()
+
+
+def test_sm_90_keeps_atens_backward_and_says_why():
+    not_fused = "attention backward not fused: not attention_hopper_bwd:"
+    ir = _explain_backward({"target": "cuda-emu"}).ir()
+    assert f"{not_fused} wgmma needs sm_90a, not sm_90" in ir
+    assert f"{not_fused} head dim 96 (it takes 64 or 128)" in _explain_backward(HOPPER, d=96).ir()
+    # out.sum()'s gradient is one number expanded: TMA cannot read it.
+    ir = _explain_backward(HOPPER, grad=False).ir()
+    assert f"{not_fused} do has head-dim stride 0 (TMA needs 1)" in ir
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient"])
+def test_cuda_backward_ops_become_the_three_launches(op):
+    """The backward ops a CUDA training graph carries (traced here with fake tensors) become
+    pre, main and post on sm_90a, the RNG state they take unread (no dropout)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from minicomp.dynamo.importer import import_graph
+    from minicomp.ir.graph import KernelOp
+    from minicomp.passes.graph.attention import lower_attention
+
+    aten = torch.ops.aten
+    q, k, v, o, do = (torch.randn(2, 2, 67, 64, dtype=torch.float16) for _ in range(5))
+    lse = torch.randn(2, 2, 96 if op == "efficient" else 67)  # efficient pads rows to 32
+    seed, offset = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+
+    def fn(q, k, v, o, do, lse, seed, offset):
+        if op == "flash":
+            return aten._scaled_dot_product_flash_attention_backward(
+                do, q, k, v, o, lse, None, None, 67, 67, 0.0, True, seed, offset
+            )
+        return aten._scaled_dot_product_efficient_attention_backward(
+            do, q, k, v, None, o, lse, seed, offset, 0.0, [True] * 3 + [False], True
+        )[:3]
+
+    graph = import_graph(make_fx(fn, tracing_mode="fake")(q, k, v, o, do, lse, seed, offset))
+    launches = lower_attention(graph, arch="sm_90a").nodes
+    assert [type(n) for n in launches] == [KernelOp] * 3
+    assert launches[1].function.attrs.template == f"{template.NAME}[64x64_s2]"

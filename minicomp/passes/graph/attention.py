@@ -17,6 +17,9 @@ memory-efficient or cuDNN call whose key and value are a repeat over heads (whic
 over zero-copy views of the un-repeated tensors, key head h // groups per query head, and has
 no ATen candidate when tuned; the repeats die.
 
+The fused attention backward calls of a training graph become the Hopper backward
+template's launches on sm_90a (attention_backward.py).
+
 A call stays an ATen call, with the reason `minicomp.explain` prints, for: dropout, f32 or
 f64 inputs (the template needs f16/bf16 tensor cores; PyTorch's own kernel is used there),
 a head dim that is not a static multiple of 16 up to 256, value and query head dims that
@@ -69,12 +72,17 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_AR
     heuristic config chosen for a GPU of `sms` SMs and architecture `arch` (the targets bind
     the compile's; sm_90a picks the Hopper template where it applies); the others keep their
     ATen call with the reason why."""
-    ops = sdpa_ops()
+    from minicomp.passes.graph.attention_backward import backward_launches, sdpa_backward_ops
+
+    ops, backward_ops = sdpa_ops(), sdpa_backward_ops()
 
     def fused_attention(n) -> bool:
         return isinstance(n, ExternOp) and any(n.target is op for op in ops)
 
-    if not any(fused_attention(n) for n in graph.nodes):
+    def fused_backward(n) -> bool:
+        return isinstance(n, ExternOp) and any(n.target is op for op in backward_ops)
+
+    if not any(fused_attention(n) or fused_backward(n) for n in graph.nodes):
         return graph
     layouts = layouts_for(graph)
     read = set(graph.users()) | graph.output_values()
@@ -82,7 +90,14 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_AR
     used = value_names(graph)
     nodes, changed, grouped = [], False, False
     for n in graph.nodes:
-        if fused_attention(n):
+        if fused_backward(n):
+            try:
+                nodes.extend(backward_launches(n, layouts, sms, arch, used))
+                changed = True
+                continue
+            except Refused as why:
+                n, changed = n.replace(reason=f"attention backward not fused: {why}"), True
+        elif fused_attention(n):
             try:
                 launch = _grouped_launch(n, producers, layouts, read, sms, used, arch)
                 if launch is not None:

@@ -28,7 +28,8 @@ Three kernels, launched in order:
   the barrier of the step between, so after its last read). At the end dK * scale and dV go
   through the rows of K's and V's tiles (swizzled) to TMA stores (rows past the last key are
   not written).
-- `post`: dQ = dQacc * scale in the input type, written with dQ's strides.
+- `post`: dQ = dQacc * scale in the input type, written with dQ's strides (it takes dK too,
+  unread: a graph's launches then keep it after main, which writes dK).
 
 Grouped-query heads: a block loops over the group's query heads itself, summing dK and dV of
 the whole group in registers: no atomics on dK and dV, deterministic, and K and V are read once
@@ -321,7 +322,8 @@ def params(problem: BackwardProblem) -> dict[str, tuple[str, ...]]:
     return {
         "pre": ("o", "do", "lse", "delta", "lse2", "dqacc"),
         "main": ("q", "k", "v", "do", "lse2", "delta", "dqacc", "dk", "dv"),
-        "post": ("dqacc", "dq"),
+        # dK unread: a graph's launch of post then follows main's in every order.
+        "post": ("dqacc", "dk", "dq"),
     }
 
 
