@@ -271,6 +271,9 @@ def test_explain_names_the_backward_template():
     report = _explain_backward(HOPPER)
     assert f"[{template.NAME}_pre]" in str(report) and f"[{template.NAME}_post]" in str(report)
     assert f"attrs.template = '{template.NAME}[64x64_s2]'" in report.ir()
+    # Its config is the tuner's (the heuristic's at search space 0), as the forward's.
+    backward = report.ir().split("(backward)")[1]
+    assert "template: sm_90a: TMA and wgmma; config: the template's heuristic" in backward
 
 
 def test_sm_90_keeps_atens_backward_and_says_why():

@@ -18,6 +18,10 @@ The main kernel adds into the accumulator it reads (atomics), so that value must
 read by anything else; post takes dK, which it does not read, so that every order of the
 launches a pass may choose puts it after main.
 
+The main kernel's config is the heuristic's, or the tuner's at search space 1 or 2
+(tune_attention times the template's candidates; there is no ATen candidate: PyTorch's
+backward computes all three gradients in one call).
+
 A call stays an ATen call, with the reason `minicomp.explain` prints, where the template does
 not compute it (`attention_hopper_bwd.refusal`: not sm_90a, f32 inputs, head dims other than
 64 and 128, strides TMA cannot read, symbolic sizes), with dropout, an additive mask (attn_mask
@@ -30,6 +34,7 @@ import math
 
 import torch
 
+from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.ir import types as T
 from minicomp.ir.graph import ArgRef, ExternOp, KernelOp, TensorType, Value
 from minicomp.passes.graph.rewrite import fresh_name
@@ -51,7 +56,14 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
     """[pre, main, post]: the KernelOps computing backward call `call` on a GPU of `sms` SMs
     and architecture `arch` (their workspace values named fresh among `used`); raises
     attention.Refused where the template does not compute it."""
-    from minicomp.passes.graph.attention import Refused, _arguments, _check_inputs, _operand
+    from minicomp.passes.graph.attention import (
+        Refused,
+        _arguments,
+        _check_inputs,
+        _Made,
+        _operand,
+        _remember,
+    )
     from minicomp.schedule.templates import attention_hopper_bwd as template
 
     given = _arguments(call)
@@ -129,4 +141,12 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
         launches.append(
             KernelOp(f"{call.name}_{role}", inputs, outputs, function, (), args, strided=True)
         )
+    # The main kernel's config is the tuner's to choose (tune_attention), as the forward's:
+    # its buffers are its launch's values in order unless one tensor plays two roles.
+    main_op = launches[1]
+    in_order = tuple(roles[r] for r in template.params(problem)["main"]) == (
+        main_op.inputs + main_op.outputs
+    )
+    why = f"{WGMMA_ARCH}: TMA and wgmma"
+    _remember(main, _Made(problem, config, in_order, None, template, why))
     return launches
