@@ -13,9 +13,10 @@ Three kernels, launched in order:
   ring of STAGES stages. A consumer warpgroup computes, for its 64 keys and the step's rows:
 
       S^T = K Q^T                 D / 16 mma_async m64nBMk16, K and Q K-major (over D)
-      P^T = exp2(S^T * scale * log2(e) - lse2)   0 above the causal diagonal (selects)
+      P^T = exp2(S^T * scale * log2(e) - lse2)   0 above the causal diagonal (selects); kept
+                                  16-bit only, so that dP^T takes S^T's registers
+      dP^T = V dO^T               issued with dV's, after P^T
       dV += P^T dO                P^T from registers (the accumulator's layout), dO MN-major
-      dP^T = V dO^T               (issued with S^T)
       dS^T = P^T * (dP^T - D)
       dK += dS^T Q                dS^T from registers, Q MN-major
       dQ^T += K^T dS^T            K^T MN-major from K's tile, dS (= dS^T stored row by query,
@@ -35,7 +36,10 @@ Grouped-query heads: a block loops over the group's query heads itself, summing 
 the whole group in registers: no atomics on dK and dV, deterministic, and K and V are read once
 (the alternative, a block per query head adding into f32 dK/dV buffers, would need two more
 accumulators and a conversion kernel). dQ is added by atomics (red.global.add.f32 on a GPU):
-the blocks of every key block add into a query row, as in FlashAttention-2.
+the blocks of every key block add into a query row, as in FlashAttention-2 (so dQ's bits may
+differ from run to run, by the order of the additions; dK and dV's do not). At H100 sizes
+those atomics bound the kernel by L2 (benchmarks/results/lens-h100-2026-12-08-hopper-attention-
+bwd.txt): S / BN partials of every dQ element.
 
 Causal masking (top-left aligned, as PyTorch: query i sees keys j <= i): a block skips the
 query blocks that end before its first key and masks the products by selects every step (a
