@@ -194,22 +194,24 @@ def test_every_config_builds_for_sm_90a_without_spills(d, causal, tmp_path):
 # ---- torch.compile: the training graph's backward on sm_90a
 
 HOPPER = {"target": "cuda-emu", "arch": "sm_90a", "fallback": "error"}
-# (dtype, head dim, Sq, Sk, causal, key heads of 2), one attention each in a training step.
+# (dtype, head dim, Sq, Sk, causal, key heads of 2), one attention each in a training step,
+# and a third over Q, K and V sliced from one packed projection (rows 384 elements apart).
 STEP = [(torch.float16, 64, 67, 130, True, 2), (torch.bfloat16, 128, 130, 67, False, 1)]
 
 
-def two_attentions(*args):
-    return tuple(
-        torch.nn.functional.scaled_dot_product_attention(
-            *args[3 * i : 3 * i + 3], is_causal=causal, enable_gqa=hk != 2
-        )
+def attentions(*args):
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    outs = [
+        sdpa(*args[3 * i : 3 * i + 3], is_causal=causal, enable_gqa=hk != 2)
         for i, (_, _, _, _, causal, hk) in enumerate(STEP)
-    )
+    ]
+    q, k, v = args[-1].view(1, 67, 3, 2, 64).permute(2, 0, 3, 1, 4)
+    return (*outs, sdpa(q, k, v, is_causal=True).transpose(1, 2))
 
 
 def step_inputs() -> list:
-    return [
-        t.requires_grad_()
+    separate = [
+        t
         for dtype, d, sq, sk, _, hk in STEP
         for t in (
             torch.randn(1, 2, sq, d, dtype=dtype),
@@ -217,6 +219,8 @@ def step_inputs() -> list:
             torch.randn(1, hk, sk, d, dtype=dtype),
         )
     ]
+    packed = torch.randn(1, 67, 3 * 2 * 64, dtype=torch.float16)
+    return [t.requires_grad_() for t in (*separate, packed)]
 
 
 def training_step(fn, args) -> list:
@@ -229,12 +233,12 @@ def training_step(fn, args) -> list:
 
 @pytest.fixture(scope="module")
 def compiled_step():
-    """two_attentions compiled once for sm_90a on cuda-emu, with the templates its backward
+    """attentions compiled once for sm_90a on cuda-emu, with the templates its backward
     graph used."""
     from minicomp.dynamo.backend import recording
 
     torch._dynamo.reset()
-    fn = torch.compile(two_attentions, backend="minicomp", options=HOPPER)
+    fn = torch.compile(attentions, backend="minicomp", options=HOPPER)
     records: list = []
     with recording(records):
         training_step(fn, step_inputs())
@@ -245,12 +249,12 @@ def compiled_step():
 def test_training_step_on_sm_90a_runs_the_backward_template(compiled_step):
     fn, used = compiled_step
     assert sorted(used) == sorted(
-        [f"{template.NAME}_pre", f"{template.NAME}[64x64_s2]", f"{template.NAME}_post"] * 2
+        [f"{template.NAME}_pre", f"{template.NAME}[64x64_s2]", f"{template.NAME}_post"] * 3
     ), used
     args = step_inputs()  # fresh inputs at new addresses
     grads = training_step(fn, args)
     ref = [t.detach().double().requires_grad_() for t in args]
-    torch.autograd.backward(two_attentions(*ref), [g.double() for g in grads])
+    torch.autograd.backward(attentions(*ref), [g.double() for g in grads])
     for i, (t, r) in enumerate(zip(args, ref)):
         tol = TOLERANCE[t.dtype]
         torch.testing.assert_close(t.grad.double(), r.grad, rtol=tol, atol=tol, msg=str(i))
