@@ -7,18 +7,15 @@ with NVRTC without spills or serialized mma's, with HGMMA, UTMALDG and UTMASTG i
 
 import pytest
 import torch
+from helpers import attention_bwd_problem
 
 from minicomp.backends.cuda.codegen import render_module
 from minicomp.backends.cuda.emu import build_emulated
 from minicomp.backends.cuda.module import dynamic_shared_bytes
 from minicomp.backends.cuda.tensor_map import encoded_maps, tensor_map_arguments
-from minicomp.ir.expr import Var
 from minicomp.ir.func import Module
 from minicomp.ir.symbols import launch_dims
-from minicomp.ir.types import PointerType, from_torch
 from minicomp.schedule.templates import attention_hopper_bwd as template
-from minicomp.schedule.templates.attention import Operand
-from minicomp.script.values import TensorRef
 
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 Config = template.HopperAttnBwdConfig
@@ -31,35 +28,6 @@ CASES = [
     (torch.bfloat16, 64, 130, 67, True, 2, Config(1, 128, 2)),
 ]
 IDS = ["f16-d64-causal", "bf16-d64-gqa", "f16-d128-causal-gqa", "bf16-d64-causal-bm128"]
-
-
-def operand(name: str, t: torch.Tensor) -> Operand:
-    """Tensor `t` as the template's operand `name`: a flat buffer and its strides."""
-    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    var = Var(name, PointerType(from_torch(t.dtype)))
-    strides = tuple(t.stride()) if t.dim() == 4 else (*t.stride(), 0)
-    return Operand(TensorRef(name, var, (extent,)), strides)
-
-
-def problem_of(name, q, k, v, causal, arch="sm_90a") -> template.BackwardProblem:
-    """The backward of attention over q, k, v (the other operands shaped like them)."""
-    (b, h, sq, d), (hk, sk) = q.shape, k.shape[1:3]
-    lse = torch.empty(b, h, sq)
-    roles = dict(q=q, k=k, v=v, o=q, do=q, lse=lse, dq=q, dk=k, dv=v)
-    return template.BackwardProblem(
-        name,
-        from_torch(q.dtype),
-        b,
-        h,
-        hk,
-        sq,
-        sk,
-        d,
-        **{r: operand(r, t) for r, t in roles.items()},
-        causal=causal,
-        scale=d**-0.5,
-        arch=arch,
-    )
 
 
 def inputs(i: int, dtype, d, sq, sk, causal, hk):
@@ -90,7 +58,7 @@ def built(tmp_path_factory):
     problems, kernels = [], []
     for i, (dtype, d, sq, sk, causal, hk, config) in enumerate(CASES):
         q, k, v = (torch.empty(1, n, s, d, dtype=dtype) for n, s in ((2, sq), (hk, sk), (hk, sk)))
-        problem = problem_of(f"bwd{i}", q, k, v, causal)
+        problem = attention_bwd_problem(f"bwd{i}", q, k, v, causal)
         problems.append(problem)
         kernels += template.kernels(problem, config)
     emu = build_emulated(
@@ -134,20 +102,20 @@ def test_gradients_match_float64(built, case):
 
 def test_what_the_template_refuses_and_why():
     q, k = torch.empty(1, 2, 67, 64, dtype=torch.float16), torch.empty(1, 2, 130, 64).half()
-    assert template.refusal(problem_of("p", q, k, k, False)) is None
-    assert template.refusal(problem_of("p", q, k, k, False, arch="sm_90")) == (
+    assert template.refusal(attention_bwd_problem("p", q, k, k, False)) is None
+    assert template.refusal(attention_bwd_problem("p", q, k, k, False, arch="sm_90")) == (
         "wgmma needs sm_90a, not sm_90"
     )
     q96, k96 = torch.empty(1, 2, 67, 96).half(), torch.empty(1, 2, 130, 96).half()
-    assert template.refusal(problem_of("p", q96, k96, k96, False)) == (
+    assert template.refusal(attention_bwd_problem("p", q96, k96, k96, False)) == (
         "head dim 96 (it takes 64 or 128)"
     )
     wide = torch.empty(1, 2, 130, 65, dtype=torch.float16)[..., :64]
     assert "k's strides (16900, 8450, 65, 1) are not multiples of 16 bytes" in (
-        template.refusal(problem_of("p", q, wide, k, False))
+        template.refusal(attention_bwd_problem("p", q, wide, k, False))
     )
     with pytest.raises(ValueError, match="does not compute this attention backward: head dim"):
-        template.kernels(problem_of("p", q96, k96, k96, False), Config())
+        template.kernels(attention_bwd_problem("p", q96, k96, k96, False), Config())
 
 
 # ---- NVRTC (sm_90a)
@@ -167,7 +135,7 @@ def test_every_config_builds_for_sm_90a_without_spills(d, causal, tmp_path):
         pytest.skip(f"NVRTC unavailable: {err}")
     # An H100 shape: two warpgroups at head dim 64, one at 128.
     q = torch.empty(4, 16, 1024, d, dtype=torch.bfloat16)
-    problem = problem_of("bwd", q, q, q, causal)
+    problem = attention_bwd_problem("bwd", q, q, q, causal)
     configs = template.space(problem, 1)
     assert template.heuristic(problem).consumers == (1 if causal else 2), configs
     for config in configs:

@@ -418,14 +418,14 @@ def _post(problem: BackwardProblem, work: dict) -> Function:
 
 
 def _store_grads(problem: BackwardProblem, names: tiles.Names) -> Macro:
-    """Macro `store(dk, dv, k_s, v_s, kr, tq)`: dK * scale and dV of the thread's key rows kr
-    and kr + 8 (rows of the block's tiles) into K's and V's tiles [D / 64, BN, 64], each
-    64-column box swizzled as TMA stores it (chunk c of row r at chunk c ^ r % 8)."""
+    """Macro `store(dk_acc, dv_acc, k_s, v_s, kr, tq)`: dK * scale and dV of the thread's key
+    rows kr and kr + 8 (rows of the block's tiles) into K's and V's tiles [D / 64, BN, 64],
+    each 64-column box swizzled as TMA stores it (chunk c of row r at chunk c ^ r % 8)."""
     D = problem.head_dim
     CAST = ScalarType(problem.dtype)
     SCALE = problem.scale
 
-    def store(dk, dv, k_s, v_s, kr, tq):
+    def store(dk_acc, dv_acc, k_s, v_s, kr, tq):
         @script
         def store_grads():
             for r in unroll(range(2)):
@@ -433,8 +433,8 @@ def _store_grads(problem: BackwardProblem, names: tiles.Names) -> Macro:
                 for j in unroll(range(D // 8)):
                     for c in unroll(range(2)):
                         col = (j % 8 ^ sr % 8) * 8 + 2 * tq + c
-                        k_s[j // 8, sr, col] = CAST(dk[4 * j + 2 * r + c] * SCALE)
-                        v_s[j // 8, sr, col] = CAST(dv[4 * j + 2 * r + c])
+                        k_s[j // 8, sr, col] = CAST(dk_acc[4 * j + 2 * r + c] * SCALE)
+                        v_s[j // 8, sr, col] = CAST(dv_acc[4 * j + 2 * r + c])
 
         return store_grads
 
@@ -544,12 +544,12 @@ def _main(problem: BackwardProblem, cfg: HopperAttnBwdConfig, work: dict, store:
             dp = register_tensor(f32, (BM // 2,))
             p = register_tensor(dt, (BM // 2,))
             ds = register_tensor(dt, (BM // 2,))
-            dq = register_tensor(f32, (BM // 2,))
-            dk = register_tensor(f32, (D // 2,))
-            dv = register_tensor(f32, (D // 2,))
+            dq_acc = register_tensor(f32, (BM // 2,))
+            dk_acc = register_tensor(f32, (D // 2,))
+            dv_acc = register_tensor(f32, (D // 2,))
             for i in unroll(range(D // 2)):
-                dk[i] = 0.0
-                dv[i] = 0.0
+                dk_acc[i] = 0.0
+                dv_acc[i] = 0.0
             mbarrier_wait(kv_full[0], 0)
             for it in range(steps):
                 s = it % STAGES
@@ -590,7 +590,7 @@ def _main(problem: BackwardProblem, cfg: HopperAttnBwdConfig, work: dict, store:
                 wgmma_commit_group()
                 for kk in unroll(range(BM // 16)):
                     wgmma_mma_async(
-                        dv, p[8 * kk], do_s[s, 0, 16 * kk, 0], swizzle=SWIZZLE, trans_b=True
+                        dv_acc, p[8 * kk], do_s[s, 0, 16 * kk, 0], swizzle=SWIZZLE, trans_b=True
                     )
                 wgmma_commit_group()
                 wgmma_wait_group(1, dp)
@@ -605,7 +605,7 @@ def _main(problem: BackwardProblem, cfg: HopperAttnBwdConfig, work: dict, store:
                 wgmma_fence()
                 for kk in unroll(range(BM // 16)):
                     wgmma_mma_async(
-                        dk, ds[8 * kk], q_s[s, 0, 16 * kk, 0], swizzle=SWIZZLE, trans_b=True
+                        dk_acc, ds[8 * kk], q_s[s, 0, 16 * kk, 0], swizzle=SWIZZLE, trans_b=True
                     )
                 wgmma_commit_group()
                 mbarrier_wait(ds_full[2 * wg + buf], it // 2 % 2)
@@ -614,7 +614,7 @@ def _main(problem: BackwardProblem, cfg: HopperAttnBwdConfig, work: dict, store:
                     wgmma_fence()
                     for kk in unroll(range(4)):
                         wgmma_mma_async(
-                            dq,
+                            dq_acc,
                             k_s[j, 64 * wg + 16 * kk, 0],
                             ds_s[wg, buf, 0, 16 * kk],
                             swizzle=SWIZZLE,
@@ -622,17 +622,17 @@ def _main(problem: BackwardProblem, cfg: HopperAttnBwdConfig, work: dict, store:
                             trans_a=True,
                         )
                     wgmma_commit_group()
-                    wgmma_wait_group(0, dq)
+                    wgmma_wait_group(0, dq_acc)
                     for i in unroll(range(BM // 2)):
                         at = (8 * (i // 4) + i % 2) * D + BOX * j + 8 * (i // 2 % 2)
-                        atomic_add(DQA[dq_at + at], dq[i])
+                        atomic_add(DQA[dq_at + at], dq_acc[i])
                 mbarrier_arrive(empty[s])
-            wgmma_wait_group(0, dk)
+            wgmma_wait_group(0, dk_acc)
             # dK and dV into the rows of K and V this warpgroup alone read, once all of its
             # threads have waited for their last mma's (which read K).
             mbarrier_arrive(done[wg])
             mbarrier_wait(done[wg], 0)
-            store(dk, dv, k_s, v_s, kr, tq)
+            store(dk_acc, dv_acc, k_s, v_s, kr, tq)
             fence_proxy_async()  # the stores, before the TMA stores read them
         syncthreads()
         if t == 0:  # dK's and dV's boxes by TMA: rows past the last key are not written
