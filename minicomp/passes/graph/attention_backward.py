@@ -8,15 +8,15 @@ backward` for CUDA tensors. Each reads the forward's output and logsumexp (natur
 [B, H, Sq]; the efficient kernel's rows padded past Sq, read up to Sq), which the Hopper
 forward writes when the training graph saves it (passes/graph/attention.py). `lower_attention`
 calls `backward_launches` for each, after the default passes (layouts final), and the call
-becomes three KernelOps over two new f32 workspace values:
+becomes three KernelOps over three new f32 workspace values:
 
     pre:  (O, dO, lse) -> (D and the log2 logsumexp [B * H, rows], the dQ accumulator)
     main: (Q, K, V, dO, log2 lse, D, dQ accumulator) -> (dK, dV), adding into the accumulator
     post: (dQ accumulator, dK) -> dQ
 
-The main kernel adds into the accumulator it reads (atomics), so that value must not be
-read by anything else; post takes dK, which it does not read, so that every order of the
-launches a pass may choose puts it after main.
+The main kernel adds into the accumulator it reads (atomics): only the three launches see
+that value (the pass makes it), and post takes dK, which it does not read, so that every
+order of the launches a later pass may choose puts it after main.
 
 The main kernel's config is the heuristic's, or the tuner's at search space 1 or 2
 (tune_attention times the template's candidates; there is no ATen candidate: PyTorch's
