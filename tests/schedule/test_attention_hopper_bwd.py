@@ -270,7 +270,7 @@ def test_cuda_backward_ops_become_the_three_launches(op):
 
     from minicomp.dynamo.importer import import_graph
     from minicomp.ir.graph import KernelOp
-    from minicomp.passes.graph.attention import lower_attention
+    from minicomp.passes.graph.attention_backward import lower_attention_backward
 
     aten = torch.ops.aten
     q, k, v, o, do = (torch.randn(2, 2, 67, 64, dtype=torch.float16) for _ in range(5))
@@ -287,6 +287,37 @@ def test_cuda_backward_ops_become_the_three_launches(op):
         )[:3]
 
     graph = import_graph(make_fx(fn, tracing_mode="fake")(q, k, v, o, do, lse, seed, offset))
-    launches = lower_attention(graph, arch="sm_90a").nodes
+    launches = lower_attention_backward(graph, arch="sm_90a").nodes
     assert [type(n) for n in launches] == [KernelOp] * 3
     assert launches[1].function.attrs.template == f"{template.NAME}[64x64_s2]"
+
+
+def test_the_lens_estimates_every_backward_launch_with_its_registers():
+    """A training step under the lens as on an H100 (sm_90a): each of the backward's launches
+    is counted and gets ptxas's registers, pre and post too (they compile in one module with
+    the wgmma kernel, for sm_90a)."""
+    from minicomp.lens.devices import H100
+    from minicomp.lens.profile import lens_options, profile_session
+    from minicomp.lens.session import recording
+
+    q, k, v = (torch.randn(1, 2, 67, 64, dtype=torch.float16).requires_grad_() for _ in range(3))
+    torch._dynamo.reset()
+    fn = torch.compile(
+        lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+        backend="minicomp",
+        options=lens_options(H100),
+    )
+    with recording(sample_only=True) as session:
+        out = fn(q, k, v)
+        out.backward(torch.randn_like(out))
+    profile = profile_session(session, H100)
+    templates = [launch.function.attrs.template for launch in session.launches]
+    assert templates[1:] == [
+        f"{template.NAME}_pre",
+        f"{template.NAME}[64x64_s2]",
+        f"{template.NAME}_post",
+    ]
+    assert not profile.problems, profile.problems
+    for launch, k in zip(session.launches, profile.graph.kernels):
+        assert k.resources is not None and k.resources.registers > 0, launch.function.name
+        assert k.time > 0

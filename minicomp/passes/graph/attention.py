@@ -17,8 +17,8 @@ memory-efficient or cuDNN call whose key and value are a repeat over heads (whic
 over zero-copy views of the un-repeated tensors, key head h // groups per query head, and has
 no ATen candidate when tuned; the repeats die.
 
-The fused attention backward calls of a training graph become the Hopper backward
-template's launches on sm_90a (attention_backward.py).
+The fused attention backward calls of a training graph are the next pass's
+(attention_backward.py: the Hopper backward template's launches on sm_90a).
 
 A call stays an ATen call, with the reason `minicomp.explain` prints, for: dropout, f32 or
 f64 inputs (the template needs f16/bf16 tensor cores; PyTorch's own kernel is used there),
@@ -72,17 +72,12 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_AR
     heuristic config chosen for a GPU of `sms` SMs and architecture `arch` (the targets bind
     the compile's; sm_90a picks the Hopper template where it applies); the others keep their
     ATen call with the reason why."""
-    from minicomp.passes.graph.attention_backward import backward_launches, sdpa_backward_ops
-
-    ops, backward_ops = sdpa_ops(), sdpa_backward_ops()
+    ops = sdpa_ops()
 
     def fused_attention(n) -> bool:
         return isinstance(n, ExternOp) and any(n.target is op for op in ops)
 
-    def fused_backward(n) -> bool:
-        return isinstance(n, ExternOp) and any(n.target is op for op in backward_ops)
-
-    if not any(fused_attention(n) or fused_backward(n) for n in graph.nodes):
+    if not any(fused_attention(n) for n in graph.nodes):
         return graph
     layouts = layouts_for(graph)
     read = set(graph.users()) | graph.output_values()
@@ -90,14 +85,7 @@ def lower_attention(graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_AR
     used = value_names(graph)
     nodes, changed, grouped = [], False, False
     for n in graph.nodes:
-        if fused_backward(n):
-            try:
-                nodes.extend(backward_launches(n, layouts, sms, arch, used))
-                changed = True
-                continue
-            except Refused as why:
-                n, changed = n.replace(reason=f"attention backward not fused: {why}"), True
-        elif fused_attention(n):
+        if fused_attention(n):
             try:
                 launch = _grouped_launch(n, producers, layouts, read, sms, used, arch)
                 if launch is not None:

@@ -6,9 +6,9 @@ A training graph's backward holds the backward op matching its forward's:
 `_scaled_dot_product_flash_attention_backward` or `_scaled_dot_product_efficient_attention_
 backward` for CUDA tensors. Each reads the forward's output and logsumexp (natural log, f32,
 [B, H, Sq]; the efficient kernel's rows padded past Sq, read up to Sq), which the Hopper
-forward writes when the training graph saves it (passes/graph/attention.py). `lower_attention`
-calls `backward_launches` for each, after the default passes (layouts final), and the call
-becomes three KernelOps over three new f32 workspace values:
+forward writes when the training graph saves it (passes/graph/attention.py). The pass
+`lower_attention_backward` runs last, after `lower_attention` (layouts final), and each call
+becomes three KernelOps over three new f32 workspace values (`backward_launches`):
 
     pre:  (O, dO, lse) -> (D and the log2 logsumexp [B * H, rows], the dQ accumulator)
     main: (Q, K, V, dO, log2 lse, D, dQ accumulator) -> (dK, dV), adding into the accumulator
@@ -35,9 +35,20 @@ import math
 import torch
 
 from minicomp.backends.cuda.arch import WGMMA_ARCH
+from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
-from minicomp.ir.graph import ArgRef, ExternOp, KernelOp, TensorType, Value
-from minicomp.passes.graph.rewrite import fresh_name
+from minicomp.ir.graph import ArgRef, ExternOp, Graph, KernelOp, TensorType, Value
+from minicomp.passes.graph.attention import (
+    Refused,
+    _arguments,
+    _check_inputs,
+    _Made,
+    _operand,
+    _remember,
+)
+from minicomp.passes.graph.layout import layouts_for
+from minicomp.passes.graph.rewrite import fresh_name, value_names
+from minicomp.schedule.templates.base import DEFAULT_ARCH
 
 aten = torch.ops.aten
 
@@ -52,18 +63,34 @@ def sdpa_backward_ops() -> tuple:
     return tuple(getattr(aten, n).default for n in names if hasattr(aten, n))
 
 
+def lower_attention_backward(
+    graph: Graph, *, sms: int = H100_SMS, arch: str = DEFAULT_ARCH
+) -> Graph:
+    """Every fused attention backward call the Hopper backward template computes on a GPU of
+    `sms` SMs and architecture `arch` (the targets bind the compile's) as its three launches;
+    the others keep their ATen call with the reason why."""
+    ops = sdpa_backward_ops()
+    calls = [n for n in graph.nodes if isinstance(n, ExternOp) and any(n.target is o for o in ops)]
+    if not calls:
+        return graph
+    layouts = layouts_for(graph)
+    used = value_names(graph)
+    nodes: list = []
+    for n in graph.nodes:
+        if n in calls:
+            try:
+                nodes.extend(backward_launches(n, layouts, sms, arch, used))
+                continue
+            except Refused as why:
+                n = n.replace(reason=f"attention backward not fused: {why}")
+        nodes.append(n)
+    return graph.replace(nodes=tuple(nodes))
+
+
 def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: set) -> list:
     """[pre, main, post]: the KernelOps computing backward call `call` on a GPU of `sms` SMs
     and architecture `arch` (their workspace values named fresh among `used`); raises
-    attention.Refused where the template does not compute it."""
-    from minicomp.passes.graph.attention import (
-        Refused,
-        _arguments,
-        _check_inputs,
-        _Made,
-        _operand,
-        _remember,
-    )
+    Refused where the template does not compute it."""
     from minicomp.schedule.templates import attention_hopper_bwd as template
 
     given = _arguments(call)
