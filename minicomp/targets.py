@@ -34,6 +34,7 @@ from minicomp.lens.devices import get_device
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.aten_contraction import tune_contractions
 from minicomp.passes.graph.attention import lower_attention, tune_attention
+from minicomp.passes.graph.attention_backward import lower_attention_backward
 from minicomp.passes.graph.fold_constants import constant_operand_layouts
 from minicomp.passes.graph.int8_weight_products import int8_weight_products
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
@@ -196,13 +197,15 @@ class CpuTarget(Target):
 
 def _configured_for(p, options):
     """Pass `p` with what it needs of the compile bound: the GPU's SM count for the passes
-    that fill its SMs (split_k, lower_attention), the architecture for those whose choice
-    depends on it (lower_anchors: _scaled_mm needs sm_89 on CUDA; lower_attention: the Hopper
-    attention needs sm_90a; split_k: the Hopper matmul's model weighs splits on sm_90a)."""
+    that fill its SMs (split_k, lower_attention and its backward), the architecture for those
+    whose choice depends on it (lower_anchors: _scaled_mm needs sm_89 on CUDA;
+    lower_attention and lower_attention_backward: the Hopper attention needs sm_90a;
+    split_k: the Hopper matmul's model weighs splits on sm_90a)."""
     settings = {}
-    if options.sm_count is not None and p in (split_k, lower_attention):
+    attention = (lower_attention, lower_attention_backward)
+    if options.sm_count is not None and p in (split_k, *attention):
         settings["sms"] = options.sm_count
-    if options.arch is not None and p in (lower_anchors, lower_attention, split_k):
+    if options.arch is not None and p in (lower_anchors, split_k, *attention):
         settings["arch"] = options.arch
     return configured(p, **settings) if settings else p
 
@@ -213,11 +216,11 @@ class CudaSourceTarget(Target):
 
     runs_cuda = True
     # Ops computed whole (anchors) are lowered first, so the default passes see them as
-    # compute ops; fused attention becomes kernel launches last, when views it reads are
-    # zero-copy aliases and every layout is final. Constant operands of products take the
-    # layout the templates read before split_k rewrites the products' indices; split_k
-    # precedes split_reductions, which would split a long-K product with few outputs as a
-    # row reduction that no matmul template computes.
+    # compute ops; fused attention and its backward become kernel launches last, when views
+    # they read are zero-copy aliases and every layout is final. Constant operands of
+    # products take the layout the templates read before split_k rewrites the products'
+    # indices; split_k precedes split_reductions, which would split a long-K product with few
+    # outputs as a row reduction that no matmul template computes.
     passes = (
         *FIRST_PASSES,
         pad_small_channels,
@@ -227,6 +230,7 @@ class CudaSourceTarget(Target):
         split_k,
         split_reductions,
         lower_attention,
+        lower_attention_backward,
     )
 
     def passes_for(self, graph, options=None):

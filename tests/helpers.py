@@ -122,6 +122,40 @@ def attention_problem_of(fn, *args):
     return attention_problem(call, layouts_for(graph), read)[0]
 
 
+def attention_bwd_problem(name, q, k, v, causal, arch="sm_90a"):
+    """The Hopper attention backward's problem for attention over q, k and v (O, dO and the
+    gradients shaped like them, all with the tensors' strides; a contiguous logsumexp)."""
+    from minicomp.ir.expr import Var
+    from minicomp.ir.types import PointerType, from_torch
+    from minicomp.schedule.templates.attention import Operand
+    from minicomp.schedule.templates.attention_hopper_bwd import BackwardProblem
+    from minicomp.script.values import TensorRef
+
+    def operand(role: str, t: torch.Tensor) -> Operand:
+        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        var = Var(role, PointerType(from_torch(t.dtype)))
+        strides = tuple(t.stride()) if t.dim() == 4 else (*t.stride(), 0)
+        return Operand(TensorRef(role, var, (extent,)), strides)
+
+    (b, h, sq, d), (hk, sk) = q.shape, k.shape[1:3]
+    lse = torch.empty(b, h, sq)
+    roles = dict(q=q, k=k, v=v, o=q, do=q, lse=lse, dq=q, dk=k, dv=v)
+    return BackwardProblem(
+        name,
+        from_torch(q.dtype),
+        b,
+        h,
+        hk,
+        sq,
+        sk,
+        d,
+        **{r: operand(r, t) for r, t in roles.items()},
+        causal=causal,
+        scale=d**-0.5,
+        arch=arch,
+    )
+
+
 def binary_for_sass(source: str, arch: str, cache_dir: str):
     """`source` built by NVRTC for `arch`, to disassemble; skips the test where cuobjdump (the
     `sass` extra) or NVRTC is missing."""

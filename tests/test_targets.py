@@ -13,6 +13,7 @@ from minicomp.compiler import compile_graph
 from minicomp.ir import expr as E
 from minicomp.passes.graph.anchors import lower_anchors
 from minicomp.passes.graph.attention import lower_attention
+from minicomp.passes.graph.attention_backward import lower_attention_backward
 from minicomp.passes.graph.int8_weight_products import int8_weight_products
 from minicomp.passes.graph.layout import contiguous_kernel_inputs
 from minicomp.passes.graph.library_calls import name_library_calls
@@ -80,7 +81,7 @@ def test_pass_lists():
     # Convolutions over few channels are computed from padded copies before anchors lowers
     # the others.
     assert emu.passes.index(pad_small_channels) == emu.passes.index(lower_anchors) - 1
-    assert emu.passes[-1] is lower_attention
+    assert emu.passes[-2:] == (lower_attention, lower_attention_backward)
 
 
 def _exp_times_x():
@@ -171,4 +172,8 @@ def test_the_cuda_pass_list_sizes_its_passes_for_the_sm_count_under_their_own_na
     passes = emu.passes_for(_exp_times_x(), config.Options(sm_count=16))
     assert [p.__name__ for p in passes] == [p.__name__ for p in emu.passes]
     sized = {p.func: p.keywords for p in passes if hasattr(p, "func")}
-    assert sized == {split_k: {"sms": 16}, lower_attention: {"sms": 16}}
+    assert sized == {
+        split_k: {"sms": 16},
+        lower_attention: {"sms": 16},
+        lower_attention_backward: {"sms": 16},
+    }

@@ -142,10 +142,16 @@ def profile_session(session: LensSession, device: Device) -> Profile:
     sass: dict[str, dict[str, int]] = {}
     cache_dir = config.resolve().cache_dir
     before = None
+    # The kernels of each source (a graph's module): a launch's source compiles as a whole.
+    modules: dict[str, dict] = {}
+    for launch in session.launches:
+        modules.setdefault(launch.source, {})[launch.function.name] = launch.function
     for launch in session.launches:
         name = launch.function.name
-        # sm_90a for a kernel using wgmma on an sm_90 device, as the cuda target builds it.
-        arch = feature_arch(device.arch, Module(name, (launch.function,)))
+        # sm_90a for a source using wgmma on an sm_90 device, as the cuda target builds it:
+        # also for a kernel without wgmma beside one with it (attention_hopper_bwd's pre).
+        functions = tuple(modules[launch.source].values())
+        arch = feature_arch(device.arch, Module(name, functions))
         resources, classes = _compiled(launch.source, arch, cache_dir, problems)
         in_l2 = l2_resident(launch.sample, before, device.l2_bytes)
         scratch = scratch_positions(launch.function)

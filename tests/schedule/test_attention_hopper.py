@@ -118,8 +118,8 @@ def test_every_config_and_the_overlapped_one(monkeypatch):
 
 
 def test_training_reads_the_logsumexp():
-    """The forward launches the template, which writes the logsumexp too; the backward is
-    PyTorch's, reading both."""
+    """The forward launches the template, which writes the logsumexp too; the backward
+    (attention_hopper_bwd's launches) reads both."""
     q, k, v = (t.requires_grad_() for t in qkv(2, 2, SQ, SK, 64, torch.float16))
 
     def f(q, k, v):

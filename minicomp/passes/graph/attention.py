@@ -17,6 +17,9 @@ memory-efficient or cuDNN call whose key and value are a repeat over heads (whic
 over zero-copy views of the un-repeated tensors, key head h // groups per query head, and has
 no ATen candidate when tuned; the repeats die.
 
+The fused attention backward calls of a training graph are the next pass's
+(attention_backward.py: the Hopper backward template's launches on sm_90a).
+
 A call stays an ATen call, with the reason `minicomp.explain` prints, for: dropout, f32 or
 f64 inputs (the template needs f16/bf16 tensor cores; PyTorch's own kernel is used there),
 a head dim that is not a static multiple of 16 up to 256, value and query head dims that
