@@ -153,12 +153,12 @@ def attention_kernel_op(
     args: list[Any] = [ArgRef(values.index(v)) for v in roles]
     args += list(problem.symbols)
     op = KernelOp(call.name, inputs, outputs, function, (), tuple(args), strided=True)
-    _remember(function, _Made(problem, config, tuple(roles) == values, call, template, why))
+    remember_choice(function, Made(problem, config, tuple(roles) == values, call, template, why))
     return op
 
 
 @dataclasses.dataclass(frozen=True)
-class _Made:
+class Made:
     """What tune_attention needs of a kernel the pass made: its problem, config, whether its
     buffers are the launch's values in order (what the tuner's runner passes), the ATen call
     it replaced (None: no ATen candidate), its template module and why that one."""
@@ -178,7 +178,8 @@ _made_lock = threading.Lock()
 _MADE_KEPT = 64
 
 
-def _remember(function: Function, entry: _Made) -> None:
+def remember_choice(function: Function, entry: Made) -> None:
+    """Keep what tune_attention needs of a kernel function the pass made (a bounded record)."""
     with _made_lock:
         _made[id(function)] = (function, entry)
         while len(_made) > _MADE_KEPT:
@@ -212,7 +213,7 @@ def tune_attention(graph: Graph, choose: Callable) -> Graph:
                     n, changed = _back_to_aten(call, n, choice), True
                 elif choice.config != made.config:
                     function = template.instantiate(problem, choice.config)
-                    _remember(function, dataclasses.replace(made, config=choice.config))
+                    remember_choice(function, dataclasses.replace(made, config=choice.config))
                     n, changed = n.replace(function=function), True
         nodes.append(n)
     return graph.replace(nodes=tuple(nodes)) if changed else graph
@@ -243,7 +244,7 @@ def _aten_candidate(call: ExternOp) -> Callable:
     return run
 
 
-def _arguments(call: ExternOp) -> dict[str, Any]:
+def call_arguments(call: ExternOp) -> dict[str, Any]:
     """The call's arguments by schema name, defaults filled in."""
     schema = call.target._schema
     given = dict(zip((a.name for a in schema.arguments), call.args))
@@ -262,7 +263,7 @@ def attention_problem(
     what no template computes."""
     from minicomp.schedule.templates.attention import AttentionProblem
 
-    given = _arguments(call)
+    given = call_arguments(call)
     values = call.inputs + call.outputs
 
     def tensor(name: str) -> Value | None:
@@ -280,7 +281,7 @@ def attention_problem(
         raise Refused("it returns its debug mask")
     q, k, v = tensor("query"), tensor("key"), tensor("value")
     mask = tensor("attn_mask") if "attn_mask" in given else tensor("attn_bias")
-    (bq, hq, sq, d), hk, sk = _check_inputs(q, k, v)
+    (bq, hq, sq, d), hk, sk = check_inputs(q, k, v)
     causal = bool(given.get("is_causal", False))
     scale = given.get("scale")
     if scale is None:
@@ -297,7 +298,7 @@ def attention_problem(
     names += ["lse"] if lse_val is not None else []
     full = {"mask": (bq, hq, sq, sk), "lse": (bq, hq, sq)}
     ops = {
-        name: _operand(name, val, layouts[val.name], full.get(name))
+        name: operand_view(name, val, layouts[val.name], full.get(name))
         for name, val in zip(names, roles)
     }
     problem = AttentionProblem(
@@ -323,7 +324,7 @@ def attention_problem(
     return problem, inputs, outputs, roles
 
 
-def _check_inputs(q: Value, k: Value, v: Value) -> tuple:
+def check_inputs(q: Value, k: Value, v: Value) -> tuple:
     """((B, H, Sq, D), key heads, key count) of query, key and value, or Refused."""
     dtype = q.dtype
     if dtype not in (T.f16, T.bf16):
@@ -370,7 +371,7 @@ def _outputs(call: ExternOp, read: set, bhs: tuple) -> dict[int, Value]:
     return found
 
 
-def _operand(role: str, val: Value, strides: tuple, full: tuple | None):
+def operand_view(role: str, val: Value, strides: tuple, full: tuple | None):
     """The template operand of value `val` in role `role`: its buffer and the strides of its
     (batch, head, row, column) dims. A mask's dims are right-aligned to `full` (B, H, Sq, Sk)
     and broadcast where it has size 1 or lacks them; the logsumexp's column stride is 0."""

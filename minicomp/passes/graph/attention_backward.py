@@ -39,12 +39,12 @@ from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.graph import ArgRef, ExternOp, Graph, KernelOp, TensorType, Value
 from minicomp.passes.graph.attention import (
+    Made,
     Refused,
-    _arguments,
-    _check_inputs,
-    _Made,
-    _operand,
-    _remember,
+    call_arguments,
+    check_inputs,
+    operand_view,
+    remember_choice,
 )
 from minicomp.passes.graph.layout import layouts_for
 from minicomp.passes.graph.rewrite import fresh_name, value_names
@@ -93,7 +93,7 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
     Refused where the template does not compute it."""
     from minicomp.schedule.templates import attention_hopper_bwd as template
 
-    given = _arguments(call)
+    given = call_arguments(call)
     values = call.inputs + call.outputs
 
     def tensor(name: str) -> Value | None:
@@ -111,7 +111,7 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
         raise Refused("an additive mask (it takes causal masking or none)")
     do = tensor("grad_out") if "grad_out" in given else tensor("grad_out_")
     q, k, v, o, lse = (tensor(n) for n in ("query", "key", "value", "out", "logsumexp"))
-    (b, h, sq, d), hk, sk = _check_inputs(q, k, v)
+    (b, h, sq, d), hk, sk = check_inputs(q, k, v)
     for name, val in (("out", o), ("grad_out", do)):
         if val.dtype != q.dtype or tuple(val.shape) != tuple(q.shape):
             raise Refused(f"its {name} is not shaped and typed like the query")
@@ -130,7 +130,7 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
     if not isinstance(scale, (int, float)):
         raise Refused("the scale is not a number")
     roles = dict(q=q, k=k, v=v, o=o, do=do, lse=lse, dq=grads[0], dk=grads[1], dv=grads[2])
-    ops = {r: _operand(r, val, layouts[val.name], None) for r, val in roles.items()}
+    ops = {r: operand_view(r, val, layouts[val.name], None) for r, val in roles.items()}
     problem = template.BackwardProblem(
         name=f"attention_bwd_{grads[0].name}",
         dtype=q.dtype,
@@ -175,5 +175,5 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
         main_op.inputs + main_op.outputs
     )
     why = f"{WGMMA_ARCH}: TMA and wgmma"
-    _remember(main, _Made(problem, config, in_order, None, template, why))
+    remember_choice(main, Made(problem, config, in_order, None, template, why))
     return launches
