@@ -21,7 +21,7 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 def gpt2(target: str, **overrides) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB, n_positions=64,
+        n_layer=1, n_head=2, n_embd=64, vocab_size=VOCAB, n_positions=64,
         bos_token_id=0, eos_token_id=0, attn_implementation="sdpa",
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides,
     )  # fmt: skip

@@ -61,10 +61,10 @@ def check_close(got, exact, magnitude, dtype) -> None:
     assert (err <= tol).all(), float((err - tol).max())
 
 
-def compile_and_compare(fn, *args, options=None) -> list:
+def compile_and_compare(fn, *args, options=None) -> tuple[list, tuple]:
     """`fn` (returning a tuple of `_scaled_mm` results) compiled for cuda-emu against eager:
-    dtypes, shapes and strides equal, values within the tolerance (module doc) of the float64
-    reference, as eager's are; returns the records."""
+    dtypes, shapes and strides equal; returns the records and the compiled results, whose
+    values the caller checks against the float64 reference (module doc)."""
     torch._dynamo.reset()
     records: list = []
     opts = {"target": TARGET, "fallback": "error", **(options or {})}
@@ -75,7 +75,7 @@ def compile_and_compare(fn, *args, options=None) -> list:
     for got, want in zip(actual, expected, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert got.stride() == want.stride()
-    return records
+    return records, actual
 
 
 def templates(records) -> list:
@@ -143,13 +143,11 @@ def test_scaled_mm_matches_eager(m):
             results.append(torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=c[5]))
         return tuple(results)
 
-    records = compile_and_compare(products, *flat)
+    records, actual = compile_and_compare(products, *flat)
     assert not aten_calls(records)
     used = templates(records)
     assert len(used) == len(cases)
     assert set(used) == ({None} if m == 1 else {TC}), used
-    torch._dynamo.reset()
-    actual = torch.compile(products, backend="minicomp", options={"target": TARGET})(*flat)
     eager = products(*flat)
     for c, ts, got, want in zip(cases, tensors, actual, eager, strict=True):
         exact, magnitude = reference(*ts)
@@ -173,11 +171,9 @@ def test_prologue_epilogue_and_unaligned_operands():
         z = torch._scaled_mm(big[:, 16:], w, s, s, out_dtype=torch.float32)
         return y, z
 
-    records = compile_and_compare(fn, x, w, big, s)
+    records, (y, z) = compile_and_compare(fn, x, w, big, s)
     assert not aten_calls(records)
     assert templates(records).count(TC) == 2
-    torch._dynamo.reset()
-    y, z = torch.compile(fn, backend="minicomp", options={"target": TARGET})(x, w, big, s)
     exact, magnitude = reference((x * 16).to(E4M3), w, s, s)
     check_close(y, exact.relu(), magnitude, torch.bfloat16)
     exact, magnitude = reference(big[:, 16:], w, s, s)
@@ -199,12 +195,8 @@ def test_without_the_float8_mma_simt_computes_it(options, kernel):
     def fn(a, b, sa, sb, bias):
         return (torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16),)
 
-    records = compile_and_compare(fn, a, b, sa, sb, bias, options=options)
+    records, (got,) = compile_and_compare(fn, a, b, sa, sb, bias, options=options)
     assert templates(records) == [kernel]
-    torch._dynamo.reset()
-    (got,) = torch.compile(fn, backend="minicomp", options={"target": TARGET, **options})(
-        a, b, sa, sb, bias
-    )
     check_close(got, *reference(a, b, sa, sb, bias), torch.bfloat16)
 
 
@@ -213,15 +205,11 @@ def test_in_kernel_split_k():
     gen = torch.Generator().manual_seed(6)
     a, b = fp8((128, 2048), E4M3, gen), fp8((2048, 128), E4M3, gen, column_major=True)
     s = torch.tensor(0.25)
-    records = compile_and_compare(
+    records, (got,) = compile_and_compare(
         lambda a, b, s: (torch._scaled_mm(a, b, s, s, out_dtype=torch.float32),), a, b, s
     )
     (kernel,) = [k for r in records for k in r.kernels]
     assert kernel.attrs.template.startswith(TC) and "_k" in kernel.attrs.template
-    torch._dynamo.reset()
-    got = torch.compile(torch._scaled_mm, backend="minicomp", options={"target": TARGET})(
-        a, b, s, s, out_dtype=torch.float32
-    )
     check_close(got, *reference(a, b, s, s), torch.float32)
 
 
@@ -419,8 +407,11 @@ def test_float8_tilings_are_tuned():
     assert len(candidates) > 1 and all(c.bk == 64 for c in candidates)
     # The level-1 tilings and the heuristic's (here K split in two inside the kernel).
     assert choice.config in [*candidates, matmul_tc.TEMPLATE.heuristic(problem)]
-    records = compile_and_compare(lambda *t: (fn(*t),), a, b, s, options={"search_space": 1})
+    records, (got,) = compile_and_compare(
+        lambda *t: (fn(*t),), a, b, s, options={"search_space": 1}
+    )
     assert [k.attrs.template for r in records for k in r.kernels] == [f"{TC}[{choice.config}]"]
+    check_close(got, *reference(a, b, s, s), torch.float32)
 
 
 def _nvrtc():
