@@ -31,15 +31,16 @@ guarded at C's edges, while the producer already loads the next tile's stages. T
 boxes' rows and K columns past A's and B's edges with zeros, so a partial tile or K step needs
 no other care.
 
-The store goes through shared memory, for whole sectors: element i of lane l of warp w is at
-row 16w + l / 4 + 8 (i / 2 % 2), column 8 (i / 4) + 2 (l % 4) + i % 2 of its warpgroup's 64
-rows, so a store straight from the fragment would cover 8 rows by a few bytes each. Each
-consumer warp has staging rows of its own after the ring (16 rows of CHUNK = 32 f32, padded
-as matmul_tc's `staging_pad`: no bank conflicts); a chunk of its 16 x BN part goes there as
-8-byte pairs, then its lanes store it along the rows, lane l on column l, one row a store:
-64 bytes of an f16 C, two whole sectors. The warp's lanes meet at an mbarrier of its own (32
-arrivals) once the chunk is written and once it is read, before the next overwrites it: the
-DSL has no __syncwarp, and a warp's lanes must not read each other's shared writes unordered.
+Element i of lane l of warp w is at row 16w + l / 4 + 8 (i / 2 % 2), column
+8 (i / 4) + 2 (l % 4) + i % 2 of its warpgroup's 64 rows, so a store straight from the fragment
+(what the script kernel, `kernel`, does) covers 8 rows by a few bytes each. The compiler's template
+(`instantiate`) stores through shared memory instead, for whole sectors: each consumer warp has
+staging rows of its own after the ring (16 rows of CHUNK = 32 f32, padded as matmul_tc's
+`staging_pad`: no bank conflicts); a chunk of its 16 x BN part goes there as 8-byte pairs, then
+its lanes store it along the rows, lane l on column l, one row a store: 64 bytes of an f16 C,
+two whole sectors. The warp's lanes meet at an mbarrier of its own (32 arrivals) once the chunk
+is written and once it is read, before the next overwrites it: the DSL has no __syncwarp, and a
+warp's lanes must not read each other's shared writes unordered.
 
 TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
 data 16-byte aligned; the launch checks it (`matmul_hopper`).
