@@ -239,3 +239,26 @@ def test_the_cuda_target_compiles_for_sm_90a_on_an_sm_90_device(monkeypatch):
     for device, expected in (("sm_90", "sm_90a"), ("sm_89", "sm_89")):
         monkeypatch.setattr(module, "pick_arch", lambda index, library=None, d=device: d)
         assert TARGETS["cuda"].arch(options, 0) == expected
+
+
+def test_the_epilogue_stores_whole_sectors_without_bank_conflicts():
+    """The lens on a product with an f16 C (issue 16's sector goal): each consumer warp stages
+    its fragment in shared memory and stores C along its rows, so every global access of the
+    kernel (TMA's loads, C's stores) uses at least 90% of its sectors' bytes, and the staging
+    rows' writes and reads have no bank conflicts."""
+    from minicomp.lens.counts import KernelCounts
+    from minicomp.lens.session import recording as lens_recording
+
+    a, b = torch.randn(128, 64, dtype=torch.float16), torch.randn(192, 64, dtype=torch.float16)
+    fn = torch.compile(lambda a, b: a @ b.T, backend="minicomp", options={**HOPPER, "lens": True})
+    torch._dynamo.reset()
+    with lens_recording() as session:
+        out = fn(a, b)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out.double(), a.double() @ b.double().T, rtol=1e-2, atol=1e-2)
+    (launch,) = session.launches
+    assert launch.function.attrs.template.startswith("matmul_hopper[")
+    counts = KernelCounts.from_sample(launch.sample)
+    stored = counts.global_store_bytes / (32 * counts.global_store_sectors)
+    assert counts.sector_efficiency >= 0.9 and stored >= 0.9, (counts.sector_efficiency, stored)
+    assert counts.bank_conflict_factor == 1.0

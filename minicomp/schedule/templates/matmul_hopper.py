@@ -26,11 +26,21 @@ so one group of mma's is in flight while the next stage's data is awaited, and a
 back to the producer only after the wait that retired the mma's reading it. `empty` expects
 one arrival from each consumer thread, `full` the producer's and the stage's bytes. The first
 round's empty waits pass at once (the phase before the first). After a tile's last step the
-consumers wait for every group, release the last stage and store their accumulators to C
-straight from the fragment (row 16w + l / 4 + 8 (i / 2 % 2), column 8 (i / 4) + 2 (l % 4) +
-i % 2 of element i of lane l of warp w), guarded at C's edges, while the producer already
-loads the next tile's stages. TMA fills the boxes' rows and K columns past A's and B's edges
-with zeros, so a partial tile or K step needs no other care.
+consumers wait for every group, release the last stage and store their accumulators to C,
+guarded at C's edges, while the producer already loads the next tile's stages. TMA fills the
+boxes' rows and K columns past A's and B's edges with zeros, so a partial tile or K step needs
+no other care.
+
+Element i of lane l of warp w is at row 16w + l / 4 + 8 (i / 2 % 2), column
+8 (i / 4) + 2 (l % 4) + i % 2 of its warpgroup's 64 rows, so a store straight from the fragment
+(what the script kernel, `kernel`, does) covers 8 rows by a few bytes each. The compiler's template
+(`instantiate`) stores through shared memory instead, for whole sectors: each consumer warp has
+staging rows of its own after the ring (16 rows of CHUNK = 32 f32, padded as matmul_tc's
+`staging_pad`: no bank conflicts); a chunk of its 16 x BN part goes there as 8-byte pairs, then
+its lanes store it along the rows, lane l on column l, one row a store: 64 bytes of an f16 C,
+two whole sectors. The warp's lanes meet at an mbarrier of its own (32 arrivals) once the chunk
+is written and once it is read, before the next overwrites it: the DSL has no __syncwarp, and a
+warp's lanes must not read each other's shared writes unordered.
 
 TMA needs A's and B's rows 16-byte aligned (K a multiple of 8, of 16 for float8) and their
 data 16-byte aligned; the launch checks it (`matmul_hopper`).
@@ -54,6 +64,7 @@ from minicomp.ir.func import Function
 from minicomp.schedule.templates.base import Template, finish
 from minicomp.schedule.templates.fragments import Names
 from minicomp.schedule.templates.matmul_simt import assumed_sizes
+from minicomp.schedule.templates.matmul_tc import staging_pad
 from minicomp.schedule.templates.problem import ceil_div, needs_check, unravel
 from minicomp.script.cluster import (
     cluster_ctarank,
@@ -77,6 +88,7 @@ from minicomp.script.lang import (
     macro,
     register_tensor,
     shared_tensor,
+    store_vec,
     syncthreads,
     threadIdx,
     unroll,
@@ -97,6 +109,9 @@ WARPGROUP = 128
 MAX_SHARED = 227 * 1024  # an H100's opt-in dynamic shared memory a block
 BARRIER_BYTES = 1024  # static shared memory the barriers may take, with room to spare
 
+CHUNK = 32  # columns of C a consumer warp stages at a time: a lane each as it stores
+STAGING_ROW = CHUNK + staging_pad(CHUNK)  # f32 elements a staging row, padded (no conflicts)
+STAGING_FLOATS = 4 * 16 * STAGING_ROW  # a warpgroup's staging rows: 16 rows a warp
 INPUT_TYPES = (T.f16, T.bf16, T.f8e4m3fn, T.f8e5m2)
 OUTPUT_TYPES = (T.f16, T.bf16, T.f32)
 
@@ -127,8 +142,13 @@ class HopperConfig:
         return (self.bm + self.bn) * SPAN
 
     @property
-    def shared_bytes(self) -> int:
+    def ring_bytes(self) -> int:
         return self.stages * self.stage_bytes
+
+    @property
+    def shared_bytes(self) -> int:
+        """The ring's stages, then each consumer warp's staging rows (see _staged_store)."""
+        return self.ring_bytes + 4 * self.consumers * STAGING_FLOATS
 
     @property
     def name(self) -> str:
@@ -163,7 +183,7 @@ class HopperConfig:
         if self.shared_bytes + BARRIER_BYTES > MAX_SHARED:
             raise ValueError(
                 f"matmul_hopper[{self.name}]: {self.stages} stages of {self.stage_bytes} bytes "
-                f"do not fit {MAX_SHARED} bytes of shared memory"
+                f"and the epilogue's staging rows do not fit {MAX_SHARED} bytes of shared memory"
             )
 
 
@@ -593,6 +613,9 @@ def instantiate(problem, config: HopperConfig) -> Function:
     # A unit's second tile may lie past C's edge even where BM (BN) divides M (N).
     store_c = problem.store_c(check_m=needs_check(M, BM * UM), check_n=needs_check(N, BN * UN))
     names = Names()
+    store = _staged_store(names, store_c, BN)
+    WARPS = CONSUMERS // 32
+    RING = config.ring_bytes  # the staging rows' byte offset: after the ring
     a, b = problem.plain_a, problem.plain_b
     load_a, A_BOX, A_STAGE = _operand_copy(names, "a", a, BM, KS, multicast=SHARE_A)
     load_b, B_BOX, B_STAGE = _operand_copy(names, "b", b, BN, KS, multicast=SHARE_B)
@@ -617,13 +640,17 @@ def instantiate(problem, config: HopperConfig) -> Function:
         rank = cluster_ctarank() if CL > 1 else 0
         a_s = dynamic_shared_tensor(dtype, A_STAGES, at=0)
         b_s = dynamic_shared_tensor(dtype, B_STAGES, at=B_AT)
+        c_s = dynamic_shared_tensor(f32, (WARPS, 16, STAGING_ROW), at=RING)
         full = shared_tensor(u64, (STAGES,))
         empty = shared_tensor(u64, (STAGES,))
+        staged = shared_tensor(u64, (WARPS,))  # a consumer warp's own: its lanes meet there
         if t == 0:
             for s in range(STAGES):
                 mbarrier_init(full[s], 1)
                 # Rank 0's producer refills both CTAs' stage: both CTAs' consumers free it.
                 mbarrier_init(empty[s], CONSUMERS * CL if rank == 0 else CONSUMERS)
+            for wi in range(WARPS):
+                mbarrier_init(staged[wi], 32)
             if CL > 1:
                 fence_mbarrier_init()
         if CL > 1:
@@ -710,10 +737,7 @@ def instantiate(problem, config: HopperConfig) -> Function:
                 if CL > 1:
                     if rank != 0:
                         mbarrier_arrive_cluster(empty[done], 0)
-                row = m0 + 64 * wg + 16 * w + lane // 4
-                col = n0 + 2 * (lane % 4)
-                for i in unroll(range(ACC)):
-                    store_c(bz, row + 8 * (i // 2 % 2), col + 8 * (i // 4) + i % 2, acc[i])
+                store(acc, c_s[t // 32], staged, t // 32, bz, m0 + 64 * wg + 16 * w, n0, lane)
                 unit += gridDim.x // CL
         if CL > 1:
             cluster_sync()  # no CTA leaves while the other may still signal its barriers
@@ -722,6 +746,42 @@ def instantiate(problem, config: HopperConfig) -> Function:
     return finish(
         matmul_hopper.ir, problem.name, f"{NAME}[{config.name}]", min_blocks=1, tensor_maps=maps
     )
+
+
+def _staged_store(names: Names, store_c, bn: int):
+    """Macro `store(acc, rows, bars, warp, bz, row0, col0, lane)`: the epilogue of a consumer
+    warp's 16 rows (row0...) by `bn` columns (col0...) of C, accumulator fragment `acc`, through
+    its staging rows `rows` (16 x STAGING_ROW f32) CHUNK columns at a time: its lanes write
+    their fragment's pairs (8-byte stores, rows padded as matmul_tc's: no bank conflicts),
+    then store the chunk along its rows with `store_c`, lane l on column l, so that each store
+    instruction covers CHUNK consecutive elements of a row of C (whole sectors). The lanes
+    meet at the warp's own mbarrier `bars[warp]` (32 arrivals) after writing and after
+    reading, two phases a chunk, so the parities waited for are 0 then 1 on every tile."""
+    CHUNKS, JS = bn // CHUNK, CHUNK // 8
+
+    def build(acc, rows, bars, warp, bz, row0, col0, lane):
+        @script
+        def store_tile():
+            g = lane // 4
+            tq = lane % 4
+            pair = register_tensor(f32, 2)
+            for ch in unroll(range(CHUNKS)):
+                # Element 4j + 2h + e of the fragment: row g + 8h, column 8j + 2tq + e.
+                for j in unroll(range(JS)):
+                    for h in unroll(range(2)):
+                        pair[0] = acc[4 * (JS * ch + j) + 2 * h]
+                        pair[1] = acc[4 * (JS * ch + j) + 2 * h + 1]
+                        store_vec(rows[g + 8 * h, 8 * j + 2 * tq], pair)
+                mbarrier_arrive(bars[warp])
+                mbarrier_wait(bars[warp], 0)
+                for r in range(16):
+                    store_c(bz, row0 + r, col0 + CHUNK * ch + lane, rows[r, lane])
+                mbarrier_arrive(bars[warp])  # every lane has read the chunk: the next may land
+                mbarrier_wait(bars[warp], 1)
+
+        return store_tile
+
+    return names.fragment("c", build)
 
 
 def batch_dims(plain) -> tuple[tuple[Var, Dim, Dim], ...]:
