@@ -260,9 +260,7 @@ class ExternStep(Step):
             if want is not None and t.numel() > 1:
                 strides = want(env)
                 if tuple(t.stride()) != strides:
-                    t = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(
-                        t
-                    )
+                    t = strided_copy(t, t.shape, strides, t.device)
             slots[k] = t
 
     def fixed(self, env: Env) -> Callable[[list], None]:
@@ -532,10 +530,7 @@ class Plan:
             v = slots[ref]
             if ref in self.constants:
                 info = self.slots[ref]
-                out = torch.empty_strided(
-                    info.shape(env), info.strides(env), dtype=v.dtype, device=info.device
-                )
-                return out.copy_(v)
+                return strided_copy(v, info.shape(env), info.strides(env), info.device)
             return v
         if kind == "size":
             return ref(env)
@@ -572,7 +567,25 @@ def _restrided(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     place)."""
     if tuple(t.stride()) == strides or t.numel() <= 1:
         return t
-    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+    return strided_copy(t, t.shape, strides, t.device)
+
+
+def strided_copy(
+    t: torch.Tensor, shape: tuple, strides: tuple, device: torch.device
+) -> torch.Tensor:
+    """A new tensor on `device` laid out as (`shape`, `strides`) holding `t`'s values.
+
+    A layout whose elements share memory (a zero stride over more than one element, as
+    eager's empty_strided and expand give) is written through its storage offsets, since
+    copy_ refuses to write into one; elements sharing a location hold one value there, as in
+    eager."""
+    out = torch.empty_strided(shape, strides, dtype=t.dtype, device=device)
+    if not any(st == 0 and n > 1 for n, st in zip(shape, strides)):
+        return out.copy_(t)
+    flat = out.as_strided((out.untyped_storage().nbytes() // out.element_size(),), (1,))
+    offsets = torch.arange(flat.numel(), device=device).as_strided(shape, strides)
+    flat[offsets] = t.to(device).expand(shape)
+    return out
 
 
 # What Inductor's generated wrappers allocate CPU tensors with: torch.empty_strided without

@@ -142,6 +142,22 @@ def test_constant_output_is_a_fresh_tensor_each_call(target):
     assert c1.data_ptr() != c2.data_ptr()
 
 
+def test_broadcast_constant_outputs_share_memory_as_in_eager(target):
+    # A constant returned expanded (a broadcast mask or bias) has a zero stride: its elements
+    # share memory, as eager's do, which copy_ refuses to write; so does empty_strided with one.
+    def f(x):
+        bias = torch.arange(4.0).expand(3, 4)
+        scale = torch.full((2, 1, 1), 0.5).expand(2, 3, 4)
+        return x * bias, bias, scale
+
+    x = torch.randn(3, 4)
+    out = check_compiled(f, x, target=target)
+    for got, want in zip(out, f(x)):
+        assert got.stride() == want.stride()
+    empty = compile_minicomp(lambda: torch.empty_strided((5, 5, 5), (2, 0, 1)), target)()
+    assert empty.shape == (5, 5, 5) and empty.stride() == (2, 0, 1)  # its values are undefined
+
+
 def test_dynamic_sizes_replan_the_workspace(target):
     compiled = compile_minicomp(six_ops, target, dynamic=True)
     for rows in (3, 6, 4):
