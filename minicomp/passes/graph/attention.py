@@ -255,14 +255,10 @@ def call_arguments(call: ExternOp) -> dict[str, Any]:
     return given
 
 
-def attention_problem(
-    call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS, arch: str = DEFAULT_ARCH
-):
-    """(problem, KernelOp inputs, KernelOp outputs, the value of each buffer parameter) for
-    attention call `call` on a GPU of `sms` SMs and architecture `arch`; raises Refused for
-    what no template computes."""
-    from minicomp.schedule.templates.attention import AttentionProblem
-
+def call_tensors(call: ExternOp) -> tuple[dict[str, Any], Callable[[str], Value | None]]:
+    """The arguments of fused attention call `call` by schema name, and what gives the graph
+    value an argument names (None where it is absent); raises Refused for a tensor argument
+    that is no graph value, or dropout."""
     given = call_arguments(call)
     values = call.inputs + call.outputs
 
@@ -277,6 +273,18 @@ def attention_problem(
     dropout = given.get("dropout_p", 0.0)
     if not (isinstance(dropout, (int, float)) and dropout == 0):
         raise Refused(f"dropout_p={dropout}")
+    return given, tensor
+
+
+def attention_problem(
+    call: ExternOp, layouts: dict, read: set, sms: int = H100_SMS, arch: str = DEFAULT_ARCH
+):
+    """(problem, KernelOp inputs, KernelOp outputs, the value of each buffer parameter) for
+    attention call `call` on a GPU of `sms` SMs and architecture `arch`; raises Refused for
+    what no template computes."""
+    from minicomp.schedule.templates.attention import AttentionProblem
+
+    given, tensor = call_tensors(call)
     if given.get("return_debug_mask"):
         raise Refused("it returns its debug mask")
     q, k, v = tensor("query"), tensor("key"), tensor("value")

@@ -41,7 +41,7 @@ from minicomp.ir.graph import ArgRef, ExternOp, Graph, KernelOp, TensorType, Val
 from minicomp.passes.graph.attention import (
     Made,
     Refused,
-    call_arguments,
+    call_tensors,
     check_inputs,
     operand_view,
     remember_choice,
@@ -93,20 +93,7 @@ def backward_launches(call: ExternOp, layouts: dict, sms: int, arch: str, used: 
     Refused where the template does not compute it."""
     from minicomp.schedule.templates import attention_hopper_bwd as template
 
-    given = call_arguments(call)
-    values = call.inputs + call.outputs
-
-    def tensor(name: str) -> Value | None:
-        ref = given.get(name)
-        if ref is None:
-            return None
-        if not isinstance(ref, ArgRef):
-            raise Refused(f"argument {name} is not a tensor of the graph")
-        return values[ref.index]
-
-    dropout = given.get("dropout_p", 0.0)
-    if not (isinstance(dropout, (int, float)) and dropout == 0):
-        raise Refused(f"dropout_p={dropout}")
+    given, tensor = call_tensors(call)
     if tensor("attn_mask") is not None or tensor("attn_bias") is not None:
         raise Refused("an additive mask (it takes causal masking or none)")
     do = tensor("grad_out") if "grad_out" in given else tensor("grad_out_")
