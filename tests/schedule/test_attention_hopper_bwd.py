@@ -111,7 +111,7 @@ def test_what_the_template_refuses_and_why():
         "head dim 96 (it takes 64 or 128)"
     )
     wide = torch.empty(1, 2, 130, 65, dtype=torch.float16)[..., :64]
-    assert "k's strides (16900, 8450, 65, 1) are not multiples of 16 bytes" in (
+    assert "K's strides (16900, 8450, 65, 1) are not multiples of 16 bytes" in (
         template.refusal(attention_bwd_problem("p", q, wide, k, False))
     )
     with pytest.raises(ValueError, match="does not compute this attention backward: head dim"):
@@ -259,7 +259,7 @@ def test_sm_90_keeps_atens_backward_and_says_why():
     assert f"{not_fused} head dim 96 (it takes 64 or 128)" in _explain_backward(HOPPER, d=96).ir()
     # out.sum()'s gradient is one number expanded: TMA cannot read it.
     ir = _explain_backward(HOPPER, grad=False).ir()
-    assert f"{not_fused} do has head-dim stride 0 (TMA needs 1)" in ir
+    assert f"{not_fused} DO has head-dim stride 0 (TMA needs 1)" in ir
 
 
 @pytest.mark.parametrize("op", ["flash", "efficient"])

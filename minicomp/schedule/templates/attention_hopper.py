@@ -181,14 +181,21 @@ def space(problem, level: int) -> list[HopperAttnConfig]:
 def refusal(problem) -> str | None:
     """Why the template does not compute AttentionProblem `problem`, in a few words for
     explain; None when it does (see the module doc)."""
+    if problem.mask is not None:
+        return "an additive mask (it takes causal masking or none)"
+    qkvo = ("q", "k", "v", "o")
+    return shape_refusal(problem) or stride_refusal(problem, qkvo, qkvo)
+
+
+def shape_refusal(problem) -> str | None:
+    """Why the Hopper attention templates (this forward, attention_hopper_bwd's backward) do not
+    take `problem`'s architecture, operand type, head dim or sizes; None when they do."""
     if problem.arch != WGMMA_ARCH:
         return f"wgmma needs {WGMMA_ARCH}, not {problem.arch}"
     if problem.dtype not in (T.f16, T.bf16):
         return f"{problem.dtype.short} operands"
     if problem.head_dim not in HEAD_DIMS:
         return f"head dim {problem.head_dim} (it takes {' or '.join(map(str, HEAD_DIMS))})"
-    if problem.mask is not None:
-        return "an additive mask (it takes causal masking or none)"
     sizes = (problem.batch, problem.heads, problem.kv_heads, problem.seq_q, problem.seq_k)
     if not all(isinstance(s, int) for s in sizes):
         return "symbolic sizes"
@@ -196,10 +203,18 @@ def refusal(problem) -> str | None:
         return "an empty attention"
     if problem.batch * problem.heads > MAX_GRID_Z:
         return f"{problem.batch * problem.heads} (batch, head) pairs (at most {MAX_GRID_Z})"
-    for role in ("q", "k", "v", "o"):
-        strides = getattr(problem, role).strides
-        if not all(isinstance(s, int) for s in strides):
+    return None
+
+
+def stride_refusal(problem, roles, tma_roles) -> str | None:
+    """Why operands `roles` of `problem` cannot be read as the Hopper attention templates read
+    them: symbolic strides; for those TMA moves (`tma_roles`), a head-dim stride other than 1
+    or others not multiples of 16 bytes. None when they can."""
+    for role in roles:
+        if not all(isinstance(s, int) for s in getattr(problem, role).strides):
             return f"{role.upper()}'s strides are symbolic"
+    for role in tma_roles:
+        strides = getattr(problem, role).strides
         if strides[3] != 1:
             return f"{role.upper()} has head-dim stride {strides[3]} (TMA needs 1)"
         if any(s % 8 for s in strides[:3]):
@@ -212,7 +227,7 @@ def applies(problem) -> bool:
     return refusal(problem) is None
 
 
-def _map_view(problem, role: str, heads: int, seq: int) -> tuple:
+def map_view(problem, role: str, heads: int, seq: int) -> tuple:
     """(map parameter, buffer, base, shape, strides) of the 4-D map over operand `role`
     (batch, head, row, head dim): a dimension of size 1 gets a stride TMA takes whatever the
     tensor's (it is never stepped)."""
@@ -234,10 +249,10 @@ def instantiate(problem, cfg: HopperAttnConfig) -> Function:
     softmax, epilogue = _softmax(problem, cfg, names), _epilogue(problem, names)
     kernel = _kernel(problem, cfg, softmax, epilogue)
     maps = (
-        _map_view(problem, "q", problem.heads, problem.seq_q),
-        _map_view(problem, "k", problem.kv_heads, problem.seq_k),
-        _map_view(problem, "v", problem.kv_heads, problem.seq_k),
-        _map_view(problem, "o", problem.heads, problem.seq_q),
+        map_view(problem, "q", problem.heads, problem.seq_q),
+        map_view(problem, "k", problem.kv_heads, problem.seq_k),
+        map_view(problem, "v", problem.kv_heads, problem.seq_k),
+        map_view(problem, "o", problem.heads, problem.seq_q),
     )
     return finish(kernel, problem.name, f"{NAME}[{cfg}]", min_blocks=1, tensor_maps=maps)
 

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minicomp.backends.cuda.arch import WGMMA_ARCH
 from minicomp.backends.cuda.sm_count import H100_SMS
 from minicomp.ir import types as T
 from minicomp.ir.expr import Var
@@ -66,9 +65,16 @@ from minicomp.ir.func import Function
 from minicomp.ir.types import PointerType
 from minicomp.schedule.templates import tiles
 from minicomp.schedule.templates.attention import Operand
-from minicomp.schedule.templates.attention_hopper import BOX, HEAD_DIMS, LOG2E, SWIZZLE
+from minicomp.schedule.templates.attention_hopper import (
+    BOX,
+    LOG2E,
+    SWIZZLE,
+    map_view,
+    shape_refusal,
+    stride_refusal,
+)
 from minicomp.schedule.templates.base import DEFAULT_ARCH, Template, finish
-from minicomp.schedule.templates.problem import MAX_GRID_Z, ceil_div
+from minicomp.schedule.templates.problem import ceil_div
 from minicomp.script.function import script
 from minicomp.script.hopper import (
     bulk_copy_g2s,
@@ -251,34 +257,15 @@ class BackwardProblem:
 def refusal(problem: BackwardProblem) -> str | None:
     """Why the template does not compute `problem`, in a few words for explain; None when it
     does (see the module doc)."""
-    if problem.arch != WGMMA_ARCH:
-        return f"wgmma needs {WGMMA_ARCH}, not {problem.arch}"
-    if problem.dtype not in (T.f16, T.bf16):
-        return f"{problem.dtype.short} operands"
-    if problem.head_dim not in HEAD_DIMS:
-        return f"head dim {problem.head_dim} (it takes {' or '.join(map(str, HEAD_DIMS))})"
-    sizes = (problem.batch, problem.heads, problem.kv_heads, problem.seq_q, problem.seq_k)
-    if not all(isinstance(s, int) for s in sizes):
-        return "symbolic sizes"
-    if min(sizes) == 0:
-        return "an empty attention"
+    refused = shape_refusal(problem)
+    if refused is not None:
+        return refused
     if problem.heads % problem.kv_heads:
         return f"{problem.heads} query heads over {problem.kv_heads} key heads"
-    if problem.batch * problem.heads > MAX_GRID_Z:
-        return f"{problem.batch * problem.heads} (batch, head) pairs (at most {MAX_GRID_Z})"
     if problem.lse.dtype != T.f32:
         return f"a {problem.lse.dtype.short} logsumexp"
-    for role in ("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv"):
-        strides = getattr(problem, role).strides
-        if not all(isinstance(s, int) for s in strides):
-            return f"{role}'s strides are symbolic"
-    for role in ("q", "k", "v", "do", "dk", "dv"):
-        strides = getattr(problem, role).strides
-        if strides[3] != 1:
-            return f"{role} has head-dim stride {strides[3]} (TMA needs 1)"
-        if any(s % 8 for s in strides[:3]):
-            return f"{role}'s strides {strides} are not multiples of 16 bytes (TMA)"
-    return None
+    every = ("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv")
+    return stride_refusal(problem, every, ("q", "k", "v", "do", "dk", "dv"))
 
 
 def applies(problem: BackwardProblem) -> bool:
@@ -303,7 +290,7 @@ def kernels(problem: BackwardProblem, cfg: HopperAttnBwdConfig) -> tuple[Functio
     names = tiles.Names()
     main = _main(problem, cfg, work, _store_grads(problem, names))
     maps = tuple(
-        _map_view(problem, role, heads, seq)
+        map_view(problem, role, heads, seq)
         for role, heads, seq in (
             ("q", problem.heads, problem.seq_q),
             ("k", problem.kv_heads, problem.seq_k),
@@ -333,14 +320,6 @@ def params(problem: BackwardProblem) -> dict[str, tuple[str, ...]]:
 
 def _var(problem: BackwardProblem, work: dict, role: str) -> Var:
     return work[role].var if role in work else getattr(problem, role).ref.var
-
-
-def _map_view(problem, role: str, heads: int, seq: int) -> tuple:
-    """(map parameter, buffer, base, shape, strides) of the 4-D map over operand `role`."""
-    op = getattr(problem, role)
-    shape = (problem.batch, heads, seq, problem.head_dim)
-    strides = tuple(s if n > 1 else BOX for s, n in zip(op.strides, shape))
-    return (f"tma_{role}", op.ref.var.name, 0, shape, strides)
 
 
 def _pre(problem: BackwardProblem, work: dict) -> Function:
