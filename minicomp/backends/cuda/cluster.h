@@ -40,24 +40,27 @@ MC_DEVICE void mc_fence_mbarrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+/* The shared::cluster address of `p`'s offset in CTA `cta` of the cluster. */
+MC_DEVICE uint32_t mc_cluster_address(const void* p, uint32_t cta) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(remote)
+                 : "r"(mc_shared_address(p)), "r"(cta));
+    return remote;
+}
+
 /* One arrival on the barrier at `bar`'s offset in CTA `cta` of the cluster. */
 MC_DEVICE void mc_mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
-    asm volatile(
-        "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-        " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
-            mc_shared_address(bar)),
-        "r"(cta)
-        : "memory");
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+                     mc_cluster_address(bar, cta))
+                 : "memory");
 }
 
 /* Element `p` of this CTA's shared memory, read / written in CTA `cta` of the cluster. */
 template <class T>
 MC_DEVICE T mc_cluster_load(const T* p, uint32_t cta) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cluster_load() moves 4 or 8 bytes");
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(remote)
-                 : "r"(mc_shared_address(p)), "r"(cta));
+    uint32_t remote = mc_cluster_address(p, cta);
     union {
         T value;
         uint32_t b32;
@@ -74,10 +77,7 @@ MC_DEVICE T mc_cluster_load(const T* p, uint32_t cta) {
 template <class T>
 MC_DEVICE void mc_cluster_store(T* p, uint32_t cta, T value) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cluster_store() moves 4 or 8 bytes");
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-                 : "=r"(remote)
-                 : "r"(mc_shared_address(p)), "r"(cta));
+    uint32_t remote = mc_cluster_address(p, cta);
     union {
         T value;
         uint32_t b32;
